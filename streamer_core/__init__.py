@@ -1,0 +1,56 @@
+"""streamer_core: dynamic batching for model-serving web services.
+
+Callers submit single requests; the streamer queues them into mini-batches,
+runs each batch on the model (on a thread, or in spawned worker processes),
+and hands every caller its own result. A drop-in successor to
+service_streamer: change ``from service_streamer import ...`` to
+``from streamer_core import ...``.
+
+    from streamer_core import ThreadedStreamer
+
+    streamer = ThreadedStreamer(model.predict, batch_size=64, max_latency=0.1)
+    outputs = streamer.predict(inputs)          # blocks; inputs may be batched with others'
+    future = streamer.submit(inputs)            # or: a concurrent.futures.Future of the list
+"""
+
+from .backends.process import Streamer
+from .backends.thread import ThreadedStreamer
+from .batching import BatchFuture
+from .config import BatchingConfig
+from .errors import (
+    BatchLengthError,
+    QueueFullError,
+    RemoteError,
+    RemoteTraceback,
+    SerializationError,
+    StreamerClosedError,
+    StreamerError,
+    StreamerTimeoutError,
+    UnavailableError,
+    WorkerDiedError,
+    WorkerStartError,
+)
+from .managed_model import ManagedModel
+from .streamer import BaseStreamer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ThreadedStreamer",
+    "Streamer",
+    "ManagedModel",
+    "BaseStreamer",
+    "BatchFuture",
+    "BatchingConfig",
+    "StreamerError",
+    "StreamerClosedError",
+    "StreamerTimeoutError",
+    "UnavailableError",
+    "QueueFullError",
+    "WorkerStartError",
+    "WorkerDiedError",
+    "BatchLengthError",
+    "SerializationError",
+    "RemoteError",
+    "RemoteTraceback",
+]

@@ -1,0 +1,2 @@
+"""The backends: where the model runs. ``thread`` (a thread of this process)
+and ``process`` (spawned worker processes, one per device slot)."""

@@ -1,0 +1,426 @@
+"""The process backend: the model runs in spawned worker processes.
+
+How data moves::
+
+    caller threads           this process                              worker processes
+    --------------           ------------                              ----------------
+    submit(batch)            Scheduler (FIFO of items, batching rule)
+      pickle each input ---> queue
+                             dispatcher thread
+                               next_batch() when a worker is idle
+                               ("batch", id, [pickled inputs]) --pipe-->  worker_main: run_batch(model)
+                             collector thread                  <--pipe--  ("done", id, [outcomes])
+                               batch_done(), deliver() -> futures
+                               waits on every pipe and every process sentinel:
+                               a death reruns its batch's items alone (or fails
+                               them after max_item_crashes) and respawns the worker
+
+Batches are formed here, in the parent, and each worker holds at most one, so
+the parent always knows which inputs a dead worker took with it. Workers
+exit on their own when this process dies (they watch their parent).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..batching import Scheduler, _Item, deliver
+from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
+from ..errors import SerializationError, StreamerError, WorkerStartError
+from ..managed_model import ManagedModel
+from ..streamer import Backend, BaseStreamer, callable_name, logger
+from .process_worker import IN_WORKER_ENV, decode_outcome, worker_main
+
+__all__ = ["Streamer"]
+
+_ctx = multiprocessing.get_context("spawn")
+
+# A worker that dies this many times in a row before it is ready is given up.
+_MAX_START_FAILURES = 3
+_MAX_RESPAWN_DELAY = 5.0
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class _Slot:
+    """One worker position: its device, and the process filling it now."""
+
+    def __init__(self, index: int, device: Optional[DeviceId]) -> None:
+        self.index = index
+        self.device = device
+        self.process: Optional[Any] = None
+        self.conn: Optional[Any] = None
+        self.pid: Optional[int] = None
+        self.state = "new"  # starting | idle | busy | dead | failed | stopped
+        self.batch: Optional[List[_Item]] = None
+        self.batch_id = -1
+        self.sent_at = 0.0
+        self.start_failures = 0
+        self.respawn_at: Optional[float] = None
+        self.error: Optional[BaseException] = None
+
+
+class _ProcessBackend(Backend):
+    name = "process"
+
+    def __init__(
+        self,
+        target: Any,
+        worker_num: int,
+        devices: Optional[Sequence[DeviceId]],
+        init_args: Sequence[Any],
+        init_kwargs: Dict[str, Any],
+        isolate_errors: bool,
+    ) -> None:
+        try:
+            self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(
+                f"{callable_name(target)} and its model_init_args/model_init_kwargs must be picklable: "
+                "spawned workers import the model by name, so define it at module level "
+                f"(not a lambda or a nested function) and pass plain init arguments ({exc})"
+            ) from exc
+        self._isolate = isolate_errors
+        self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a slot changed state
+        self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
+        self._batch_ids = itertools.count()
+        self._stopping = False
+        self._scheduler: Optional[Scheduler] = None
+        self._collector = threading.Thread(target=self._collect, name="streamer-process-collect", daemon=True)
+
+    # -- starting ------------------------------------------------------------
+
+    def start(self, scheduler: Scheduler) -> None:
+        if os.environ.get(IN_WORKER_ENV):
+            raise StreamerError(
+                "a Streamer was created inside one of its own worker processes, most likely by importing the "
+                "module that makes it; create it under `if __name__ == '__main__':` or lazily on first use"
+            )
+        self._scheduler = scheduler
+        for slot in self._slots:
+            self._spawn(slot)
+        self._collector.start()
+
+    def _spawn(self, slot: _Slot) -> None:
+        parent_conn, child_conn = _ctx.Pipe()
+        process = _ctx.Process(
+            target=worker_main,
+            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate),
+            name=f"streamer-worker-{slot.index}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        with self._lock:
+            slot.process, slot.conn, slot.pid = process, parent_conn, process.pid
+            slot.state, slot.respawn_at, slot.batch = "starting", None, None
+        logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
+
+    def encode(self, value: Any, index: int) -> bytes:
+        try:
+            return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"input {index} ({type(value).__name__}) cannot be sent to a worker process because it cannot be "
+                f"pickled: {exc}. Pass plain data (str, numbers, lists, dicts, numpy arrays, tensors), "
+                "or use ThreadedStreamer, which does not copy inputs"
+            ) from exc
+
+    # -- running batches -----------------------------------------------------
+
+    def run(self, items: List[_Item]) -> None:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        items = [item for item in items if item.task.live()]
+        with self._lock:
+            slot = next((s for s in self._slots if s.state == "idle"), None)
+            if slot is None or not items:
+                # The worker counted free died after the batch was formed, or
+                # every call in it was given up meanwhile.
+                scheduler.batch_returned(items)
+                return
+            slot.state, slot.batch, slot.batch_id = "busy", items, next(self._batch_ids)
+            slot.sent_at = time.monotonic()
+            conn, message = slot.conn, ("batch", slot.batch_id, [item.value for item in items])
+        try:
+            conn.send(message)
+        except (OSError, ValueError):
+            pass  # the worker is dead; the collector sees it and reruns the batch
+
+    # -- the collector thread ------------------------------------------------
+
+    def _collect(self) -> None:
+        while True:
+            with self._lock:
+                watched: Dict[Any, _Slot] = {}
+                for slot in self._slots:
+                    if slot.conn is not None:
+                        watched[slot.conn] = slot
+                        watched[slot.process.sentinel] = slot
+                if self._stopping and not watched:
+                    return
+                respawns = [s.respawn_at for s in self._slots if s.respawn_at is not None]
+            timeout = None if not respawns else max(0.0, min(respawns) - time.monotonic())
+            try:
+                ready = multiprocessing.connection.wait([*watched, self._wake_r], timeout)
+                for obj in ready:
+                    if obj is self._wake_r:
+                        while self._wake_r.poll():
+                            self._wake_r.recv()
+                        continue
+                    slot = watched[obj]
+                    if slot.conn is None or slot.process.sentinel not in watched:
+                        continue
+                    if obj is slot.conn:
+                        self._read(slot)
+                    else:  # the process ended: take what it sent before dying, then bury it
+                        while slot.conn is not None and slot.conn.poll():
+                            self._read(slot)
+                        self._died(slot)
+                self._respawn_due()
+            except Exception:
+                logger.exception("error in the worker collector thread; it keeps running")
+
+    def _read(self, slot: _Slot) -> None:
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            self._died(slot)
+            return
+        kind = message[0]
+        if kind == "done":
+            self._on_done(slot, message[1], message[2])
+        elif kind == "ready":
+            with self._lock:
+                slot.state, slot.start_failures, slot.pid = "idle", 0, message[1]
+                self._changed.notify_all()
+            logger.info("worker %d (pid %d) ready", slot.index, slot.pid)
+            self._scheduler.add_slot()
+        elif kind == "init_error":
+            from .process_worker import decode_exception
+
+            error = decode_exception(message[1])
+            with self._lock:
+                slot.state, slot.error = "failed", error
+                self._changed.notify_all()
+            logger.error(
+                "worker %d could not load the model and is not restarted: %s\n%s",
+                slot.index,
+                error,
+                error.__cause__,
+            )
+            self._check_broken()
+
+    def _on_done(self, slot: _Slot, batch_id: int, wire: List[Any]) -> None:
+        with self._lock:
+            items = slot.batch
+            if slot.state != "busy" or items is None or batch_id != slot.batch_id:
+                logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
+                return
+            slot.state, slot.batch = "idle", None
+            elapsed = time.monotonic() - slot.sent_at
+        self._scheduler.batch_done(len(items), elapsed)
+        deliver(items, [decode_outcome(ok, payload) for ok, payload in wire])
+
+    def _died(self, slot: _Slot) -> None:
+        with self._lock:
+            if slot.conn is None:
+                return
+            state, items, process = slot.state, slot.batch, slot.process
+            slot.conn.close()
+            slot.conn, slot.batch = None, None
+            process.join(1.0)
+            if self._stopping:
+                slot.state = "stopped"
+                self._changed.notify_all()
+                return
+            if state == "starting":
+                slot.start_failures += 1
+            if slot.start_failures >= _MAX_START_FAILURES:
+                slot.state = "failed"
+                slot.error = WorkerStartError(
+                    f"worker {slot.index} died {slot.start_failures} times while loading the model "
+                    f"(last time it {_describe_exit(process.exitcode)}); see its output above"
+                )
+            else:
+                slot.state = "dead"
+                delay = 0.0 if slot.start_failures == 0 else 0.5 * 2 ** (slot.start_failures - 1)
+                slot.respawn_at = time.monotonic() + min(delay, _MAX_RESPAWN_DELAY)
+            self._changed.notify_all()
+        reason = f"worker {slot.index} (pid {slot.pid}) {_describe_exit(process.exitcode)}"
+        logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
+        if state == "busy" and items:
+            self._scheduler.batch_lost(items, reason + " while running a batch with this input")
+        elif state == "idle":
+            self._scheduler.remove_slot()
+        self._check_broken()
+
+    def _respawn_due(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [s for s in self._slots if s.respawn_at is not None and s.respawn_at <= now and not self._stopping]
+            for slot in due:
+                slot.respawn_at = None
+        for slot in due:
+            try:
+                self._spawn(slot)
+            except Exception as exc:
+                logger.exception("could not start worker %d again", slot.index)
+                with self._lock:
+                    slot.state, slot.error = "failed", WorkerStartError(f"could not start worker {slot.index}: {exc!r}")
+                self._check_broken()
+
+    def _check_broken(self) -> None:
+        with self._lock:
+            if not all(slot.state == "failed" for slot in self._slots):
+                return
+            first = self._slots[0].error
+            self._changed.notify_all()
+
+        def make_error() -> BaseException:
+            error = WorkerStartError(f"no worker could start, so no call can run: {first}")
+            error.__cause__ = getattr(first, "__cause__", None) or first
+            return error
+
+        logger.error("every worker failed to start; calls fail with WorkerStartError")
+        self._scheduler.set_broken(make_error)
+
+    # -- the streamer's queries ------------------------------------------------
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                states = [slot.state for slot in self._slots]
+                if all(state in ("idle", "busy", "failed") for state in states):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        if all(state == "failed" for state in states):
+            self._check_broken()
+            raise WorkerStartError(f"no worker could start: {self._slots[0].error}") from self._slots[0].error
+        return all(state in ("idle", "busy") for state in states)
+
+    def pids(self) -> List[int]:
+        with self._lock:
+            return [slot.pid for slot in self._slots if slot.conn is not None and slot.pid is not None]
+
+    # -- stopping --------------------------------------------------------------
+
+    def stop(self, deadline: float) -> None:
+        with self._lock:
+            self._stopping = True
+            for slot in self._slots:
+                slot.respawn_at = None
+                if slot.conn is not None:
+                    try:
+                        slot.conn.send(("stop",))
+                    except (OSError, ValueError):
+                        pass
+            processes = [slot.process for slot in self._slots if slot.process is not None]
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                logger.warning("worker pid %d did not stop in time; terminating it", process.pid)
+                process.terminate()
+                process.join(1.0)
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+        if self._collector.is_alive():
+            try:
+                self._wake_w.send(None)
+            except (OSError, ValueError):
+                pass
+            if threading.current_thread() is not self._collector:
+                self._collector.join(2.0)
+        if not self._collector.is_alive():
+            self._wake_r.close()
+            self._wake_w.close()
+
+
+class Streamer(BaseStreamer):
+    """Batch calls to a model running in ``worker_num`` spawned processes.
+
+    ``predict_function_or_model`` is a module-level function taking a list, or
+    a :class:`ManagedModel` subclass, which each worker builds for itself with
+    ``model_init_args``/``model_init_kwargs`` after setting
+    ``CUDA_VISIBLE_DEVICES`` to its device, ``cuda_devices[i % len(cuda_devices)]``.
+    Inputs and results are pickled across the process boundary.
+
+    Batching options as for :class:`ThreadedStreamer` (``batch_size``,
+    ``max_latency`` in seconds, and keyword-only ``timeout``, ``max_queue``,
+    ``isolate_errors``), plus ``max_item_crashes`` (default 2): a worker that
+    dies mid-batch is restarted and its inputs are run again one by one; an
+    input that has been in this many batches whose worker died fails with
+    :class:`WorkerDiedError` instead of killing more workers.
+
+    The constructor returns at once; calls queue until a worker is ready
+    (:meth:`wait_ready` waits for that). Same signature as service_streamer's
+    ``Streamer``.
+    """
+
+    def __init__(
+        self,
+        predict_function_or_model: Any,
+        batch_size: int,
+        max_latency: float = DEFAULT_MAX_LATENCY,
+        worker_num: int = 1,
+        cuda_devices: Optional[Sequence[DeviceId]] = None,
+        model_init_args: Optional[Sequence[Any]] = None,
+        model_init_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_queue: Optional[int] = None,
+        isolate_errors: bool = True,
+        max_item_crashes: int = 2,
+    ) -> None:
+        config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)
+        _check_int("worker_num", worker_num, 1)
+        _check_int("max_item_crashes", max_item_crashes, 1)
+        devices = check_devices("cuda_devices", cuda_devices)
+        target = predict_function_or_model
+        if isinstance(target, type):
+            if not issubclass(target, ManagedModel):
+                raise TypeError(
+                    f"{target.__name__} is a class but not a ManagedModel subclass: pass a ManagedModel subclass "
+                    "(built in each worker) or a function taking a list"
+                )
+        elif not callable(target):
+            raise TypeError(f"predict_function_or_model must be a function or a ManagedModel subclass, got {target!r}")
+        self.worker_num = worker_num
+        self.cuda_devices = list(devices) if devices is not None else None
+        self._backend = _ProcessBackend(
+            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, isolate_errors
+        )
+        super().__init__(config, self._backend, max_item_crashes=max_item_crashes)
+
+    def worker_pids(self) -> List[int]:
+        """Process ids of the workers alive now."""
+        return self._backend.pids()
+
+    def _wait_for_worker_ready(self, timeout: float = 20.0) -> bool:
+        """service_streamer's name for :meth:`wait_ready`."""
+        return self.wait_ready(timeout)

@@ -1,0 +1,123 @@
+"""The inside of a spawned worker process, and how outcomes cross the pipe.
+
+Kept apart from ``process.py`` so a worker imports no more than it needs.
+Everything here crosses between a parent and the children it spawned itself,
+over a private pipe, so pickle is safe to use: nothing comes from a network.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from typing import Any, List, Optional, Tuple
+
+from ..errors import RemoteError, RemoteTraceback, SerializationError
+
+# Set in a worker process, so that a streamer made there (say, by importing the
+# web app's module to reach the model) refuses to spawn workers of its own.
+IN_WORKER_ENV = "STREAMER_CORE_WORKER"
+
+_PARENT_POLL_SECONDS = 0.2
+
+#: An item's outcome on the wire: (True, pickled result) or (False, pickled error).
+WireOutcome = Tuple[bool, bytes]
+
+
+def encode_exception(exc: BaseException) -> bytes:
+    """Pickle an exception with its formatted traceback. One that cannot be
+    re-created on the other side becomes a :class:`RemoteError` naming its type."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        payload = pickle.dumps((exc, tb), pickle.HIGHEST_PROTOCOL)
+        pickle.loads(payload)  # some exceptions pickle but cannot be re-created
+        return payload
+    except Exception:
+        return pickle.dumps((RemoteError(type(exc).__name__, str(exc)), tb), pickle.HIGHEST_PROTOCOL)
+
+
+def decode_exception(payload: bytes) -> BaseException:
+    exc, tb = pickle.loads(payload)
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
+
+
+def decode_outcome(ok: bool, payload: bytes) -> Tuple[bool, Any]:
+    try:
+        return (True, pickle.loads(payload)) if ok else (False, decode_exception(payload))
+    except Exception as exc:
+        return False, SerializationError(f"could not unpickle the worker's answer: {exc!r}")
+
+
+def _encode_result(value: Any) -> WireOutcome:
+    try:
+        return True, pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        error = SerializationError(
+            f"the model's result ({type(value).__name__}) cannot be sent back from the worker process: {exc}"
+        )
+        return False, encode_exception(error)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the parent is gone, even in the middle of a model call:
+    no orphaned worker keeps a GPU busy."""
+    while True:
+        time.sleep(_PARENT_POLL_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
+    from ..managed_model import ManagedModel
+
+    target, args, kwargs = pickle.loads(spec)
+    if isinstance(target, type) and issubclass(target, ManagedModel):
+        model = target(device)
+        model.init_model(*args, **kwargs)
+        return model.predict
+    return target
+
+
+def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, isolate_errors: bool) -> None:
+    """Body of a worker process: load the model, then run batches until told
+    to stop or until the parent goes away."""
+    if device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
+    os.environ[IN_WORKER_ENV] = "1"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="streamer-parent-watch", daemon=True).start()
+
+    from ..runner import run_batch
+
+    try:
+        predict = _load_predict(spec, device)
+    except BaseException as exc:
+        conn.send(("init_error", encode_exception(exc)))
+        return
+    conn.send(("ready", os.getpid()))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent closed its end: it is gone or stopping
+        if message[0] == "stop":
+            return
+        _, batch_id, payloads = message
+        outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
+        inputs, positions = [], []
+        for position, payload in enumerate(payloads):
+            try:
+                inputs.append(pickle.loads(payload))
+                positions.append(position)
+            except Exception as exc:
+                error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
+                outcomes[position] = (False, encode_exception(error))
+        if inputs:
+            for position, (ok, value) in zip(positions, run_batch(predict, inputs, isolate_errors)):
+                outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
+        conn.send(("done", batch_id, outcomes))

@@ -1,0 +1,96 @@
+"""The thread backend: the model runs on one thread of this process.
+
+The simplest and fastest choice when the model releases the GIL while it
+works (PyTorch, NumPy and most native libraries do) and one copy of it fits.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+from ..batching import Scheduler, _Item, deliver
+from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
+from ..runner import run_batch
+from ..streamer import Backend, BaseStreamer, logger
+
+__all__ = ["ThreadedStreamer"]
+
+
+class _ThreadBackend(Backend):
+    name = "thread"
+
+    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], isolate_errors: bool) -> None:
+        self._predict = predict
+        self._isolate = isolate_errors
+        self._inbox: "queue.SimpleQueue[Optional[List[_Item]]]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
+        self._scheduler: Optional[Scheduler] = None
+
+    def start(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._thread.start()
+        scheduler.add_slot()
+
+    def run(self, items: List[_Item]) -> None:
+        self._inbox.put(items)
+
+    def _loop(self) -> None:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        predict, isolate, inbox = self._predict, self._isolate, self._inbox
+        while True:
+            items = inbox.get()
+            if items is None:
+                return
+            items = [item for item in items if item.task.live()]  # given up while waiting for this thread
+            if not items:
+                scheduler.batch_returned([])
+                continue
+            started = time.monotonic()
+            try:
+                outcomes = run_batch(predict, [item.value for item in items], isolate)
+            except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
+                logger.exception("the model raised %r outside of its error isolation", exc)
+                outcomes = [(False, exc)] * len(items)
+            scheduler.batch_done(len(items), time.monotonic() - started)
+            deliver(items, outcomes)
+
+    def stop(self, deadline: float) -> None:
+        self._inbox.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            logger.warning("the model thread is still inside the model; it is left to finish on its own")
+
+
+class ThreadedStreamer(BaseStreamer):
+    """Batch calls to ``predict_function`` on a thread of this process.
+
+    ``predict_function(batch: list) -> list`` gets at most ``batch_size``
+    inputs at a time. ``max_latency`` (seconds) bounds how long the oldest
+    queued input waits for companions; a lone request does not wait when none
+    are coming. Keyword-only options: ``timeout`` (seconds a call may take,
+    default 20), ``max_queue`` (refuse calls past this many queued inputs,
+    default no limit), ``isolate_errors`` (default True: when the model raises,
+    only the inputs that cause it fail).
+
+    Same signature as service_streamer's ``ThreadedStreamer``.
+    """
+
+    def __init__(
+        self,
+        predict_function: Callable[[List[Any]], Sequence[Any]],
+        batch_size: int,
+        max_latency: float = DEFAULT_MAX_LATENCY,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_queue: Optional[int] = None,
+        isolate_errors: bool = True,
+    ) -> None:
+        if not callable(predict_function):
+            raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
+        config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)
+        super().__init__(config, _ThreadBackend(predict_function, isolate_errors))

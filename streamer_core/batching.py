@@ -1,0 +1,429 @@
+"""The queue of items and the rule that turns it into batches.
+
+One call (``submit(batch)``) is a :class:`_Task` with one :class:`BatchFuture`;
+each of its inputs is an :class:`_Item` in the :class:`Scheduler`'s FIFO queue.
+A dispatcher thread asks :meth:`Scheduler.next_batch` for work whenever a
+worker is free, and the backend hands the batch to that worker. Results come
+back per item and complete the task's future once every item has one.
+
+When does a batch go? At once when ``batch_size`` items are queued or the
+oldest item has waited ``max_latency`` seconds since *its* arrival. Otherwise
+only a free worker matters, and waiting for companions helps only if some are
+on their way. The scheduler knows one source of them for sure: callers whose
+results it has just delivered tend to come straight back (a closed loop, as a
+client pool or a busy web server is). So after delivering ``n`` results it
+holds a partial batch until about ``n`` new items have arrived, for at most a
+quarter of the model's recent service time; when nobody is due, a lone request
+goes to the model immediately. A single client therefore sees the model's own
+latency, while 64 clients fill batches of 64.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
+
+from .config import BatchingConfig
+from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
+
+__all__ = ["BatchFuture", "Scheduler", "Outcome"]
+
+#: A per-item result: ``(True, value)`` or ``(False, exception)``.
+Outcome = Tuple[bool, Any]
+
+# Share of the model's recent service time that a free worker may stay idle
+# waiting for callers it has just answered to come back.
+_PATIENCE_SHARE = 0.25
+_MIN_PATIENCE = 0.001
+# Weight of the newest sample in the running estimate of a batch's service time.
+_SERVICE_EWMA = 0.2
+# Slack on top of a call's deadline before ``BatchFuture.result()`` gives up on
+# its own; the dispatcher normally fails an overdue call right at the deadline.
+_RESULT_GRACE = 1.0
+
+
+class BatchFuture(concurrent.futures.Future):
+    """The future of one ``submit(batch)`` call; its result is a list, one
+    output per input, in input order.
+
+    It is a :class:`concurrent.futures.Future`, so ``wait``, ``as_completed``
+    and ``asyncio.wrap_future`` work with it. Two differences: ``result()``
+    without a timeout still returns by the call's deadline, and when
+    ``result(timeout)`` runs out the call is given up, so its items are dropped
+    before they reach the model, and :class:`StreamerTimeoutError` is raised.
+    """
+
+    _deadline: float = float("inf")
+
+    def result(self, timeout: Optional[float] = None) -> List[Any]:
+        return self._wait(super().result, timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return self._wait(super().exception, timeout)
+
+    def _wait(self, get: Callable[[Optional[float]], Any], timeout: Optional[float]) -> Any:
+        if timeout is None:
+            timeout = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
+        try:
+            return get(timeout)
+        except concurrent.futures.TimeoutError:
+            if self.done() and not self.cancelled():
+                raise  # the call itself failed with a timeout error
+            if self.cancel():
+                raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up") from None
+            return get(0)  # it finished just as we gave up
+
+
+def settle(future: concurrent.futures.Future, exc: Optional[BaseException] = None, result: Any = None) -> bool:
+    """Complete ``future`` unless it is done already (cancelled, timed out);
+    return whether this call completed it."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
+
+
+class _Task:
+    """One ``submit()`` call: its future and the results gathered so far.
+
+    Results are written by one delivery thread per backend; failures
+    (timeouts, close) may come from others, which is why every completion goes
+    through :func:`settle`.
+    """
+
+    __slots__ = ("future", "results", "remaining", "size", "timeout")
+
+    def __init__(self, future: BatchFuture, size: int, timeout: float) -> None:
+        self.future: Optional[BatchFuture] = future
+        self.results: Optional[List[Any]] = [None] * size
+        self.remaining = size
+        self.size = size
+        self.timeout = timeout
+
+    def live(self) -> bool:
+        future = self.future
+        return future is not None and not future.done()
+
+    def fail(self, exc: BaseException) -> bool:
+        future = self.future
+        if future is None:
+            return False
+        self.future = self.results = None  # drop references: nothing stays in memory for it
+        return settle(future, exc=exc)
+
+    def set_outcome(self, index: int, ok: bool, value: Any) -> None:
+        future, results = self.future, self.results
+        if future is None or results is None or future.done():
+            return
+        if not ok:
+            self.fail(value)
+            return
+        results[index] = value
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future = self.results = None
+            settle(future, result=results)
+
+
+class _Item:
+    """One input of a task, queued for the model. ``value`` is what the backend
+    sends to its worker (the input itself, or its pickle)."""
+
+    __slots__ = ("task", "index", "value", "arrival", "crashes")
+
+    def __init__(self, task: _Task, index: int, value: Any, arrival: float) -> None:
+        self.task = task
+        self.index = index
+        self.value = value
+        self.arrival = arrival
+        self.crashes = 0
+
+
+def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
+    """Hand each item its outcome (result or exception)."""
+    for item, (ok, value) in zip(items, outcomes):
+        item.task.set_outcome(item.index, ok, value)
+
+
+class Scheduler:
+    """The FIFO queue of items, the batching rule, and call deadlines.
+
+    Backends report worker capacity with :meth:`add_slot`,
+    :meth:`remove_slot`, :meth:`batch_done` and :meth:`batch_lost`; the
+    dispatcher thread calls :meth:`next_batch`, which returns only while a
+    worker is free. The dispatcher also fails calls whose deadline passed,
+    wherever their items are (queued or on a worker), so a ``submit()`` future
+    always completes.
+    """
+
+    def __init__(self, config: BatchingConfig, max_item_crashes: int = 2) -> None:
+        self._config = config
+        self._max_item_crashes = max_item_crashes
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: Deque[_Item] = deque()
+        self._alone: Deque[_Item] = deque()  # items to run one at a time after a worker crash
+        self._dead = 0  # items in _queue whose task is done, roughly: triggers compaction
+        self._deadlines: List[Tuple[float, int, _Task]] = []
+        self._heap_limit = 4096
+        self._seq = itertools.count()
+        self._free = 0  # workers idle and not yet given a batch
+        self._in_flight = 0  # batches handed out and not yet done or lost
+        self._due = 0  # callers answered recently and expected back
+        self._last_delivery = float("-inf")
+        self._service: Optional[float] = None  # running estimate of one batch's time, seconds
+        self._closing = False
+        self._stopped = False
+        self._broken: Optional[Callable[[], BaseException]] = None
+
+    # -- the callers' side -------------------------------------------------
+
+    def put(self, values: Sequence[Any], timeout: float) -> BatchFuture:
+        """Queue one call's inputs (already encoded by the backend)."""
+        future = BatchFuture()
+        n = len(values)
+        now = time.monotonic()
+        future._deadline = now + timeout
+        task = _Task(future, n, timeout)
+        items = [_Item(task, i, v, now) for i, v in enumerate(values)]
+        cond = self._cond
+        with cond:
+            if self._closing:
+                raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
+            if self._broken is not None:
+                raise self._broken()
+            queue = self._queue
+            limit = self._config.max_queue
+            if limit is not None and len(queue) + n > limit:
+                self._compact()
+                if len(queue) + n > limit:
+                    raise QueueFullError(
+                        f"the queue holds {len(queue)} items and max_queue is {limit}: "
+                        "retry later, add workers, or raise max_queue"
+                    )
+            was_empty = not queue
+            queue.extend(items)
+            self._push_deadline(future._deadline, task)
+            due = self._due
+            if due:
+                self._due = due = max(0, due - n)
+            if self._free > 0 and (was_empty or due == 0 or len(queue) >= self._config.batch_size):
+                cond.notify()
+        return future
+
+    # -- the dispatcher's side ---------------------------------------------
+
+    def next_batch(self) -> Optional[List[_Item]]:
+        """Block until a worker is free and a batch should go; return it, or
+        ``None`` once the scheduler is closed and drained, or stopped."""
+        cond = self._cond
+        with cond:
+            while True:
+                now = time.monotonic()
+                wake = self._expire(now)
+                if self._stopped or (self._closing and not self._queue and not self._alone):
+                    return None
+                if self._free > 0:
+                    batch, hold_until = self._decide(now)
+                    if batch:
+                        self._free -= 1
+                        self._in_flight += 1
+                        return batch
+                    wake = min(wake, hold_until)
+                cond.wait(None if wake == float("inf") else max(0.0, wake - now))
+
+    def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
+        """With a free worker: the batch to run now, or when to look again."""
+        alone = self._alone
+        while alone:
+            item = alone.popleft()
+            if item.task.live():
+                return [item], now
+        queue = self._queue
+        while queue and not queue[0].task.live():
+            queue.popleft()
+        if not queue:
+            self._dead = 0
+            return None, float("inf")
+        size = self._config.batch_size
+        if len(queue) >= size or self._closing:
+            return self._pop(size), now
+        fire_at = queue[0].arrival + self._config.max_latency
+        hold_until = min(fire_at, self._returners_until(now))
+        if now >= hold_until:
+            return self._pop(size), now
+        return None, hold_until
+
+    def _returners_until(self, now: float) -> float:
+        """Until when answered callers are expected back (``-inf``: nobody is)."""
+        if self._due <= 0 or self._service is None:
+            return float("-inf")
+        until = self._last_delivery + max(_MIN_PATIENCE, _PATIENCE_SHARE * self._service)
+        if now >= until:
+            self._due = 0
+            return float("-inf")
+        return until
+
+    def _pop(self, size: int) -> List[_Item]:
+        queue = self._queue
+        batch: List[_Item] = []
+        while queue and len(batch) < size:
+            item = queue.popleft()
+            if item.task.live():
+                batch.append(item)
+        return batch
+
+    # -- deadlines -----------------------------------------------------------
+
+    def _push_deadline(self, deadline: float, task: _Task) -> None:
+        heap = self._deadlines
+        if len(heap) >= self._heap_limit:
+            # Finished tasks stay in the heap until their deadline; sweep them
+            # out when it grows, so memory follows the calls still running.
+            heap[:] = [entry for entry in heap if entry[2].live()]
+            heapq.heapify(heap)
+            self._heap_limit = max(4096, 2 * len(heap))
+        heapq.heappush(heap, (deadline, next(self._seq), task))
+        if heap[0][2] is task:
+            self._cond.notify()  # an earlier deadline than the dispatcher sleeps until
+
+    def _expire(self, now: float) -> float:
+        """Fail every call past its deadline; return the next deadline."""
+        heap = self._deadlines
+        expired = 0
+        while heap and heap[0][0] <= now:
+            _, _, task = heapq.heappop(heap)
+            if task.future is not None:
+                expired += task.size
+                task.fail(StreamerTimeoutError(f"the call did not finish within its timeout of {task.timeout:.3g}s"))
+        if expired:
+            self._dead += expired
+            if self._dead * 2 > len(self._queue):
+                self._compact()
+        return heap[0][0] if heap else float("inf")
+
+    def _compact(self) -> None:
+        self._queue = deque(item for item in self._queue if item.task.live())
+        self._alone = deque(item for item in self._alone if item.task.live())
+        self._dead = 0
+
+    # -- the backends' side --------------------------------------------------
+
+    def add_slot(self) -> None:
+        """A worker became ready to take batches."""
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
+
+    def remove_slot(self) -> None:
+        """An idle worker went away."""
+        with self._cond:
+            self._free -= 1
+
+    def batch_done(self, size: int, seconds: float) -> None:
+        """A worker finished a batch of ``size`` items in ``seconds`` and is
+        free again. Call it *before* delivering the results, so the callers
+        who come straight back are counted as expected."""
+        with self._cond:
+            now = time.monotonic()
+            service = self._service
+            self._service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
+            if now - self._last_delivery > _PATIENCE_SHARE * self._service:
+                self._due = 0
+            self._due += size
+            self._last_delivery = now
+            self._free += 1
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def batch_returned(self, items: Sequence[_Item]) -> None:
+        """A batch could not be handed to any worker: queue it again, first."""
+        with self._cond:
+            self._queue.extendleft(reversed(items))
+            self._free += 1
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def batch_lost(self, items: Sequence[_Item], reason: str) -> None:
+        """The worker running ``items`` died. Each item is run again alone,
+        unless it has now been in ``max_item_crashes`` crashed batches: then
+        its call fails with :class:`WorkerDiedError`."""
+        with self._cond:
+            self._in_flight -= 1
+            for item in items:
+                item.crashes += 1
+                if item.crashes >= self._max_item_crashes:
+                    item.task.fail(
+                        WorkerDiedError(
+                            f"{reason}; this input was in {item.crashes} batches whose worker died, "
+                            "so it is not retried (it may be what kills the worker)"
+                        )
+                    )
+                elif item.task.live():
+                    self._alone.append(item)
+            self._cond.notify_all()
+
+    def set_broken(self, make_error: Callable[[], BaseException]) -> None:
+        """No worker can run: fail every call now and every new one at once."""
+        with self._cond:
+            self._broken = make_error
+            self._fail_all(make_error)
+            self._cond.notify_all()
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    # -- closing -------------------------------------------------------------
+
+    def begin_close(self) -> None:
+        """Refuse new calls; queued ones are still dispatched, without waiting
+        for companions."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def wait_drained(self, deadline: float) -> bool:
+        """Wait until nothing is queued or running, or ``deadline`` passes."""
+        with self._cond:
+            while self._queue or self._alone or self._in_flight > 0:
+                if self._stopped or self._broken is not None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.05))
+            return True
+
+    def stop(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail everything still pending with ``make_error()`` and release the
+        dispatcher."""
+        with self._cond:
+            self._closing = self._stopped = True
+            self._fail_all(make_error)
+            self._cond.notify_all()
+
+    def _fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        for _, _, task in self._deadlines:
+            if task.future is not None:
+                task.fail(make_error())
+        for item in itertools.chain(self._queue, self._alone):
+            if item.task.future is not None:
+                item.task.fail(make_error())
+        self._deadlines.clear()
+        self._queue.clear()
+        self._alone.clear()
+        self._dead = 0
+
+    def queued(self) -> int:
+        """Items waiting for a worker (calls given up may still be counted)."""
+        with self._cond:
+            return len(self._queue) + len(self._alone)

@@ -1,0 +1,102 @@
+"""The batching configuration shared by every backend, validated when it is made.
+
+This is the one source of defaults: the Flask and Django layers translate
+their settings into a :class:`BatchingConfig`, and every streamer builds one
+from its keyword arguments, so a wrong value fails at construction with a
+message that says how to fix it, not at the first request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple, Union
+
+__all__ = ["BatchingConfig", "DeviceId"]
+
+#: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
+DeviceId = Union[int, str]
+
+DEFAULT_MAX_LATENCY = 0.1
+DEFAULT_TIMEOUT = 20.0
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is in seconds and must be a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {value!r}")
+    return value
+
+
+def check_devices(name: str, devices: Optional[Sequence[DeviceId]]) -> Optional[Tuple[DeviceId, ...]]:
+    """Validate a list of CUDA devices (``None`` means: do not set the variable)."""
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise TypeError(f"{name} must be a list of device indexes such as [0, 1], got {devices!r}")
+    if not devices:
+        raise ValueError(f"{name} must name at least one device, or be None to leave CUDA_VISIBLE_DEVICES alone")
+    checked = []
+    for device in devices:
+        if isinstance(device, bool) or not isinstance(device, (int, str)):
+            raise TypeError(f"{name} holds {device!r}: each device must be an int index (0, 1, ...) or a UUID string")
+        if isinstance(device, int) and device < 0:
+            raise ValueError(f"{name} holds {device!r}: device indexes start at 0")
+        if isinstance(device, str) and not device.strip():
+            raise ValueError(f"{name} holds an empty string: name the device by index or UUID")
+        checked.append(device)
+    return tuple(checked)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How requests are grouped into batches and how long a call may take.
+
+    batch_size
+        The most items one model call receives.
+    max_latency
+        Seconds the oldest queued item may wait for companions, counted from
+        its arrival. A lone request does not wait at all when no companions
+        are arriving (see ``batching.Scheduler``).
+    timeout
+        Seconds a call may take in all (queue, model, delivery) unless the
+        call passes its own; then it fails with ``StreamerTimeoutError``.
+    max_queue
+        The most items waiting for the model; past it a call fails at once
+        with ``QueueFullError``. ``None``: no limit.
+    isolate_errors
+        When the model raises on a batch, re-run halves of it to find the
+        items that fail, so only their callers get the exception.
+    """
+
+    batch_size: int
+    max_latency: float = DEFAULT_MAX_LATENCY
+    timeout: float = DEFAULT_TIMEOUT
+    max_queue: Optional[int] = None
+    isolate_errors: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("batch_size", self.batch_size, 1)
+        object.__setattr__(self, "max_latency", _check_seconds("max_latency", self.max_latency, allow_zero=True))
+        object.__setattr__(self, "timeout", _check_seconds("timeout", self.timeout, allow_zero=False))
+        if self.max_queue is not None:
+            _check_int("max_queue", self.max_queue, 1)
+        if not isinstance(self.isolate_errors, bool):
+            raise TypeError(f"isolate_errors must be True or False, got {self.isolate_errors!r}")
+
+    def call_timeout(self, timeout: Optional[float]) -> float:
+        """The timeout of one call: its own, validated, or the configured one."""
+        if timeout is None:
+            return self.timeout
+        return _check_seconds("timeout", timeout, allow_zero=False)

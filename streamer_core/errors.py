@@ -1,0 +1,89 @@
+"""Every error the streamers raise, rooted at :class:`StreamerError`.
+
+The web layers map these to HTTP: :class:`UnavailableError` (a full queue,
+no worker that can start) to 503 with ``Retry-After``,
+:class:`StreamerTimeoutError` to 504, anything raised by the model itself to
+500. Model exceptions are passed through as they are (their own type), with
+the worker's traceback attached as ``__cause__`` when they crossed a process.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StreamerError",
+    "StreamerClosedError",
+    "StreamerTimeoutError",
+    "UnavailableError",
+    "QueueFullError",
+    "WorkerStartError",
+    "WorkerDiedError",
+    "BatchLengthError",
+    "SerializationError",
+    "RemoteError",
+    "RemoteTraceback",
+]
+
+
+class StreamerError(Exception):
+    """Base class of every error raised by this package (not by your model)."""
+
+
+class StreamerClosedError(StreamerError, RuntimeError):
+    """The streamer was closed: it accepts no new calls, and calls it could not
+    finish before closing fail with this error."""
+
+
+class StreamerTimeoutError(StreamerError, TimeoutError):
+    """A call did not finish within its timeout. Its items are dropped before
+    they reach the model if they have not been sent to it yet."""
+
+
+class UnavailableError(StreamerError):
+    """The streamer cannot take this call now; retrying later may succeed
+    (HTTP 503)."""
+
+
+class QueueFullError(UnavailableError):
+    """The queue holds ``max_queue`` items already; the call was refused at
+    once rather than queued without limit."""
+
+
+class WorkerStartError(UnavailableError):
+    """No worker could start (``init_model`` raised, or the process kept dying
+    while starting). The worker's traceback is attached as ``__cause__``."""
+
+
+class WorkerDiedError(StreamerError):
+    """The worker process running this item died, and the item was not retried
+    (it was in a batch that killed a worker ``max_item_crashes`` times)."""
+
+
+class BatchLengthError(StreamerError):
+    """The model returned a number of results different from the number of
+    inputs in its batch; every caller of that batch gets this error."""
+
+
+class SerializationError(StreamerError, TypeError):
+    """A value could not be sent between processes (it cannot be pickled)."""
+
+
+class RemoteError(StreamerError):
+    """An exception raised in a worker process that could not be re-created
+    here as its own type (it cannot be pickled). ``exc_type`` names the
+    original type; the worker's traceback is attached as ``__cause__``."""
+
+    def __init__(self, exc_type: str, message: str) -> None:
+        super().__init__(f"{exc_type}: {message}")
+        self.exc_type = exc_type
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; set as ``__cause__`` of an
+    exception that crossed a process, so it prints below the local one."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb

@@ -1,0 +1,185 @@
+"""The public face shared by every streamer: submit, predict, close.
+
+A streamer is a :class:`~streamer_core.batching.Scheduler` (the queue and the
+batching rule), a dispatcher thread that takes batches from it whenever a
+worker is free, and a backend that owns the workers (a thread, spawned
+processes). The streamer object itself is referenced by none of its threads:
+dropping it without ``close()`` still stops them, through a finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Iterable, List, Optional
+
+from .batching import BatchFuture, Scheduler, _Item
+from .config import BatchingConfig
+from .errors import StreamerClosedError, StreamerError
+
+__all__ = ["BaseStreamer", "Backend"]
+
+logger = logging.getLogger("streamer_core")
+
+DEFAULT_CLOSE_TIMEOUT = 10.0
+
+
+class Backend:
+    """What a backend provides to the engine. Subclasses own their workers."""
+
+    name = "backend"
+
+    def start(self, scheduler: Scheduler) -> None:
+        """Start the workers; report each one ready with ``scheduler.add_slot()``."""
+        raise NotImplementedError
+
+    def encode(self, value: Any, index: int) -> Any:
+        """Turn one input into what is queued and sent to a worker. Raises
+        ``SerializationError`` for an input that cannot cross to the workers."""
+        return value
+
+    def run(self, items: List[_Item]) -> None:
+        """Hand a batch to a free worker, without blocking on the model."""
+        raise NotImplementedError
+
+    def wait_ready(self, timeout: float) -> bool:
+        return True
+
+    def stop(self, deadline: float) -> None:
+        """Stop every worker, by ``deadline`` (a ``time.monotonic()`` value) if
+        they do not stop by themselves."""
+        raise NotImplementedError
+
+
+class _Engine:
+    """Everything a streamer runs, kept apart from the streamer object so the
+    finalizer can close it after the object is gone."""
+
+    def __init__(self, config: BatchingConfig, backend: Backend, max_item_crashes: int) -> None:
+        self.config = config
+        self.backend = backend
+        self.scheduler = Scheduler(config, max_item_crashes)
+        self._close_lock = threading.Lock()
+        self.closed = False
+        backend.start(self.scheduler)
+        self._dispatcher = threading.Thread(target=self._dispatch, name=f"streamer-{backend.name}-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    def _dispatch(self) -> None:
+        scheduler, backend = self.scheduler, self.backend
+        while True:
+            batch = scheduler.next_batch()
+            if batch is None:
+                return
+            try:
+                backend.run(batch)
+            except BaseException as exc:  # never let the dispatcher die silently
+                logger.exception("could not hand a batch to the %s backend", backend.name)
+                for item in batch:
+                    item.task.fail(StreamerError(f"could not hand the batch to a worker: {exc!r}"))
+                scheduler.batch_returned([])
+
+    def close(self, timeout: float) -> None:
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
+        deadline = time.monotonic() + timeout
+        self.scheduler.begin_close()
+        drained = self.scheduler.wait_drained(deadline)
+        if not drained:
+            logger.warning("streamer closed with calls unfinished after %.3gs; they fail with StreamerClosedError", timeout)
+        self.scheduler.stop(lambda: StreamerClosedError("the streamer was closed before this call finished"))
+        self._dispatcher.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        self.backend.stop(max(deadline, time.monotonic() + 1.0))
+
+
+class BaseStreamer:
+    """Methods every streamer has; see :class:`ThreadedStreamer` and
+    :class:`Streamer` for how to make one."""
+
+    def __init__(self, config: BatchingConfig, backend: Backend, *, max_item_crashes: int = 2) -> None:
+        self._config = config
+        self._engine = _Engine(config, backend, max_item_crashes)
+        self._finalizer = weakref.finalize(self, self._engine.close, 2.0)
+
+    @property
+    def config(self) -> BatchingConfig:
+        """The validated batching configuration this streamer runs with."""
+        return self._config
+
+    def submit(self, batch: Iterable[Any], timeout: Optional[float] = None) -> BatchFuture:
+        """Queue ``batch`` (a list of inputs) and return a future of its list of
+        results, in input order. Its items may be spread over several model
+        calls. ``timeout`` (seconds) defaults to the streamer's ``timeout``.
+
+        Raises at once: :class:`QueueFullError` when ``max_queue`` is reached,
+        :class:`StreamerClosedError` after ``close()``,
+        :class:`SerializationError` for an input that cannot reach a worker
+        process, :class:`WorkerStartError` when no worker can start.
+        """
+        engine = self._engine
+        call_timeout = self._config.call_timeout(timeout)
+        if engine.closed:
+            raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
+        encode = engine.backend.encode
+        values = [encode(value, index) for index, value in enumerate(batch)]
+        if not values:
+            future = BatchFuture()
+            future.set_result([])
+            return future
+        return engine.scheduler.put(values, call_timeout)
+
+    def predict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
+        """Run ``batch`` through the model and return its results in order;
+        block until then. Raises the model's own exception if it failed on one
+        of these inputs, :class:`StreamerTimeoutError` after ``timeout``
+        seconds (default: the streamer's ``timeout``), and the errors of
+        :meth:`submit`."""
+        call_timeout = self._config.call_timeout(timeout)
+        return self.submit(batch, call_timeout).result(call_timeout)
+
+    async def apredict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
+        """:meth:`predict` for ``async`` code: awaits the result without
+        blocking the event loop. Cancelling the awaiting task gives the call up."""
+        future = self.submit(batch, timeout)
+        return await asyncio.wrap_future(future)
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until every worker has started (the model is loaded); return
+        whether they all did in time. Raises :class:`WorkerStartError` if none
+        can start. Calls made before then simply queue."""
+        return self._engine.backend.wait_ready(timeout)
+
+    def queued(self) -> int:
+        """How many inputs wait for a worker right now."""
+        return self._engine.scheduler.queued()
+
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """Stop taking calls, finish those already queued or running for up to
+        ``timeout`` seconds, fail the rest with :class:`StreamerClosedError`,
+        and stop every thread and worker process. Safe to call twice."""
+        self._engine.close(timeout)
+        self._finalizer.detach()
+
+    def destroy_workers(self) -> None:
+        """service_streamer's name for :meth:`close`."""
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def __enter__(self) -> "BaseStreamer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def callable_name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+

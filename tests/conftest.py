@@ -1,0 +1,53 @@
+"""Shared fixtures: streamers that are always closed, and a gate that holds a
+thread-backend model busy until the test releases it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+
+class Gate:
+    """A model for ThreadedStreamer that records every batch, and blocks on
+    inputs equal to ``"hold"`` until ``release()``."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.entered = threading.Event()
+        self.batches: List[List[Any]] = []
+
+    def __call__(self, batch: List[Any]) -> List[Any]:
+        self.batches.append(list(batch))
+        if "hold" in batch:
+            self.entered.set()
+            assert self.open.wait(30), "the test never released the gate"
+        return [f"ok:{x}" for x in batch]
+
+    def release(self) -> None:
+        self.open.set()
+
+    def seen(self) -> List[Any]:
+        return [x for batch in self.batches for x in batch]
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    g = Gate()
+    yield g
+    g.release()
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[Any], Any]]:
+    """Register a streamer to be closed at the end of the test, whatever happens."""
+    made: List[Any] = []
+
+    def register(streamer: Any) -> Any:
+        made.append(streamer)
+        return streamer
+
+    yield register
+    for streamer in made:
+        streamer.close(timeout=5)

@@ -1,0 +1,86 @@
+"""Models for the tests. Spawned workers import them by name, so they live
+at module level here rather than inside the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, List
+
+from streamer_core import ManagedModel
+
+
+def double(batch: List[Any]) -> List[Any]:
+    return [x * 2 for x in batch]
+
+
+def fail_on_negative(batch: List[int]) -> List[int]:
+    bad = [x for x in batch if x < 0]
+    if bad:
+        raise ValueError(f"negative input {bad[0]}")
+    return [x * 2 for x in batch]
+
+
+def one_short(batch: List[Any]) -> List[Any]:
+    return batch[:-1]
+
+
+def returns_none(batch: List[Any]) -> None:
+    return None
+
+
+def unpicklable_result(batch: List[Any]) -> List[Any]:
+    return [(lambda: x) if x == "lambda" else x for x in batch]
+
+
+def batch_info(batch: List[Any]) -> List[Any]:
+    """Each input with the size of the batch it was in and the worker's pid."""
+    return [(x, len(batch), os.getpid()) for x in batch]
+
+
+def kill_self_on_poison(batch: List[str]) -> List[str]:
+    time.sleep(0.02)
+    if "poison" in batch:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [s.upper() for s in batch]
+
+
+class EnvModel(ManagedModel):
+    """Reports the device it was given and what CUDA would see."""
+
+    def init_model(self, tag: str = "", delay: float = 0.0) -> None:
+        self.tag = tag
+        self.delay = delay
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        time.sleep(self.delay)
+        return [
+            {"pid": os.getpid(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_id": self.gpu_id, "tag": self.tag}
+            for _ in batch
+        ]
+
+
+class BrokenInitModel(ManagedModel):
+    def init_model(self) -> None:
+        raise FileNotFoundError("weights.bin not found")
+
+    def predict(self, batch: List[Any]) -> List[Any]:  # pragma: no cover - never reached
+        return batch
+
+
+class HoldModel(ManagedModel):
+    """While the file ``hold`` exists in ``folder``, a batch announces itself
+    (file ``inside-<pid>``) and waits, so a test can kill a worker mid-batch."""
+
+    def init_model(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        if (self.folder / "hold").exists():
+            (self.folder / f"inside-{os.getpid()}").write_text(repr(batch))
+            deadline = time.monotonic() + 10
+            while (self.folder / "hold").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return [x * 2 for x in batch]

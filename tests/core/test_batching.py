@@ -1,0 +1,137 @@
+"""How requests become batches: size bound, latency bound, no needless
+waiting, and results in the caller's order."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List
+
+import pytest
+
+from streamer_core import Streamer, ThreadedStreamer
+from tests.core import models
+
+
+class Recorder:
+    """A model that records each batch it gets and when it got it."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.calls: List[tuple] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: List[Any]) -> List[Any]:
+        with self.lock:
+            self.calls.append((time.monotonic(), list(batch)))
+        if self.seconds:
+            time.sleep(self.seconds)
+        return [x * 2 for x in batch]
+
+
+def test_no_model_call_gets_more_than_batch_size(closing):
+    model = Recorder(0.002)
+    streamer = closing(ThreadedStreamer(model, batch_size=8, max_latency=0.05))
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda x: streamer.predict([x])[0], range(400)))
+    assert results == [x * 2 for x in range(400)]
+    sizes = [len(batch) for _, batch in model.calls]
+    assert max(sizes) <= 8
+    assert max(sizes) > 1, "concurrent requests were never batched together"
+    assert sum(sizes) == 400, "an item reached the model twice or not at all"
+
+
+def test_a_large_call_is_split_into_batches_and_keeps_its_order(closing):
+    model = Recorder()
+    streamer = closing(ThreadedStreamer(model, batch_size=8))
+    assert streamer.predict(list(range(50))) == [x * 2 for x in range(50)]
+    assert all(len(batch) <= 8 for _, batch in model.calls)
+    assert len(model.calls) >= 7
+
+
+def test_items_of_one_call_spread_over_two_workers_come_back_in_order(closing):
+    streamer = closing(Streamer(models.batch_info, batch_size=4, max_latency=0.01, worker_num=2))
+    assert streamer.wait_ready(60)
+    with ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(streamer.predict, list(range(k * 100, k * 100 + 60))) for k in range(4)]
+        outputs = [call.result(30) for call in calls]
+    for k, output in enumerate(outputs):
+        assert [x for x, _, _ in output] == list(range(k * 100, k * 100 + 60))
+        assert all(size <= 4 for _, size, _ in output)
+    pids = {pid for output in outputs for _, _, pid in output}
+    assert len(pids) == 2, "both workers should have taken part"
+
+
+def test_a_lone_request_does_not_wait_for_max_latency(closing):
+    """One closed-loop client: the model's own latency, not max_latency."""
+    model = Recorder(0.02)
+    streamer = closing(ThreadedStreamer(model, batch_size=64, max_latency=1.0))
+    latencies = []
+    for x in range(15):
+        started = time.monotonic()
+        assert streamer.predict([x]) == [x * 2]
+        latencies.append(time.monotonic() - started)
+    # 1.0 s if the request waited for companions; about 0.02 s if not.
+    assert statistics.median(latencies) < 0.25
+
+
+def test_a_lone_request_does_not_wait_on_the_process_backend(closing):
+    streamer = closing(Streamer(models.double, batch_size=64, max_latency=1.0))
+    assert streamer.wait_ready(60)
+    latencies = []
+    for x in range(15):
+        started = time.monotonic()
+        assert streamer.predict([x]) == [x * 2]
+        latencies.append(time.monotonic() - started)
+    assert statistics.median(latencies) < 0.25
+
+
+def test_max_latency_counts_from_each_items_arrival(closing):
+    """Under a steady stream of arrivals no item waits for companions much
+    longer than max_latency, however late in a collection it arrived."""
+    model = Recorder(0.001)
+    streamer = closing(ThreadedStreamer(model, batch_size=10_000, max_latency=0.05))
+    arrivals = {}
+    stop = time.monotonic() + 1.5
+
+    def client(k: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            x = k * 100_000 + n
+            arrivals[x] = time.monotonic()
+            assert streamer.predict([x]) == [x * 2]
+            n += 1
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    waits = [started - arrivals[x] for started, batch in model.calls for x in batch]
+    assert len(waits) > 100
+    # 0.05 s of max_latency, plus generous room for a noisy 2-core machine.
+    assert max(waits) < 0.05 + 0.1, f"an item waited {max(waits):.3f}s for its batch"
+    assert max(len(batch) for _, batch in model.calls) > 1
+
+
+def test_closed_loop_clients_fill_whole_batches(closing):
+    """16 clients, batch 16: once warmed up, the worker waits for the callers
+    it just answered instead of running them in fragments."""
+    model = Recorder(0.02)
+    streamer = closing(ThreadedStreamer(model, batch_size=16, max_latency=0.5))
+    stop = time.monotonic() + 1.5
+
+    def client(k: int) -> None:
+        while time.monotonic() < stop:
+            assert streamer.predict([k]) == [k * 2]
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(client, range(16)))
+    sizes = [len(batch) for _, batch in model.calls[5:]]
+    assert statistics.median(sizes) == 16, sizes
+
+
+@pytest.mark.parametrize("batch", [[], ()])
+def test_an_empty_call_returns_an_empty_list(closing, batch):
+    streamer = closing(ThreadedStreamer(models.double, batch_size=4))
+    assert streamer.predict(batch) == []
+    assert streamer.submit(batch).result() == []

@@ -1,0 +1,127 @@
+"""A model that raises or misbehaves: the right callers get a clear error,
+everyone else their result, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pytest
+
+from streamer_core import BatchLengthError, RemoteTraceback, SerializationError, Streamer, ThreadedStreamer
+from tests.core import models
+
+
+def make_thread(model: Callable, **options: Any) -> ThreadedStreamer:
+    return ThreadedStreamer(model, batch_size=16, max_latency=0.05, **options)
+
+
+def make_process(model: Callable, **options: Any) -> Streamer:
+    streamer = Streamer(model, batch_size=16, max_latency=0.05, **options)
+    assert streamer.wait_ready(60)
+    return streamer
+
+
+BACKENDS = [pytest.param(make_thread, id="thread"), pytest.param(make_process, id="process")]
+
+
+def submit_together(streamer: Any, inputs: list) -> list:
+    """Submit one call per input from separate threads at nearly the same time."""
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        futures = [pool.submit(lambda x=x: streamer.submit([x])) for x in inputs]
+        return [f.result() for f in futures]
+
+
+@pytest.mark.parametrize("make", BACKENDS)
+def test_only_the_failing_input_gets_the_exception(closing, make):
+    streamer = closing(make(models.fail_on_negative))
+    inputs = [1, 2, -3, 4, 5, -6, 7, 8]
+    futures = submit_together(streamer, inputs)
+    for x, future in zip(inputs, futures):
+        if x < 0:
+            with pytest.raises(ValueError, match=f"negative input {x}"):
+                future.result(10)
+        else:
+            assert future.result(10) == [x * 2]
+    # The worker survived and keeps serving.
+    assert streamer.predict([10, 11]) == [20, 22]
+
+
+def test_the_failure_is_isolated_even_inside_one_batch(closing, gate):
+    """Hold the model so eight calls queue into one batch, then check that the
+    batch containing a bad input still answers the other seven."""
+    calls = []
+
+    def model(batch):
+        calls.append(list(batch))
+        gate(["hold"] if "hold" in batch else [])
+        return models.fail_on_negative([x for x in batch if x != "hold"]) + (["held"] if "hold" in batch else [])
+
+    streamer = closing(ThreadedStreamer(model, batch_size=8, max_latency=0.05))
+    first = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    inputs = [1, 2, 3, -4, 5, 6, 7, 8]
+    futures = [streamer.submit([x]) for x in inputs]
+    gate.release()
+    assert first.result(5) == ["held"]
+    for x, future in zip(inputs, futures):
+        if x < 0:
+            with pytest.raises(ValueError):
+                future.result(5)
+        else:
+            assert future.result(5) == [x * 2]
+    assert len(calls[1]) == 8, "the eight calls should have formed one batch"
+
+
+def test_process_errors_carry_the_workers_traceback(closing):
+    streamer = closing(make_process(models.fail_on_negative))
+    with pytest.raises(ValueError, match="negative input -1") as info:
+        streamer.predict([-1])
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "fail_on_negative" in cause.tb and "ValueError: negative input -1" in cause.tb
+    printed = "".join(traceback.format_exception(info.type, info.value, info.tb))
+    assert "fail_on_negative" in printed, "the remote traceback should print with the error"
+
+
+def test_thread_errors_keep_their_own_traceback(closing):
+    streamer = closing(make_thread(models.fail_on_negative))
+    with pytest.raises(ValueError) as info:
+        streamer.predict([-1])
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "fail_on_negative" in frames
+
+
+@pytest.mark.parametrize("make", BACKENDS)
+def test_isolation_can_be_turned_off(closing, make):
+    streamer = closing(make(models.fail_on_negative, isolate_errors=False))
+    with pytest.raises(ValueError):
+        streamer.predict([1, -2, 3])
+
+
+@pytest.mark.parametrize("make", BACKENDS)
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (models.one_short, r"returned 2 results for a batch of 3 inputs"),
+        (models.returns_none, r"returned NoneType for a batch of 3 inputs"),
+    ],
+)
+def test_a_result_of_the_wrong_length_fails_the_batch_clearly(closing, make, model, message):
+    streamer = closing(make(model))
+    with pytest.raises(BatchLengthError, match=message):
+        streamer.predict(["a", "b", "c"])
+
+
+def test_sequences_other_than_lists_are_accepted(closing):
+    streamer = closing(make_thread(lambda batch: tuple(x + 1 for x in batch)))
+    assert streamer.predict([1, 2, 3]) == [2, 3, 4]
+
+
+def test_an_unpicklable_result_fails_only_its_item(closing):
+    streamer = closing(make_process(models.unpicklable_result))
+    with pytest.raises(SerializationError, match="cannot be sent back from the worker"):
+        streamer.predict(["lambda"])
+    assert streamer.predict(["fine"]) == ["fine"]
