@@ -1,0 +1,85 @@
+"""close() and destroy_workers(): every pending call finished or failed,
+every thread and process stopped, twice is fine, and calls afterwards fail."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from streamer_core import Streamer, StreamerClosedError, ThreadedStreamer
+from tests.core import models
+from tests.core.test_process_workers import alive, wait_for
+
+
+def streamer_threads() -> set:
+    return {t for t in threading.enumerate() if t.name.startswith("streamer-")}
+
+
+def test_close_finishes_queued_and_running_calls():
+    before = streamer_threads()
+    streamer = ThreadedStreamer(lambda batch: (time.sleep(0.05), [x * 2 for x in batch])[1], batch_size=4)
+    futures = [streamer.submit([x]) for x in range(20)]
+    streamer.close()
+    assert [f.result(0) for f in futures] == [[x * 2] for x in range(20)]
+    assert wait_for(lambda: streamer_threads() == before, 2), "streamer threads are still running"
+
+
+def test_close_fails_what_it_cannot_finish_in_time(gate):
+    streamer = ThreadedStreamer(gate, batch_size=4, max_latency=0.01)
+    running = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    queued = streamer.submit(["queued"])
+    started = time.monotonic()
+    streamer.close(timeout=0.3)
+    assert time.monotonic() - started < 3.0
+    for future in (running, queued):
+        with pytest.raises(StreamerClosedError, match="closed before this call finished"):
+            future.result(0)
+
+
+def test_calls_after_close_fail_clearly_and_close_twice_is_fine():
+    streamer = ThreadedStreamer(models.double, batch_size=4)
+    assert streamer.predict([1]) == [2]
+    streamer.close()
+    streamer.close()
+    streamer.destroy_workers()
+    assert streamer.closed
+    with pytest.raises(StreamerClosedError, match="create a new one"):
+        streamer.predict([1])
+    with pytest.raises(StreamerClosedError):
+        streamer.submit([1])
+
+
+def test_context_manager_closes():
+    with ThreadedStreamer(models.double, batch_size=4) as streamer:
+        assert streamer.predict([3]) == [6]
+    assert streamer.closed
+
+
+def test_destroy_workers_stops_every_process():
+    before = streamer_threads()
+    streamer = Streamer(models.double, batch_size=4, worker_num=2)
+    assert streamer.wait_ready(60)
+    pids = streamer.worker_pids()
+    assert len(pids) == 2
+    futures = [streamer.submit([x]) for x in range(10)]
+    streamer.destroy_workers()
+    assert [f.result(0) for f in futures] == [[x * 2] for x in range(10)]
+    assert not any(alive(pid) for pid in pids), "a worker process outlived destroy_workers()"
+    assert wait_for(lambda: streamer_threads() == before, 2)
+    streamer.destroy_workers()
+    with pytest.raises(StreamerClosedError):
+        streamer.predict([1])
+
+
+def test_a_dropped_streamer_stops_its_workers():
+    streamer = Streamer(models.double, batch_size=4)
+    assert streamer.wait_ready(60)
+    [pid] = streamer.worker_pids()
+    del streamer
+    import gc
+
+    gc.collect()
+    assert wait_for(lambda: not alive(pid), 5), "a garbage-collected streamer left its worker running"

@@ -1,0 +1,53 @@
+"""Wrong settings fail at construction, with a message that says how to fix them."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamer_core import BatchingConfig, Streamer, ThreadedStreamer
+from tests.core import models
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
+        ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
+        ({"batch_size": True}, TypeError, "batch_size must be an int"),
+        ({"batch_size": 4, "max_latency": -1}, ValueError, "max_latency is in seconds"),
+        ({"batch_size": 4, "max_latency": "0.1"}, TypeError, "max_latency is in seconds"),
+        ({"batch_size": 4, "timeout": 0}, ValueError, "timeout is in seconds and must be finite and > 0"),
+        ({"batch_size": 4, "max_queue": 0}, ValueError, "max_queue must be >= 1"),
+        ({"batch_size": 4, "isolate_errors": "yes"}, TypeError, "isolate_errors must be True or False"),
+    ],
+)
+def test_bad_batching_settings(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        BatchingConfig(**kwargs)
+    with pytest.raises(error, match=message):
+        ThreadedStreamer(models.double, **kwargs)
+
+
+def test_max_latency_zero_is_allowed():
+    assert BatchingConfig(4, max_latency=0).max_latency == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"worker_num": 0}, ValueError, "worker_num must be >= 1"),
+        ({"cuda_devices": []}, ValueError, "must name at least one device"),
+        ({"cuda_devices": "0,1"}, TypeError, "must be a list of device indexes"),
+        ({"cuda_devices": [0, -1]}, ValueError, "device indexes start at 0"),
+        ({"cuda_devices": [0, 1.5]}, TypeError, "each device must be an int index"),
+        ({"max_item_crashes": 0}, ValueError, "max_item_crashes must be >= 1"),
+    ],
+)
+def test_bad_process_settings(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Streamer(models.double, 4, **kwargs)
+
+
+def test_non_callable_model_is_refused():
+    with pytest.raises(TypeError, match="predict_function must be callable"):
+        ThreadedStreamer("model", 4)

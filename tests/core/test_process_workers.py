@@ -1,0 +1,224 @@
+"""Spawned worker processes: devices, deaths, poison inputs, orphans, and
+inputs that cannot cross the process boundary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from streamer_core import (
+    SerializationError,
+    StreamerError,
+    Streamer,
+    WorkerDiedError,
+    WorkerStartError,
+)
+from tests.core import models
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_each_worker_gets_its_device_slot(closing):
+    streamer = closing(
+        Streamer(
+            models.EnvModel,
+            batch_size=2,
+            max_latency=0.01,
+            worker_num=4,
+            cuda_devices=[0, 1],
+            model_init_kwargs={"tag": "emb", "delay": 0.05},
+        )
+    )
+    assert streamer.wait_ready(60)
+    with ThreadPoolExecutor(16) as pool:
+        answers = [a for result in pool.map(lambda _: streamer.predict([0]), range(64)) for a in result]
+    by_pid = {a["pid"]: a for a in answers}
+    assert len(by_pid) == 4, "every worker should have served"
+    devices = defaultdict(int)
+    for answer in by_pid.values():
+        assert answer["cvd"] == str(answer["gpu_id"]), "CUDA_VISIBLE_DEVICES must match the worker's device"
+        assert answer["tag"] == "emb", "model_init_kwargs must reach init_model"
+        devices[answer["cvd"]] += 1
+    assert dict(devices) == {"0": 2, "1": 2}, "worker i should use cuda_devices[i % len(cuda_devices)]"
+
+
+def test_without_cuda_devices_the_variable_is_left_alone(closing, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    streamer = closing(Streamer(models.EnvModel, batch_size=2))
+    [answer] = streamer.predict([0])
+    assert answer["gpu_id"] is None and answer["cvd"] == "7"
+
+
+@pytest.mark.parametrize("worker_num", [2, 1])
+def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
+    (tmp_path / "hold").write_text("")
+    streamer = closing(
+        Streamer(models.HoldModel, batch_size=8, max_latency=0.05, worker_num=worker_num,
+                 model_init_kwargs={"folder": str(tmp_path)})
+    )
+    assert streamer.wait_ready(60)
+    futures = [streamer.submit([x]) for x in range(8)]
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10), "no worker started the batch"
+    [marker] = tmp_path.glob("inside-*")
+    victim = int(marker.name.split("-")[1])
+    (tmp_path / "hold").unlink()
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for x, future in enumerate(futures):
+        assert future.result(5) == [x * 2]
+    assert time.monotonic() - killed_at < 2.0, "in-flight calls must be answered within 2 s of the kill"
+    # The dead worker was replaced and the streamer keeps serving.
+    assert wait_for(lambda: len(streamer.worker_pids()) == worker_num and victim not in streamer.worker_pids(), 10)
+    assert streamer.predict(list(range(20))) == [x * 2 for x in range(20)]
+
+
+def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing):
+    streamer = closing(Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.2, worker_num=2))
+    assert streamer.wait_ready(60)
+    inputs = ["a", "b", "poison", "c", "d"]
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        futures = list(pool.map(lambda s: streamer.submit([s]), inputs))
+    for text, future in zip(inputs, futures):
+        if text == "poison":
+            with pytest.raises(WorkerDiedError, match="killed by SIGKILL") as info:
+                future.result(20)
+            assert "not retried" in str(info.value)
+        else:
+            assert future.result(20) == [text.upper()]
+    assert wait_for(lambda: len(streamer.worker_pids()) == 2, 10), "dead workers should be replaced"
+    assert streamer.predict(["still", "serving"]) == ["STILL", "SERVING"]
+
+
+def test_a_model_that_cannot_load_fails_calls_with_its_error(closing):
+    streamer = closing(Streamer(models.BrokenInitModel, batch_size=4, worker_num=2))
+    with pytest.raises(WorkerStartError, match="weights.bin not found"):
+        streamer.wait_ready(60)
+    started = time.monotonic()
+    with pytest.raises(WorkerStartError, match="weights.bin not found") as info:
+        streamer.predict([1])
+    assert time.monotonic() - started < 1.0, "calls must fail at once, not wait for a timeout"
+    assert "init_model" in str(info.value.__cause__), "the worker's traceback should be attached"
+
+
+def test_unpicklable_inputs_fail_at_once_naming_the_cause(closing):
+    streamer = closing(Streamer(models.double, batch_size=4))
+    with pytest.raises(SerializationError, match=r"input 1 \(lock\) cannot be sent to a worker process") as info:
+        streamer.predict([1, threading.Lock()])
+    assert isinstance(info.value, TypeError)
+    assert streamer.predict([1, 2]) == [2, 4]
+
+
+def test_a_lambda_model_is_refused_with_a_clear_message():
+    with pytest.raises(TypeError, match="define it at module level"):
+        Streamer(lambda batch: batch, batch_size=4)
+
+
+def test_a_class_that_is_not_a_managed_model_is_refused():
+    class NotManaged:
+        pass
+
+    with pytest.raises(TypeError, match="not a ManagedModel subclass"):
+        Streamer(NotManaged, batch_size=4)
+
+
+PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from streamer_core import Streamer
+    from tests.core import models
+
+    if __name__ == "__main__":
+        streamer = Streamer(models.HoldModel, batch_size=4, worker_num=2,
+                            model_init_kwargs={"folder": sys.argv[1]})
+        streamer.wait_ready(60)
+        streamer.submit([1])  # one worker sits inside the model while the parent dies
+        print(" ".join(map(str, streamer.worker_pids())), flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_workers_exit_when_their_parent_dies(tmp_path):
+    (tmp_path / "hold").write_text("")
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ) as parent:
+        try:
+            pids = [int(p) for p in parent.stdout.readline().split()]
+            assert len(pids) == 2
+            assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
+            parent.kill()
+            parent.wait(5)
+            assert wait_for(lambda: not any(alive(pid) for pid in pids), 5), "workers outlived their parent"
+        finally:
+            parent.kill()
+
+
+IMPORTS_APP = textwrap.dedent(
+    """
+    from streamer_core import Streamer
+    from tests.core import models
+
+    streamer = Streamer(models.double, batch_size=4)   # at import time, unguarded
+
+
+    def predict(batch):
+        return models.double(batch)
+    """
+)
+
+
+def test_a_worker_that_imports_the_streamers_module_does_not_spawn_more(tmp_path, closing):
+    """Importing the app module inside a worker must not start workers again."""
+    (tmp_path / "app_module.py").write_text(IMPORTS_APP)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import app_module  # noqa: F401  (creates a streamer in this process, which is fine)
+
+        closing(app_module.streamer)
+        streamer = closing(Streamer(app_module.predict, batch_size=4))
+        with pytest.raises(WorkerStartError, match="created inside one of its own worker processes"):
+            streamer.wait_ready(60)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("app_module", None)
+
+
+def test_streamer_error_is_the_root_of_every_error():
+    for error in (SerializationError, WorkerDiedError, WorkerStartError):
+        assert issubclass(error, StreamerError)

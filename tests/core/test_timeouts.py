@@ -1,0 +1,118 @@
+"""Per-call timeouts: a TimeoutError subclass, the item dropped before the
+model, and nothing kept in memory for calls that were given up."""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+
+import pytest
+
+from streamer_core import StreamerTimeoutError, ThreadedStreamer
+
+
+def test_predict_timeout_raises_a_timeout_error_subclass(closing, gate):
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01))
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError) as info:
+        streamer.predict(["hold"], timeout=0.2)
+    elapsed = time.monotonic() - started
+    assert isinstance(info.value, TimeoutError)
+    assert 0.15 < elapsed < 2.0
+
+
+def test_future_result_timeout_gives_the_call_up(closing, gate):
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01))
+    streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    future = streamer.submit(["late"])
+    with pytest.raises(TimeoutError):
+        future.result(timeout=0.1)
+    assert future.cancelled()
+    gate.release()
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert "late" not in gate.seen(), "a call its caller gave up on still reached the model"
+
+
+def test_a_timed_out_item_is_dropped_before_it_reaches_the_model(closing, gate):
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01))
+    streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["too-late"], timeout=0.1)
+    gate.release()
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert "too-late" not in gate.seen()
+
+
+def test_result_without_timeout_still_returns_by_the_calls_deadline(closing, gate):
+    """A submit() future completes at the streamer's timeout even if nobody
+    waits on it with a timeout: no code path waits forever."""
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=0.3))
+    future = streamer.submit(["hold"])
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError):
+        future.result()
+    assert time.monotonic() - started < 2.0
+    done_callback_fired = []
+    other = streamer.submit(["x"])
+    other.add_done_callback(done_callback_fired.append)
+    deadline = time.monotonic() + 3
+    while not done_callback_fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done_callback_fired, "the future was never completed"
+    assert isinstance(other.exception(0), StreamerTimeoutError)
+
+
+def test_a_hour_long_model_call_does_not_hold_a_submit_future(closing, gate):
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01))
+    future = streamer.submit(["hold"], timeout=0.2)
+    with pytest.raises(StreamerTimeoutError):
+        future.result()
+
+
+def test_100k_timed_out_calls_leave_memory_flat(closing, gate):
+    """Calls that time out while the model is busy leave nothing behind: not
+    in the queue, not in the deadline bookkeeping, not in memory."""
+    streamer = closing(ThreadedStreamer(gate, batch_size=64, max_latency=0.01))
+    streamer.submit(["hold"], timeout=60)
+    assert gate.entered.wait(5)
+
+    def expire(n: int) -> None:
+        # The streamer's own deadline fails these; nobody waits on them.
+        for i in range(n):
+            streamer.submit([i], timeout=0.001)
+        # And callers that give up on their own wait (the cancel path).
+        for i in range(n // 20):
+            with pytest.raises(StreamerTimeoutError):
+                streamer.predict([-i], timeout=0.0001)
+        deadline = time.monotonic() + 10
+        while streamer.queued() > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    expire(5_000)  # warm up: caches, the deadline heap's first sweep
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        expire(100_000)
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert streamer.queued() == 0, f"{streamer.queued()} timed-out items are still queued"
+    # Keeping anything per call would cost several MB (100k calls x ~100 bytes at least).
+    assert after - before < 1_000_000, f"memory grew by {after - before} bytes over 100k timed-out calls"
+    gate.release()
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert gate.seen() == ["hold", "after"], "timed-out calls reached the model"
+
+
+def test_invalid_timeouts_are_refused(closing):
+    streamer = closing(ThreadedStreamer(lambda b: b, batch_size=4))
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout is in seconds"):
+            streamer.predict([1], timeout=bad)
+    with pytest.raises(TypeError, match="timeout is in seconds"):
+        streamer.predict([1], timeout="5")
