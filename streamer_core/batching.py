@@ -56,27 +56,69 @@ class BatchFuture(concurrent.futures.Future):
     without a timeout still returns by the call's deadline, and when
     ``result(timeout)`` runs out the call is given up, so its items are dropped
     before they reach the model, and :class:`StreamerTimeoutError` is raised.
+
+    A waiting caller blocks on one lock that completion releases, rather than
+    on the Future's condition: the condition is still held by the completing
+    thread when it notifies, so the woken caller would block again at once.
+    That second wake-up per call is what limits a thread-per-request server.
     """
 
     _deadline: float = float("inf")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._finished = threading.Lock()
+        self._finished.acquire()
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self._finished.release()
+
+    def set_exception(self, exception: Optional[BaseException]) -> None:
+        super().set_exception(exception)
+        self._finished.release()
+
+    def _set_quietly(self, result: Any) -> bool:
+        """Complete the future but leave its waiter asleep until
+        :meth:`_wake`: a batch's results are all set before any caller wakes
+        to compete with the delivering thread."""
+        try:
+            super().set_result(result)
+        except concurrent.futures.InvalidStateError:
+            return False
+        return True
+
+    def _wake(self) -> None:
+        self._finished.release()
+
+    def cancel(self) -> bool:
+        with self._condition:
+            if self._state not in ("PENDING", "RUNNING"):
+                return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+            cancelled = super().cancel()
+        if cancelled:
+            self._finished.release()
+        return cancelled
+
     def result(self, timeout: Optional[float] = None) -> List[Any]:
-        return self._wait(super().result, timeout)
+        self._wait(timeout)
+        return super().result(0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        return self._wait(super().exception, timeout)
+        self._wait(timeout)
+        return super().exception(0)
 
-    def _wait(self, get: Callable[[Optional[float]], Any], timeout: Optional[float]) -> Any:
+    def _wait(self, timeout: Optional[float]) -> None:
+        if self._state in ("FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"):
+            return
         if timeout is None:
             timeout = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
-        try:
-            return get(timeout)
-        except concurrent.futures.TimeoutError:
-            if self.done() and not self.cancelled():
-                raise  # the call itself failed with a timeout error
-            if self.cancel():
-                raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up") from None
-            return get(0)  # it finished just as we gave up
+        if self._finished.acquire(timeout=max(0.0, timeout)):
+            self._finished.release()  # let any other waiter through too
+            return
+        if self.cancel():
+            raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up")
+        # It finished just as we gave up: its result (or error) stands.
 
 
 def settle(future: concurrent.futures.Future, exc: Optional[BaseException] = None, result: Any = None) -> bool:
@@ -111,7 +153,7 @@ class _Task:
 
     def live(self) -> bool:
         future = self.future
-        return future is not None and not future.done()
+        return future is not None and future._state == "PENDING"
 
     def fail(self, exc: BaseException) -> bool:
         future = self.future
@@ -120,18 +162,22 @@ class _Task:
         self.future = self.results = None  # drop references: nothing stays in memory for it
         return settle(future, exc=exc)
 
-    def set_outcome(self, index: int, ok: bool, value: Any) -> None:
+    def set_outcome(self, index: int, ok: bool, value: Any) -> Optional[BatchFuture]:
+        """Record one item's outcome; return the future if this completed it
+        with its results (its waiter still to be woken), else ``None``."""
         future, results = self.future, self.results
-        if future is None or results is None or future.done():
-            return
+        if future is None or results is None or future._state != "PENDING":
+            return None
         if not ok:
             self.fail(value)
-            return
+            return None
         results[index] = value
         self.remaining -= 1
         if self.remaining == 0:
             self.future = self.results = None
-            settle(future, result=results)
+            if future._set_quietly(results):
+                return future
+        return None
 
 
 class _Item:
@@ -149,9 +195,66 @@ class _Item:
 
 
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
-    """Hand each item its outcome (result or exception)."""
+    """Hand each item its outcome (result or exception); wake the callers
+    only once every result of the batch is in place."""
+    completed = []
     for item, (ok, value) in zip(items, outcomes):
-        item.task.set_outcome(item.index, ok, value)
+        future = item.task.set_outcome(item.index, ok, value)
+        if future is not None:
+            completed.append(future)
+    for future in completed:
+        future._wake()
+
+
+class _Deadlines:
+    """Call deadlines, soonest first. Calls on the streamer's own timeout
+    arrive in deadline order, so they take a FIFO (O(1) a call); only calls
+    with a timeout of their own go through a heap. Finished calls stay until
+    their deadline and are swept out when the records grow, so memory
+    follows the calls still running."""
+
+    def __init__(self, standard_timeout: float) -> None:
+        self.standard = standard_timeout
+        self._fifo: Deque[Tuple[float, _Task]] = deque()
+        self._heap: List[Tuple[float, int, _Task]] = []
+        self._seq = itertools.count()
+        self._sweep_at = 4096
+
+    def add(self, deadline: float, task: _Task) -> bool:
+        """Record ``task``; return whether its deadline is now the soonest."""
+        if len(self._fifo) + len(self._heap) >= self._sweep_at:
+            self._sweep()
+        if task.timeout == self.standard:
+            self._fifo.append((deadline, task))
+            return len(self._fifo) == 1 and (not self._heap or deadline < self._heap[0][0])
+        heapq.heappush(self._heap, (deadline, next(self._seq), task))
+        return self._heap[0][2] is task and (not self._fifo or deadline < self._fifo[0][0])
+
+    def pop_expired(self, now: float) -> List[_Task]:
+        expired = []
+        fifo, heap = self._fifo, self._heap
+        while fifo and fifo[0][0] <= now:
+            expired.append(fifo.popleft()[1])
+        while heap and heap[0][0] <= now:
+            expired.append(heapq.heappop(heap)[2])
+        return expired
+
+    def soonest(self) -> float:
+        first = self._fifo[0][0] if self._fifo else float("inf")
+        return min(first, self._heap[0][0]) if self._heap else first
+
+    def tasks(self) -> List[_Task]:
+        return [task for _, task in self._fifo] + [entry[2] for entry in self._heap]
+
+    def clear(self) -> None:
+        self._fifo.clear()
+        self._heap.clear()
+
+    def _sweep(self) -> None:
+        self._fifo = deque(entry for entry in self._fifo if entry[1].future is not None)
+        self._heap = [entry for entry in self._heap if entry[2].future is not None]
+        heapq.heapify(self._heap)
+        self._sweep_at = max(4096, 2 * (len(self._fifo) + len(self._heap)))
 
 
 class Scheduler:
@@ -172,9 +275,7 @@ class Scheduler:
         self._queue: Deque[_Item] = deque()
         self._alone: Deque[_Item] = deque()  # items to run one at a time after a worker crash
         self._dead = 0  # items in _queue whose task is done, roughly: triggers compaction
-        self._deadlines: List[Tuple[float, int, _Task]] = []
-        self._heap_limit = 4096
-        self._seq = itertools.count()
+        self._deadlines = _Deadlines(config.timeout)
         self._free = 0  # workers idle and not yet given a batch
         self._in_flight = 0  # batches handed out and not yet done or lost
         self._due = 0  # callers answered recently and expected back
@@ -191,9 +292,12 @@ class Scheduler:
         future = BatchFuture()
         n = len(values)
         now = time.monotonic()
-        future._deadline = now + timeout
+        future._deadline = deadline = now + timeout
         task = _Task(future, n, timeout)
-        items = [_Item(task, i, v, now) for i, v in enumerate(values)]
+        if n == 1:
+            items: Sequence[_Item] = (_Item(task, 0, values[0], now),)
+        else:
+            items = [_Item(task, i, v, now) for i, v in enumerate(values)]
         cond = self._cond
         with cond:
             if self._closing:
@@ -211,7 +315,8 @@ class Scheduler:
                     )
             was_empty = not queue
             queue.extend(items)
-            self._push_deadline(future._deadline, task)
+            if self._deadlines.add(deadline, task):
+                cond.notify()  # sooner than the deadline the dispatcher sleeps until
             due = self._due
             if due:
                 self._due = due = max(0, due - n)
@@ -283,24 +388,10 @@ class Scheduler:
 
     # -- deadlines -----------------------------------------------------------
 
-    def _push_deadline(self, deadline: float, task: _Task) -> None:
-        heap = self._deadlines
-        if len(heap) >= self._heap_limit:
-            # Finished tasks stay in the heap until their deadline; sweep them
-            # out when it grows, so memory follows the calls still running.
-            heap[:] = [entry for entry in heap if entry[2].live()]
-            heapq.heapify(heap)
-            self._heap_limit = max(4096, 2 * len(heap))
-        heapq.heappush(heap, (deadline, next(self._seq), task))
-        if heap[0][2] is task:
-            self._cond.notify()  # an earlier deadline than the dispatcher sleeps until
-
     def _expire(self, now: float) -> float:
         """Fail every call past its deadline; return the next deadline."""
-        heap = self._deadlines
         expired = 0
-        while heap and heap[0][0] <= now:
-            _, _, task = heapq.heappop(heap)
+        for task in self._deadlines.pop_expired(now):
             if task.future is not None:
                 expired += task.size
                 task.fail(StreamerTimeoutError(f"the call did not finish within its timeout of {task.timeout:.3g}s"))
@@ -308,7 +399,7 @@ class Scheduler:
             self._dead += expired
             if self._dead * 2 > len(self._queue):
                 self._compact()
-        return heap[0][0] if heap else float("inf")
+        return self._deadlines.soonest()
 
     def _compact(self) -> None:
         self._queue = deque(item for item in self._queue if item.task.live())
@@ -412,7 +503,7 @@ class Scheduler:
             self._cond.notify_all()
 
     def _fail_all(self, make_error: Callable[[], BaseException]) -> None:
-        for _, _, task in self._deadlines:
+        for task in self._deadlines.tasks():
             if task.future is not None:
                 task.fail(make_error())
         for item in itertools.chain(self._queue, self._alone):

@@ -31,6 +31,9 @@ class Backend:
     """What a backend provides to the engine. Subclasses own their workers."""
 
     name = "backend"
+    #: Whether inputs are encoded (copied) before they are queued; when not,
+    #: ``encode`` is never called.
+    copies_inputs = False
 
     def start(self, scheduler: Scheduler) -> None:
         """Start the workers; report each one ready with ``scheduler.add_slot()``."""
@@ -122,11 +125,14 @@ class BaseStreamer:
         process, :class:`WorkerStartError` when no worker can start.
         """
         engine = self._engine
-        call_timeout = self._config.call_timeout(timeout)
+        call_timeout = self._config.timeout if timeout is None else self._config.call_timeout(timeout)
         if engine.closed:
             raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
-        encode = engine.backend.encode
-        values = [encode(value, index) for index, value in enumerate(batch)]
+        if engine.backend.copies_inputs:
+            encode = engine.backend.encode
+            values = [encode(value, index) for index, value in enumerate(batch)]
+        else:
+            values = batch if isinstance(batch, list) else list(batch)
         if not values:
             future = BatchFuture()
             future.set_result([])

@@ -79,6 +79,7 @@ class _Slot:
 
 class _ProcessBackend(Backend):
     name = "process"
+    copies_inputs = True
 
     def __init__(
         self,
