@@ -102,6 +102,8 @@ class BatchFuture(concurrent.futures.Future):
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
         self._wait(timeout)
+        if self._state == "FINISHED" and self._exception is None:
+            return self._result  # the common case, without the condition's lock
         return super().result(0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
@@ -261,9 +263,9 @@ class Scheduler:
     """The FIFO queue of items, the batching rule, and call deadlines.
 
     Backends report worker capacity with :meth:`add_slot`,
-    :meth:`remove_slot`, :meth:`batch_done` and :meth:`batch_lost`; the
+    :meth:`batch_done`, :meth:`batch_returned` and :meth:`worker_lost`; the
     dispatcher thread calls :meth:`next_batch`, which returns only while a
-    worker is free. The dispatcher also fails calls whose deadline passed,
+    worker has room. The dispatcher also fails calls whose deadline passed,
     wherever their items are (queued or on a worker), so a ``submit()`` future
     always completes.
     """
@@ -276,7 +278,11 @@ class Scheduler:
         self._alone: Deque[_Item] = deque()  # items to run one at a time after a worker crash
         self._dead = 0  # items in _queue whose task is done, roughly: triggers compaction
         self._deadlines = _Deadlines(config.timeout)
-        self._free = 0  # workers idle and not yet given a batch
+        # Worker capacity: each worker holds up to two batches, the one it runs
+        # and, when a full batch is waiting, the next one, so it never idles
+        # between batches under load.
+        self._idle = 0  # workers holding no batch
+        self._busy = 0  # workers holding one batch (room for a full one more)
         self._in_flight = 0  # batches handed out and not yet done or lost
         self._due = 0  # callers answered recently and expected back
         self._last_delivery = float("-inf")
@@ -320,14 +326,17 @@ class Scheduler:
             due = self._due
             if due:
                 self._due = due = max(0, due - n)
-            if self._free > 0 and (was_empty or due == 0 or len(queue) >= self._config.batch_size):
+            full = len(queue) >= self._config.batch_size
+            if (self._idle > 0 and (was_empty or due == 0 or full)) or (full and self._busy > 0):
                 cond.notify()
         return future
 
     # -- the dispatcher's side ---------------------------------------------
 
-    def next_batch(self) -> Optional[List[_Item]]:
-        """Block until a worker is free and a batch should go; return it, or
+    def next_batch(self) -> Optional[Tuple[List[_Item], int]]:
+        """Block until a worker has room and a batch should go. Return the
+        batch and how many batches the worker to take it holds already (0: an
+        idle worker; 1: a busy one, given a full batch to start next), or
         ``None`` once the scheduler is closed and drained, or stopped."""
         cond = self._cond
         with cond:
@@ -336,14 +345,35 @@ class Scheduler:
                 wake = self._expire(now)
                 if self._stopped or (self._closing and not self._queue and not self._alone):
                     return None
-                if self._free > 0:
+                if self._idle > 0:
                     batch, hold_until = self._decide(now)
                     if batch:
-                        self._free -= 1
-                        self._in_flight += 1
-                        return batch
+                        self._handed(0)
+                        return batch, 0
                     wake = min(wake, hold_until)
+                elif self._busy > 0 and self._full_batch_waiting():
+                    batch = self._pop(self._config.batch_size)
+                    if batch:
+                        self._handed(1)
+                        return batch, 1
                 cond.wait(None if wake == float("inf") else max(0.0, wake - now))
+
+    def _handed(self, held: int) -> None:
+        self._count(held, -1)
+        self._count(held + 1, +1)
+        self._in_flight += 1
+
+    def _count(self, held: int, delta: int) -> None:
+        if held == 0:
+            self._idle += delta
+        elif held == 1:
+            self._busy += delta
+
+    def _full_batch_waiting(self) -> bool:
+        queue = self._queue
+        while queue and not queue[0].task.live():
+            queue.popleft()
+        return len(queue) >= self._config.batch_size
 
     def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
         """With a free worker: the batch to run now, or when to look again."""
@@ -353,9 +383,7 @@ class Scheduler:
             if item.task.live():
                 return [item], now
         queue = self._queue
-        while queue and not queue[0].task.live():
-            queue.popleft()
-        if not queue:
+        if not self._full_batch_waiting() and not queue:
             self._dead = 0
             return None, float("inf")
         size = self._config.batch_size
@@ -411,55 +439,58 @@ class Scheduler:
     def add_slot(self) -> None:
         """A worker became ready to take batches."""
         with self._cond:
-            self._free += 1
+            self._idle += 1
             self._cond.notify()
 
-    def remove_slot(self) -> None:
-        """An idle worker went away."""
+    def batch_done(self, size: int, seconds: float, held_after: int) -> None:
+        """A worker finished a batch of ``size`` items, which ran for
+        ``seconds``, and holds ``held_after`` batches now. Call it *before*
+        delivering the results, so the callers who come straight back are
+        counted as expected. ``size`` 0: the batch was dropped unrun (every
+        call in it had been given up)."""
         with self._cond:
-            self._free -= 1
-
-    def batch_done(self, size: int, seconds: float) -> None:
-        """A worker finished a batch of ``size`` items in ``seconds`` and is
-        free again. Call it *before* delivering the results, so the callers
-        who come straight back are counted as expected."""
-        with self._cond:
-            now = time.monotonic()
-            service = self._service
-            self._service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
-            if now - self._last_delivery > _PATIENCE_SHARE * self._service:
-                self._due = 0
-            self._due += size
-            self._last_delivery = now
-            self._free += 1
+            self._count(held_after + 1, -1)
+            self._count(held_after, +1)
             self._in_flight -= 1
+            if size:
+                now = time.monotonic()
+                service = self._service
+                self._service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
+                if now - self._last_delivery > _PATIENCE_SHARE * self._service:
+                    self._due = 0
+                self._due += size
+                self._last_delivery = now
             self._cond.notify_all()
 
-    def batch_returned(self, items: Sequence[_Item]) -> None:
-        """A batch could not be handed to any worker: queue it again, first."""
+    def batch_returned(self, items: Sequence[_Item], held: int) -> None:
+        """A batch meant for a worker holding ``held`` batches could not be
+        handed to it (it died meanwhile): queue the items again, first."""
         with self._cond:
             self._queue.extendleft(reversed(items))
-            self._free += 1
+            self._count(held + 1, -1)
+            self._count(held, +1)
             self._in_flight -= 1
             self._cond.notify_all()
 
-    def batch_lost(self, items: Sequence[_Item], reason: str) -> None:
-        """The worker running ``items`` died. Each item is run again alone,
-        unless it has now been in ``max_item_crashes`` crashed batches: then
-        its call fails with :class:`WorkerDiedError`."""
+    def worker_lost(self, batches: Sequence[Sequence[_Item]], reason: str) -> None:
+        """A ready worker died holding ``batches``. Each of their items is run
+        again alone, unless it has now been in ``max_item_crashes`` crashed
+        batches: then its call fails with :class:`WorkerDiedError`."""
         with self._cond:
-            self._in_flight -= 1
-            for item in items:
-                item.crashes += 1
-                if item.crashes >= self._max_item_crashes:
-                    item.task.fail(
-                        WorkerDiedError(
-                            f"{reason}; this input was in {item.crashes} batches whose worker died, "
-                            "so it is not retried (it may be what kills the worker)"
+            self._count(len(batches), -1)
+            for items in batches:
+                self._in_flight -= 1
+                for item in items:
+                    item.crashes += 1
+                    if item.crashes >= self._max_item_crashes:
+                        item.task.fail(
+                            WorkerDiedError(
+                                f"{reason}; this input was in {item.crashes} batches whose worker died, "
+                                "so it is not retried (it may be what kills the worker)"
+                            )
                         )
-                    )
-                elif item.task.live():
-                    self._alone.append(item)
+                    elif item.task.live():
+                        self._alone.append(item)
             self._cond.notify_all()
 
     def set_broken(self, make_error: Callable[[], BaseException]) -> None:

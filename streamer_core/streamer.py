@@ -44,8 +44,10 @@ class Backend:
         ``SerializationError`` for an input that cannot cross to the workers."""
         return value
 
-    def run(self, items: List[_Item]) -> None:
-        """Hand a batch to a free worker, without blocking on the model."""
+    def run(self, items: List[_Item], held: int) -> None:
+        """Hand a batch to a worker that holds ``held`` batches already (0 or
+        1), without blocking on the model. When no such worker is left (it
+        died meanwhile), give the batch back with ``scheduler.batch_returned``."""
         raise NotImplementedError
 
     def wait_ready(self, timeout: float) -> bool:
@@ -74,16 +76,17 @@ class _Engine:
     def _dispatch(self) -> None:
         scheduler, backend = self.scheduler, self.backend
         while True:
-            batch = scheduler.next_batch()
-            if batch is None:
+            handout = scheduler.next_batch()
+            if handout is None:
                 return
+            batch, held = handout
             try:
-                backend.run(batch)
+                backend.run(batch, held)
             except BaseException as exc:  # never let the dispatcher die silently
                 logger.exception("could not hand a batch to the %s backend", backend.name)
                 for item in batch:
                     item.task.fail(StreamerError(f"could not hand the batch to a worker: {exc!r}"))
-                scheduler.batch_returned([])
+                scheduler.batch_returned([], held)
 
     def close(self, timeout: float) -> None:
         with self._close_lock:

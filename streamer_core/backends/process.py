@@ -7,7 +7,8 @@ How data moves::
     submit(batch)            Scheduler (FIFO of items, batching rule)
       pickle each input ---> queue
                              dispatcher thread
-                               next_batch() when a worker is idle
+                               next_batch() when a worker is idle (or busy,
+                               with a full batch waiting: it starts it next)
                                ("batch", id, [pickled inputs]) --pipe-->  worker_main: run_batch(model)
                              collector thread                  <--pipe--  ("done", id, [outcomes])
                                batch_done(), deliver() -> futures
@@ -15,8 +16,9 @@ How data moves::
                                a death reruns its batch's items alone (or fails
                                them after max_item_crashes) and respawns the worker
 
-Batches are formed here, in the parent, and each worker holds at most one, so
-the parent always knows which inputs a dead worker took with it. Workers
+Batches are formed here, in the parent, and each worker holds at most two
+(the one it runs and the next), so the parent always knows which inputs a
+dead worker took with it. Workers
 exit on their own when this process dies (they watch their parent).
 """
 
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections import deque
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
@@ -59,6 +62,12 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"exited with code {code}"
 
 
+class _Sent(NamedTuple):
+    batch_id: int
+    items: List[_Item]
+    sent_at: float
+
+
 class _Slot:
     """One worker position: its device, and the process filling it now."""
 
@@ -68,10 +77,9 @@ class _Slot:
         self.process: Optional[Any] = None
         self.conn: Optional[Any] = None
         self.pid: Optional[int] = None
-        self.state = "new"  # starting | idle | busy | dead | failed | stopped
-        self.batch: Optional[List[_Item]] = None
-        self.batch_id = -1
-        self.sent_at = 0.0
+        self.state = "new"  # starting | ready | dead | failed | stopped
+        self.batches: Deque[_Sent] = deque()  # sent and not answered, oldest first (at most 2)
+        self.last_done = 0.0
         self.start_failures = 0
         self.respawn_at: Optional[float] = None
         self.error: Optional[BaseException] = None
@@ -133,7 +141,8 @@ class _ProcessBackend(Backend):
         child_conn.close()
         with self._lock:
             slot.process, slot.conn, slot.pid = process, parent_conn, process.pid
-            slot.state, slot.respawn_at, slot.batch = "starting", None, None
+            slot.state, slot.respawn_at = "starting", None
+            slot.batches.clear()
         logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
 
     def encode(self, value: Any, index: int) -> bytes:
@@ -148,20 +157,20 @@ class _ProcessBackend(Backend):
 
     # -- running batches -----------------------------------------------------
 
-    def run(self, items: List[_Item]) -> None:
+    def run(self, items: List[_Item], held: int) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
         items = [item for item in items if item.task.live()]
         with self._lock:
-            slot = next((s for s in self._slots if s.state == "idle"), None)
+            slot = next((s for s in self._slots if s.state == "ready" and len(s.batches) == held), None)
             if slot is None or not items:
-                # The worker counted free died after the batch was formed, or
+                # The worker counted on died after the batch was formed, or
                 # every call in it was given up meanwhile.
-                scheduler.batch_returned(items)
+                scheduler.batch_returned(items, held)
                 return
-            slot.state, slot.batch, slot.batch_id = "busy", items, next(self._batch_ids)
-            slot.sent_at = time.monotonic()
-            conn, message = slot.conn, ("batch", slot.batch_id, [item.value for item in items])
+            sent = _Sent(next(self._batch_ids), items, time.monotonic())
+            slot.batches.append(sent)
+            conn, message = slot.conn, ("batch", sent.batch_id, [item.value for item in items])
         try:
             conn.send(message)
         except (OSError, ValueError):
@@ -212,7 +221,7 @@ class _ProcessBackend(Backend):
             self._on_done(slot, message[1], message[2])
         elif kind == "ready":
             with self._lock:
-                slot.state, slot.start_failures, slot.pid = "idle", 0, message[1]
+                slot.state, slot.start_failures, slot.pid = "ready", 0, message[1]
                 self._changed.notify_all()
             logger.info("worker %d (pid %d) ready", slot.index, slot.pid)
             self._scheduler.add_slot()
@@ -233,22 +242,27 @@ class _ProcessBackend(Backend):
 
     def _on_done(self, slot: _Slot, batch_id: int, wire: List[Any]) -> None:
         with self._lock:
-            items = slot.batch
-            if slot.state != "busy" or items is None or batch_id != slot.batch_id:
+            if not slot.batches or slot.batches[0].batch_id != batch_id:
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
                 return
-            slot.state, slot.batch = "idle", None
-            elapsed = time.monotonic() - slot.sent_at
-        self._scheduler.batch_done(len(items), elapsed)
-        deliver(items, [decode_outcome(ok, payload) for ok, payload in wire])
+            sent = slot.batches.popleft()
+            now = time.monotonic()
+            # A batch sent while the worker ran another started when that one ended.
+            elapsed = now - max(sent.sent_at, slot.last_done)
+            slot.last_done = now
+            held_after = len(slot.batches)
+        self._scheduler.batch_done(len(sent.items), elapsed, held_after)
+        deliver(sent.items, [decode_outcome(ok, payload) for ok, payload in wire])
 
     def _died(self, slot: _Slot) -> None:
         with self._lock:
             if slot.conn is None:
                 return
-            state, items, process = slot.state, slot.batch, slot.process
+            state, process = slot.state, slot.process
+            lost = [sent.items for sent in slot.batches]
+            slot.batches.clear()
             slot.conn.close()
-            slot.conn, slot.batch = None, None
+            slot.conn = None
             process.join(1.0)
             if self._stopping:
                 slot.state = "stopped"
@@ -269,10 +283,8 @@ class _ProcessBackend(Backend):
             self._changed.notify_all()
         reason = f"worker {slot.index} (pid {slot.pid}) {_describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
-        if state == "busy" and items:
-            self._scheduler.batch_lost(items, reason + " while running a batch with this input")
-        elif state == "idle":
-            self._scheduler.remove_slot()
+        if state == "ready":
+            self._scheduler.worker_lost(lost, reason + " while it held a batch with this input")
         self._check_broken()
 
     def _respawn_due(self) -> None:
@@ -312,7 +324,7 @@ class _ProcessBackend(Backend):
         with self._changed:
             while True:
                 states = [slot.state for slot in self._slots]
-                if all(state in ("idle", "busy", "failed") for state in states):
+                if all(state in ("ready", "failed") for state in states):
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -321,7 +333,7 @@ class _ProcessBackend(Backend):
         if all(state == "failed" for state in states):
             self._check_broken()
             raise WorkerStartError(f"no worker could start: {self._slots[0].error}") from self._slots[0].error
-        return all(state in ("idle", "busy") for state in states)
+        return all(state == "ready" for state in states)
 
     def pids(self) -> List[int]:
         with self._lock:

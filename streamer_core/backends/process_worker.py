@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import threading
 import time
@@ -91,8 +92,6 @@ def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="streamer-parent-watch", daemon=True).start()
 
-    from ..runner import run_batch
-
     try:
         predict = _load_predict(spec, device)
     except BaseException as exc:
@@ -100,24 +99,44 @@ def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, 
         return
     conn.send(("ready", os.getpid()))
 
+    # A reader thread takes batches off the pipe while the model runs, so the
+    # parent can send the next batch ahead without blocking on a full pipe.
+    inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+    threading.Thread(target=_read_pipe, args=(conn, inbox), name="streamer-worker-read", daemon=True).start()
+    while True:
+        message = inbox.get()
+        if message is None or message[0] == "stop":
+            return  # told to stop, or the parent closed its end
+        _, batch_id, payloads = message
+        conn.send(("done", batch_id, _run(predict, payloads, isolate_errors)))
+
+
+def _read_pipe(conn: Any, inbox: "queue.SimpleQueue[Any]") -> None:
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            return  # the parent closed its end: it is gone or stopping
+            inbox.put(None)
+            return
+        inbox.put(message)
         if message[0] == "stop":
             return
-        _, batch_id, payloads = message
-        outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
-        inputs, positions = [], []
-        for position, payload in enumerate(payloads):
-            try:
-                inputs.append(pickle.loads(payload))
-                positions.append(position)
-            except Exception as exc:
-                error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
-                outcomes[position] = (False, encode_exception(error))
-        if inputs:
-            for position, (ok, value) in zip(positions, run_batch(predict, inputs, isolate_errors)):
-                outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
-        conn.send(("done", batch_id, outcomes))
+
+
+def _run(predict: Any, payloads: List[bytes], isolate_errors: bool) -> List[Optional[WireOutcome]]:
+    """Unpickle a batch, run it, and pickle one outcome per input."""
+    from ..runner import run_batch
+
+    outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
+    inputs, positions = [], []
+    for position, payload in enumerate(payloads):
+        try:
+            inputs.append(pickle.loads(payload))
+            positions.append(position)
+        except Exception as exc:
+            error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
+            outcomes[position] = (False, encode_exception(error))
+    if inputs:
+        for position, (ok, value) in zip(positions, run_batch(predict, inputs, isolate_errors)):
+            outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
+    return outcomes

@@ -28,14 +28,23 @@ class _ThreadBackend(Backend):
         self._inbox: "queue.SimpleQueue[Optional[List[_Item]]]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
         self._scheduler: Optional[Scheduler] = None
+        self._held = 0  # batches handed to the model thread and not finished
+        self._held_lock = threading.Lock()
 
     def start(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._thread.start()
         scheduler.add_slot()
 
-    def run(self, items: List[_Item]) -> None:
+    def run(self, items: List[_Item], held: int) -> None:
+        with self._held_lock:
+            self._held += 1
         self._inbox.put(items)
+
+    def _finished_one(self) -> int:
+        with self._held_lock:
+            self._held -= 1
+            return self._held
 
     def _loop(self) -> None:
         scheduler = self._scheduler
@@ -47,7 +56,7 @@ class _ThreadBackend(Backend):
                 return
             items = [item for item in items if item.task.live()]  # given up while waiting for this thread
             if not items:
-                scheduler.batch_returned([])
+                scheduler.batch_done(0, 0.0, self._finished_one())
                 continue
             started = time.monotonic()
             try:
@@ -55,7 +64,7 @@ class _ThreadBackend(Backend):
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
                 logger.exception("the model raised %r outside of its error isolation", exc)
                 outcomes = [(False, exc)] * len(items)
-            scheduler.batch_done(len(items), time.monotonic() - started)
+            scheduler.batch_done(len(items), time.monotonic() - started, self._finished_one())
             deliver(items, outcomes)
 
     def stop(self, deadline: float) -> None:

@@ -104,6 +104,25 @@ def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
     assert streamer.predict(list(range(20))) == [x * 2 for x in range(20)]
 
 
+def test_a_worker_killed_holding_the_next_batch_too_loses_no_call(closing, tmp_path):
+    """Under load a busy worker is sent the next full batch ahead; killed,
+    it takes both batches with it, and both are run again."""
+    (tmp_path / "hold").write_text("")
+    streamer = closing(
+        Streamer(models.HoldModel, batch_size=4, max_latency=0.05, model_init_kwargs={"folder": str(tmp_path)})
+    )
+    assert streamer.wait_ready(60)
+    futures = [streamer.submit([x]) for x in range(12)]
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
+    [slot] = streamer._backend._slots
+    assert wait_for(lambda: len(slot.batches) == 2, 5), "the next full batch should have been sent ahead"
+    (tmp_path / "hold").unlink()
+    os.kill(slot.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert [f.result(5) for f in futures] == [[x * 2] for x in range(12)]
+    assert time.monotonic() - killed_at < 2.0
+
+
 def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing):
     streamer = closing(Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.2, worker_num=2))
     assert streamer.wait_ready(60)
