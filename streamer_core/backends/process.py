@@ -342,6 +342,11 @@ class _ProcessBackend(Backend):
     # -- stopping --------------------------------------------------------------
 
     def stop(self, deadline: float) -> None:
+        # Only the collector thread reaps workers: a second thread joining the
+        # same process could find it already reaped and signal a pid that is
+        # no longer ours. Here we ask them to stop, wait for the collector to
+        # see them go, and signal only the ones it has not reaped (so their pid
+        # is still theirs) once the deadline passes.
         with self._lock:
             self._stopping = True
             for slot in self._slots:
@@ -351,27 +356,37 @@ class _ProcessBackend(Backend):
                         slot.conn.send(("stop",))
                     except (OSError, ValueError):
                         pass
-            processes = [slot.process for slot in self._slots if slot.process is not None]
-        for process in processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in processes:
-            if process.is_alive():
-                logger.warning("worker pid %d did not stop in time; terminating it", process.pid)
-                process.terminate()
-                process.join(1.0)
-            if process.is_alive():
-                process.kill()
-                process.join(1.0)
-        if self._collector.is_alive():
-            try:
-                self._wake_w.send(None)
-            except (OSError, ValueError):
-                pass
-            if threading.current_thread() is not self._collector:
-                self._collector.join(2.0)
+        self._wake_collector()
+        for escalate in ("terminate", "kill", None):
+            with self._changed:
+                while self._collector.is_alive() and any(s.conn is not None for s in self._slots):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._changed.wait(remaining)
+                lingering = [s.process for s in self._slots if s.conn is not None]
+            if not lingering or escalate is None:
+                break
+            if not self._collector.is_alive():  # nobody else will reap them
+                for process in lingering:
+                    process.join(max(0.0, deadline - time.monotonic()))
+            for process in lingering:
+                if process.exitcode is None:
+                    logger.warning("worker pid %d did not stop in time; %s", process.pid, escalate)
+                    getattr(process, escalate)()
+            deadline = time.monotonic() + 1.0
+        self._wake_collector()
+        if threading.current_thread() is not self._collector:
+            self._collector.join(2.0)
         if not self._collector.is_alive():
             self._wake_r.close()
             self._wake_w.close()
+
+    def _wake_collector(self) -> None:
+        try:
+            self._wake_w.send(None)
+        except (OSError, ValueError):
+            pass
 
 
 class Streamer(BaseStreamer):

@@ -83,3 +83,18 @@ def test_a_dropped_streamer_stops_its_workers():
 
     gc.collect()
     assert wait_for(lambda: not alive(pid), 5), "a garbage-collected streamer left its worker running"
+
+
+def test_close_stops_a_worker_stuck_in_its_model(tmp_path):
+    (tmp_path / "hold").write_text("")
+    streamer = Streamer(models.HoldModel, batch_size=4, model_init_kwargs={"folder": str(tmp_path)})
+    assert streamer.wait_ready(60)
+    [pid] = streamer.worker_pids()
+    stuck = streamer.submit([1])
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
+    started = time.monotonic()
+    streamer.close(timeout=0.5)
+    assert time.monotonic() - started < 5.0
+    with pytest.raises(StreamerClosedError):
+        stuck.result(0)
+    assert not alive(pid), "close() left a stuck worker running"
