@@ -36,10 +36,14 @@ __all__ = ["BatchFuture", "Scheduler", "Outcome"]
 #: A per-item result: ``(True, value)`` or ``(False, exception)``.
 Outcome = Tuple[bool, Any]
 
-# Share of the model's recent service time that a free worker may stay idle
-# waiting for callers it has just answered to come back.
+# Share of the model's recent service time that a free worker stays idle
+# waiting for callers it has just answered to come back; past it, it goes on
+# waiting only while they are still arriving (each within _STILL_ARRIVING of
+# the last), up to _MAX_PATIENCE_SHARE.
 _PATIENCE_SHARE = 0.25
+_MAX_PATIENCE_SHARE = 0.5
 _MIN_PATIENCE = 0.001
+_STILL_ARRIVING = 0.001
 # Weight of the newest sample in the running estimate of a batch's service time.
 _SERVICE_EWMA = 0.2
 # Slack on top of a call's deadline before ``BatchFuture.result()`` gives up on
@@ -286,6 +290,7 @@ class Scheduler:
         self._in_flight = 0  # batches handed out and not yet done or lost
         self._due = 0  # callers answered recently and expected back
         self._last_delivery = float("-inf")
+        self._last_arrival = float("-inf")
         self._service: Optional[float] = None  # running estimate of one batch's time, seconds
         self._closing = False
         self._stopped = False
@@ -323,6 +328,7 @@ class Scheduler:
             queue.extend(items)
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
+            self._last_arrival = now
             due = self._due
             if due:
                 self._due = due = max(0, due - n)
@@ -399,7 +405,9 @@ class Scheduler:
         """Until when answered callers are expected back (``-inf``: nobody is)."""
         if self._due <= 0 or self._service is None:
             return float("-inf")
-        until = self._last_delivery + max(_MIN_PATIENCE, _PATIENCE_SHARE * self._service)
+        patience = max(_MIN_PATIENCE, _PATIENCE_SHARE * self._service)
+        longest = self._last_delivery + max(patience, _MAX_PATIENCE_SHARE * self._service)
+        until = min(longest, max(self._last_delivery + patience, self._last_arrival + _STILL_ARRIVING))
         if now >= until:
             self._due = 0
             return float("-inf")
@@ -456,7 +464,7 @@ class Scheduler:
                 now = time.monotonic()
                 service = self._service
                 self._service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
-                if now - self._last_delivery > _PATIENCE_SHARE * self._service:
+                if now - self._last_delivery > _MAX_PATIENCE_SHARE * self._service:
                     self._due = 0
                 self._due += size
                 self._last_delivery = now
