@@ -1,0 +1,103 @@
+"""A simulated accelerator for the benchmarks.
+
+A batch of ``n`` inputs costs ``fixed_ms + per_item_ms * n`` milliseconds of
+``time.sleep``, taken while holding a per-process lock (``DEVICE_LOCK``):
+calls queue for the "device" the way kernels queue on a GPU, and the sleep
+releases the GIL the way a native model call does, so the cost model is the
+same for a thread and for a process backend. The output of each input is the
+input itself, which lets a client check that it got its own answer back.
+
+Two entry points:
+
+* :func:`make_predict` returns a plain ``predict(batch) -> list`` function for
+  the thread backends (a ``functools.partial`` of a module-level function, so
+  it also pickles for the process backends);
+* :class:`SimModel` (streamer_core) and :class:`LegacySimModel`
+  (service_streamer 0.1.2) are ``ManagedModel`` subclasses built inside each
+  worker process with ``model_init_kwargs={"fixed_ms": ..., "per_item_ms": ...}``.
+  Each library checks ``issubclass(model, its own ManagedModel)``, hence one
+  tiny subclass per library sharing :class:`SimLogic`.
+
+When the environment variable ``BENCH_SIM_BATCH_LOG`` names a directory, each
+process appends one line ``<time.monotonic()> <batch size>`` per batch to
+``<dir>/<pid>.log``; the benchmark reads these to report batch sizes, also for
+batches run in worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence, TextIO
+
+import streamer_core
+
+__all__ = ["DEVICE_LOCK", "simulate_batch", "make_predict", "SimLogic", "SimModel", "LegacySimModel", "BATCH_LOG_ENV"]
+
+#: One simulated device per process: every batch in this process holds it.
+DEVICE_LOCK = threading.Lock()
+
+#: Directory where each process logs its batch sizes (unset: no logging).
+BATCH_LOG_ENV = "BENCH_SIM_BATCH_LOG"
+
+_log_lock = threading.Lock()
+_log_file: Optional[TextIO] = None
+
+
+def _log_batch(size: int, finished_at: float) -> None:
+    """Append one batch to this process's batch log, if logging is on."""
+    global _log_file
+    directory = os.environ.get(BATCH_LOG_ENV)
+    if not directory:
+        return
+    with _log_lock:
+        if _log_file is None:
+            _log_file = open(os.path.join(directory, f"{os.getpid()}.log"), "a", buffering=1)
+        _log_file.write(f"{finished_at:.6f} {size}\n")
+
+
+def simulate_batch(batch: Sequence[Any], fixed_ms: float, per_item_ms: float) -> List[Any]:
+    """Run ``batch`` on the simulated device: wait for the device, hold it for
+    ``fixed_ms + per_item_ms * len(batch)`` ms, return one output per input."""
+    cost_s = (fixed_ms + per_item_ms * len(batch)) / 1000.0
+    with DEVICE_LOCK:
+        time.sleep(cost_s)
+        finished_at = time.monotonic()
+    _log_batch(len(batch), finished_at)
+    return list(batch)
+
+
+def make_predict(fixed_ms: float, per_item_ms: float) -> Callable[[List[Any]], List[Any]]:
+    """A ``predict(batch) -> list`` function with this cost; picklable."""
+    return functools.partial(simulate_batch, fixed_ms=fixed_ms, per_item_ms=per_item_ms)
+
+
+class SimLogic:
+    """The model logic shared by both libraries' ``ManagedModel`` subclasses."""
+
+    fixed_ms: float = 0.0
+    per_item_ms: float = 0.0
+
+    def init_model(self, fixed_ms: float, per_item_ms: float) -> None:  # type: ignore[override]
+        """Called once inside the worker: store the cost of a batch."""
+        self.fixed_ms = float(fixed_ms)
+        self.per_item_ms = float(per_item_ms)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return simulate_batch(batch, self.fixed_ms, self.per_item_ms)
+
+
+class SimModel(SimLogic, streamer_core.ManagedModel):
+    """The simulated model for streamer_core's ``Streamer``."""
+
+
+try:  # service_streamer is optional: only the side-by-side comparison needs it
+    import service_streamer as _service_streamer
+except ImportError:  # pragma: no cover - depends on the installed extras
+    LegacySimModel: Optional[type] = None
+else:
+
+    class LegacySimModel(SimLogic, _service_streamer.ManagedModel):  # type: ignore[no-redef]
+        """The simulated model for service_streamer 0.1.2's ``Streamer``."""
