@@ -40,7 +40,7 @@ from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, Devic
 from ..errors import SerializationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel
 from ..streamer import Backend, BaseStreamer, callable_name, logger
-from .process_worker import IN_WORKER_ENV, decode_outcome, worker_main
+from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
 
 __all__ = ["Streamer"]
 
@@ -226,8 +226,6 @@ class _ProcessBackend(Backend):
             logger.info("worker %d (pid %d) ready", slot.index, slot.pid)
             self._scheduler.add_slot()
         elif kind == "init_error":
-            from .process_worker import decode_exception
-
             error = decode_exception(message[1])
             with self._lock:
                 slot.state, slot.error = "failed", error
@@ -264,8 +262,11 @@ class _ProcessBackend(Backend):
             slot.conn.close()
             slot.conn = None
             process.join(1.0)
-            if self._stopping:
-                slot.state = "stopped"
+            if self._stopping or state == "failed":
+                # Stopping; or init_model raised, was reported, and the worker
+                # exited: a model that cannot load is not started again.
+                if self._stopping:
+                    slot.state = "stopped"
                 self._changed.notify_all()
                 return
             if state == "starting":

@@ -149,6 +149,15 @@ def test_a_model_that_cannot_load_fails_calls_with_its_error(closing):
         streamer.predict([1])
     assert time.monotonic() - started < 1.0, "calls must fail at once, not wait for a timeout"
     assert "init_model" in str(info.value.__cause__), "the worker's traceback should be attached"
+    # A model that cannot load is not started again and again: no new worker
+    # process ever appears beyond the two that failed.
+    seen = set()
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        seen.update(streamer.worker_pids())
+        time.sleep(0.02)
+    assert len(seen) <= 2, f"workers whose init_model raised were restarted: pids {sorted(seen)}"
+    assert streamer.worker_pids() == []
 
 
 def test_unpicklable_inputs_fail_at_once_naming_the_cause(closing):
