@@ -144,8 +144,9 @@ class _Task:
     """One ``submit()`` call: its future and the results gathered so far.
 
     Results are written by one delivery thread per backend; failures
-    (timeouts, close) may come from others, which is why every completion goes
-    through :func:`settle`.
+    (timeouts, close) may come from other threads, which is why a completion
+    may find the future done already and must not fail then (:func:`settle`,
+    ``_set_quietly``).
     """
 
     __slots__ = ("future", "results", "remaining", "size", "timeout")
@@ -349,8 +350,8 @@ class Scheduler:
             while True:
                 now = time.monotonic()
                 wake = self._expire(now)
-                if self._stopped or (self._closing and not self._queue and not self._alone):
-                    return None
+                if self._stopped or (self._closing and not self._queue and not self._alone and not self._in_flight):
+                    return None  # (while closing, a worker that dies may still hand inputs back)
                 if self._idle > 0:
                     batch, hold_until = self._decide(now)
                     if batch:
@@ -375,11 +376,15 @@ class Scheduler:
         elif held == 1:
             self._busy += delta
 
-    def _full_batch_waiting(self) -> bool:
+    def _skip_given_up(self) -> Deque[_Item]:
+        """The queue, after dropping given-up items at its head."""
         queue = self._queue
         while queue and not queue[0].task.live():
             queue.popleft()
-        return len(queue) >= self._config.batch_size
+        return queue
+
+    def _full_batch_waiting(self) -> bool:
+        return len(self._skip_given_up()) >= self._config.batch_size
 
     def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
         """With a free worker: the batch to run now, or when to look again."""
@@ -388,8 +393,8 @@ class Scheduler:
             item = alone.popleft()
             if item.task.live():
                 return [item], now
-        queue = self._queue
-        if not self._full_batch_waiting() and not queue:
+        queue = self._skip_given_up()
+        if not queue:
             self._dead = 0
             return None, float("inf")
         size = self._config.batch_size

@@ -52,3 +52,21 @@ def test_apredict_timeout(closing, gate):
 
     with pytest.raises(StreamerTimeoutError):
         asyncio.run(main())
+
+
+def test_futures_work_with_concurrent_futures_wait_and_as_completed(closing):
+    import concurrent.futures
+
+    streamer = closing(ThreadedStreamer(slow_double, batch_size=8, max_latency=0.01))
+    futures = [streamer.submit([x]) for x in range(10)]
+    done, not_done = concurrent.futures.wait(futures, timeout=10)
+    assert not not_done and len(done) == 10
+    more = [streamer.submit([x]) for x in range(10)]
+    assert sorted(f.result()[0] for f in concurrent.futures.as_completed(more, timeout=10)) == [
+        x * 2 for x in range(10)
+    ]
+    calls = []
+    last = streamer.submit([21])
+    last.add_done_callback(calls.append)
+    assert last.result(5) == [42]
+    assert calls == [last]

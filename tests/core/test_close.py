@@ -3,6 +3,8 @@ every thread and process stopped, twice is fine, and calls afterwards fail."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -98,3 +100,20 @@ def test_close_stops_a_worker_stuck_in_its_model(tmp_path):
     with pytest.raises(StreamerClosedError):
         stuck.result(0)
     assert not alive(pid), "close() left a stuck worker running"
+
+
+def test_a_worker_that_dies_while_closing_still_gets_its_calls_answered(tmp_path):
+    (tmp_path / "hold").write_text("")
+    streamer = Streamer(models.HoldModel, batch_size=4, model_init_kwargs={"folder": str(tmp_path)})
+    assert streamer.wait_ready(60)
+    [pid] = streamer.worker_pids()
+    futures = [streamer.submit([x]) for x in range(3)]
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
+    closer = threading.Thread(target=streamer.close, kwargs={"timeout": 20})
+    closer.start()
+    time.sleep(0.2)  # close() is now draining, waiting on the held batch
+    (tmp_path / "hold").unlink()
+    os.kill(pid, signal.SIGKILL)
+    assert [f.result(15) for f in futures] == [[0], [2], [4]]
+    closer.join(20)
+    assert not closer.is_alive()
