@@ -129,6 +129,11 @@ class BaseStreamer:
         """
         engine = self._engine
         call_timeout = self._config.timeout if timeout is None else self._config.call_timeout(timeout)
+        if isinstance(batch, (str, bytes)):
+            raise TypeError(
+                f"submit() and predict() take a list of inputs, got a {type(batch).__name__}; "
+                "wrap a single input in a list: predict([x])[0]"
+            )
         if engine.closed:
             raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
         if engine.backend.copies_inputs:

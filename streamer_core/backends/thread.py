@@ -13,6 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
+from ..managed_model import ManagedModel
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, logger
 
@@ -99,6 +100,11 @@ class ThreadedStreamer(BaseStreamer):
         max_queue: Optional[int] = None,
         isolate_errors: bool = True,
     ) -> None:
+        if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
+            raise TypeError(
+                f"ThreadedStreamer takes a function, not the ManagedModel class {predict_function.__name__}: "
+                "build the model and pass its predict method, or use Streamer to build it in worker processes"
+            )
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
         config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)

@@ -51,3 +51,15 @@ def test_bad_process_settings(kwargs, error, message):
 def test_non_callable_model_is_refused():
     with pytest.raises(TypeError, match="predict_function must be callable"):
         ThreadedStreamer("model", 4)
+
+
+def test_a_managed_model_class_is_refused_by_the_thread_backend():
+    with pytest.raises(TypeError, match="use Streamer to build it in worker processes"):
+        ThreadedStreamer(models.EnvModel, 4)
+
+
+@pytest.mark.parametrize("batch", ["hello", b"hello"])
+def test_a_string_is_not_taken_for_a_batch(closing, batch):
+    streamer = closing(ThreadedStreamer(models.double, 4))
+    with pytest.raises(TypeError, match=r"wrap a single input in a list: predict\(\[x\]\)\[0\]"):
+        streamer.predict(batch)
