@@ -31,7 +31,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 
-__all__ = ["BatchFuture", "Scheduler", "Outcome"]
+__all__ = ["BatchFuture", "Scheduler", "HoldPolicy", "Outcome"]
 
 #: A per-item result: ``(True, value)`` or ``(False, exception)``.
 Outcome = Tuple[bool, Any]
@@ -264,6 +264,57 @@ class _Deadlines:
         self._sweep_at = max(4096, 2 * (len(self._fifo) + len(self._heap)))
 
 
+class HoldPolicy:
+    """When a free worker should stop waiting for companions.
+
+    Shared by the in-process :class:`Scheduler` and the Redis worker. The
+    caller reports arrivals and deliveries; :meth:`hold_until` says until when
+    a partial batch whose oldest item arrived at ``oldest`` may still wait:
+    never past ``oldest + max_latency``, and only while callers just answered
+    are expected back (see the module docstring).
+    """
+
+    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service")
+
+    def __init__(self, max_latency: float) -> None:
+        self.max_latency = max_latency
+        self.due = 0  # callers answered recently and expected back
+        self.last_delivery = float("-inf")
+        self.last_arrival = float("-inf")
+        self.service: Optional[float] = None  # running estimate of one batch's time, seconds
+
+    def arrived(self, n: int, now: float) -> int:
+        """``n`` inputs arrived; return how many answered callers are still due."""
+        self.last_arrival = now
+        if self.due:
+            self.due = max(0, self.due - n)
+        return self.due
+
+    def delivered(self, n: int, seconds: float, now: float) -> None:
+        """A batch of ``n`` inputs that ran for ``seconds`` is being answered."""
+        service = self.service
+        self.service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
+        if now - self.last_delivery > _MAX_PATIENCE_SHARE * self.service:
+            self.due = 0
+        self.due += n
+        self.last_delivery = now
+
+    def hold_until(self, oldest: float, now: float) -> float:
+        """Until when to wait for companions; a time ``<= now`` means go now."""
+        return min(oldest + self.max_latency, self._returners_until(now))
+
+    def _returners_until(self, now: float) -> float:
+        if self.due <= 0 or self.service is None:
+            return float("-inf")
+        patience = max(_MIN_PATIENCE, _PATIENCE_SHARE * self.service)
+        longest = self.last_delivery + max(patience, _MAX_PATIENCE_SHARE * self.service)
+        until = min(longest, max(self.last_delivery + patience, self.last_arrival + _STILL_ARRIVING))
+        if now >= until:
+            self.due = 0
+            return float("-inf")
+        return until
+
+
 class Scheduler:
     """The FIFO queue of items, the batching rule, and call deadlines.
 
@@ -289,10 +340,7 @@ class Scheduler:
         self._idle = 0  # workers holding no batch
         self._busy = 0  # workers holding one batch (room for a full one more)
         self._in_flight = 0  # batches handed out and not yet done or lost
-        self._due = 0  # callers answered recently and expected back
-        self._last_delivery = float("-inf")
-        self._last_arrival = float("-inf")
-        self._service: Optional[float] = None  # running estimate of one batch's time, seconds
+        self._policy = HoldPolicy(config.max_latency)
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
@@ -329,10 +377,7 @@ class Scheduler:
             queue.extend(items)
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
-            self._last_arrival = now
-            due = self._due
-            if due:
-                self._due = due = max(0, due - n)
+            due = self._policy.arrived(n, now)
             full = len(queue) >= self._config.batch_size
             if (self._idle > 0 and (was_empty or due == 0 or full)) or (full and self._busy > 0):
                 cond.notify()
@@ -400,23 +445,10 @@ class Scheduler:
         size = self._config.batch_size
         if len(queue) >= size or self._closing:
             return self._pop(size), now
-        fire_at = queue[0].arrival + self._config.max_latency
-        hold_until = min(fire_at, self._returners_until(now))
+        hold_until = self._policy.hold_until(queue[0].arrival, now)
         if now >= hold_until:
             return self._pop(size), now
         return None, hold_until
-
-    def _returners_until(self, now: float) -> float:
-        """Until when answered callers are expected back (``-inf``: nobody is)."""
-        if self._due <= 0 or self._service is None:
-            return float("-inf")
-        patience = max(_MIN_PATIENCE, _PATIENCE_SHARE * self._service)
-        longest = self._last_delivery + max(patience, _MAX_PATIENCE_SHARE * self._service)
-        until = min(longest, max(self._last_delivery + patience, self._last_arrival + _STILL_ARRIVING))
-        if now >= until:
-            self._due = 0
-            return float("-inf")
-        return until
 
     def _pop(self, size: int) -> List[_Item]:
         queue = self._queue
@@ -466,13 +498,7 @@ class Scheduler:
             self._count(held_after, +1)
             self._in_flight -= 1
             if size:
-                now = time.monotonic()
-                service = self._service
-                self._service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
-                if now - self._last_delivery > _MAX_PATIENCE_SHARE * self._service:
-                    self._due = 0
-                self._due += size
-                self._last_delivery = now
+                self._policy.delivered(size, seconds, time.monotonic())
             self._cond.notify_all()
 
     def batch_returned(self, items: Sequence[_Item], held: int) -> None:
