@@ -1,7 +1,8 @@
 """streamer_core: dynamic batching for model-serving web services.
 
 Callers submit single requests; the streamer queues them into mini-batches,
-runs each batch on the model (on a thread, or in spawned worker processes),
+runs each batch on the model (on a thread, in spawned worker processes, or
+in workers behind Redis),
 and hands every caller its own result. A drop-in successor to
 service_streamer: change ``from service_streamer import ...`` to
 ``from streamer_core import ...``.
@@ -14,11 +15,13 @@ service_streamer: change ``from service_streamer import ...`` to
 """
 
 from .backends.process import Streamer
+from .backends.redis import RedisStreamer, RedisWorker, run_redis_workers_forever
 from .backends.thread import ThreadedStreamer
 from .batching import BatchFuture
 from .config import BatchingConfig
 from .errors import (
     BatchLengthError,
+    BrokerUnavailableError,
     QueueFullError,
     RemoteError,
     RemoteTraceback,
@@ -38,6 +41,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ThreadedStreamer",
     "Streamer",
+    "RedisStreamer",
+    "RedisWorker",
+    "run_redis_workers_forever",
     "ManagedModel",
     "BaseStreamer",
     "BatchFuture",
@@ -48,6 +54,7 @@ __all__ = [
     "UnavailableError",
     "QueueFullError",
     "WorkerStartError",
+    "BrokerUnavailableError",
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",

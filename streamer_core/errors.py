@@ -16,6 +16,7 @@ __all__ = [
     "UnavailableError",
     "QueueFullError",
     "WorkerStartError",
+    "BrokerUnavailableError",
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",
@@ -51,6 +52,11 @@ class QueueFullError(UnavailableError):
 class WorkerStartError(UnavailableError):
     """No worker could start (``init_model`` raised, or the process kept dying
     while starting). The worker's traceback is attached as ``__cause__``."""
+
+
+class BrokerUnavailableError(UnavailableError):
+    """The broker (Redis) cannot be reached; the call was not queued, or its
+    answer could not be read back."""
 
 
 class WorkerDiedError(StreamerError):

@@ -53,6 +53,10 @@ class Backend:
     def wait_ready(self, timeout: float) -> bool:
         return True
 
+    def drain(self, deadline: float) -> None:
+        """While closing, after the queue is empty: wait, until ``deadline``,
+        for work the backend passed on elsewhere (a broker) to be answered."""
+
     def stop(self, deadline: float) -> None:
         """Stop every worker, by ``deadline`` (a ``time.monotonic()`` value) if
         they do not stop by themselves."""
@@ -96,6 +100,7 @@ class _Engine:
         deadline = time.monotonic() + timeout
         self.scheduler.begin_close()
         drained = self.scheduler.wait_drained(deadline)
+        self.backend.drain(deadline)
         if not drained:
             logger.warning("streamer closed with calls unfinished after %.3gs; they fail with StreamerClosedError", timeout)
         self.scheduler.stop(lambda: StreamerClosedError("the streamer was closed before this call finished"))

@@ -1,0 +1,752 @@
+"""The Redis backend: web processes enqueue, model workers anywhere consume.
+
+How data moves, for a prefix ``P`` (keys under ``streamer:P``)::
+
+    web process (RedisStreamer)           Redis                               worker process (RedisWorker)
+    ---------------------------           -----                               ----------------------------
+    submit(batch): encode each input
+    dispatcher: XADD one entry       -->  streamer:P:requests  (a stream,  -->  XREADGROUP ">" COUNT (what it is
+      per input                           consumer group "workers")              about to run), batching by the
+                                                                                 same rule as in-process
+                                                                               run_batch(model)
+    collector: XREAD from its last   <--  streamer:P:results:<client>     <--  MULTI: XADD each result, XACK and
+      id, deliver to the futures          (a stream per web process)             XDEL the requests; EXEC
+
+    A worker's heartbeat (XCLAIM ... JUSTID) keeps the entries it runs from
+    going idle; entries idle longer than ``claim_after`` belong to a worker
+    that died and are XAUTOCLAIMed by another, which runs them one at a time
+    (and fails one that has already been in ``max_item_crashes`` dead
+    workers' hands). Results go to a stream, not PUBLISH: a web process that
+    loses its connection reads on from its last id when it is back. When the
+    Redis server restarts empty, each web process sends again what it has not
+    been answered for, and workers recreate the consumer group.
+
+Nothing read from Redis is unpickled unless both sides chose ``codec="pickle"``:
+see :mod:`streamer_core.codec`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..batching import HoldPolicy, Scheduler, _Item, deliver
+from ..codec import Codec, decode_error, encode_error, get_codec
+from ..config import (
+    DEFAULT_MAX_LATENCY,
+    DEFAULT_TIMEOUT,
+    BatchingConfig,
+    DeviceId,
+    _check_int,
+    _check_seconds,
+    check_devices,
+)
+from ..errors import BrokerUnavailableError, SerializationError, StreamerError, WorkerDiedError, WorkerStartError
+from ..managed_model import ManagedModel
+from ..runner import run_batch
+from ..streamer import Backend, BaseStreamer, callable_name
+
+__all__ = ["RedisStreamer", "RedisWorker", "run_redis_workers_forever", "connect", "Keys"]
+
+logger = logging.getLogger("streamer_core.redis")
+
+GROUP = "workers"
+# Items sent to Redis in one pipeline by a web process.
+_SEND_BATCH = 256
+# Result streams of web processes that stopped reading expire after this long.
+_RESULTS_TTL_S = 300
+_RESULTS_MAXLEN = 100_000
+# How often a web process checks the server is the same one (a restart empties it).
+_CHECK_SERVER_S = 1.0
+_BLOCK_MS = 500
+_MAX_BACKOFF_S = 2.0
+# Exit code of a worker process whose model could not load: not restarted.
+EXIT_INIT_FAILED = 3
+
+
+def connect(redis_broker: str) -> Any:
+    """A client for ``redis_broker``: ``"host:port"`` (service_streamer's
+    form) or a URL, ``redis://[:password@]host:port/db``, ``rediss://`` for
+    TLS, ``unix:///path``."""
+    import redis
+
+    options = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0, "health_check_interval": 15}
+    if "://" in redis_broker:
+        return redis.Redis.from_url(redis_broker, **options)
+    host, _, port = redis_broker.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"redis_broker must be 'host:port' or a redis:// URL, got {redis_broker!r}")
+    return redis.Redis(host=host, port=int(port), **options)
+
+
+def _broker_errors() -> Tuple[type, ...]:
+    import redis
+
+    return (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+
+
+class Keys:
+    """The Redis keys of one prefix; ``prefix`` keeps models apart."""
+
+    def __init__(self, prefix: str) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r}")
+        self.namespace = f"streamer:{prefix}" if prefix else "streamer"
+        self.requests = f"{self.namespace}:requests"
+
+    def results(self, client_id: str) -> str:
+        return f"{self.namespace}:results:{client_id}"
+
+
+def _field(fields: Dict[bytes, bytes], name: bytes) -> bytes:
+    value = fields.get(name)
+    if value is None:
+        raise KeyError(name.decode())
+    return value
+
+
+# -- the web side ----------------------------------------------------------------
+
+
+class _RedisClientBackend(Backend):
+    name = "redis"
+    copies_inputs = True
+
+    def __init__(self, redis_broker: str, prefix: str, codec: str) -> None:
+        self._codec = get_codec(codec)
+        self._keys = Keys(prefix)
+        self._client_id = uuid.uuid4().hex
+        self._results_key = self._keys.results(self._client_id)
+        self._send_conn = connect(redis_broker)
+        self._read_conn = connect(redis_broker)
+        self._pending: Dict[str, _Item] = {}  # sent, not answered yet; by item id
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._stopping = threading.Event()
+        self._server_id: Optional[str] = None
+        self._scheduler: Optional[Scheduler] = None
+        self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
+
+    def start(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        try:
+            self._server_id = self._server_run_id(self._send_conn)
+        except _broker_errors() as exc:
+            logger.warning("Redis is not reachable yet (%s); calls fail until it is", exc)
+        scheduler.add_slot()
+        self._collector.start()
+
+    def encode(self, value: Any, index: int) -> bytes:
+        try:
+            return self._codec.encode(value)
+        except SerializationError as exc:
+            raise SerializationError(f"input {index}: {exc}") from exc
+
+    # sending
+
+    def run(self, items: List[_Item], held: int) -> None:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        sent = []
+        with self._lock:
+            for item in items:
+                if item.task.live():
+                    item_id = str(next(self._ids))
+                    self._pending[item_id] = item
+                    sent.append((item_id, item))
+        # The items are Redis's now: this side only waits for their answers.
+        scheduler.batch_done(0, 0.0, held)
+        if sent and not self._send(sent):
+            error = BrokerUnavailableError("Redis cannot be reached: the call was not queued; retry later")
+            with self._lock:
+                for item_id, item in sent:
+                    self._pending.pop(item_id, None)
+                    item.task.fail(error)
+
+    def _send(self, entries: Sequence[Tuple[str, _Item]]) -> bool:
+        """XADD the entries, retrying briefly through a blip."""
+        for attempt in range(4):
+            try:
+                pipe = self._send_conn.pipeline(transaction=False)
+                now = time.monotonic()
+                for item_id, item in entries:
+                    future = item.task.future
+                    if future is None:
+                        continue
+                    remaining_ms = max(1, int((future._deadline - now) * 1000))
+                    fields = {"c": self._client_id, "i": item_id, "t": remaining_ms, "k": self._codec.name, "p": item.value}
+                    pipe.xadd(self._keys.requests, fields)
+                pipe.execute()
+                return True
+            except _broker_errors() as exc:
+                logger.warning("could not send to Redis (%s); retrying", exc)
+                time.sleep(0.1 * 2**attempt)
+        return False
+
+    # receiving
+
+    def _collect(self) -> None:
+        last_id = "0-0"
+        next_check = 0.0
+        failing_since: Optional[float] = None
+        while not self._stopping.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + _CHECK_SERVER_S
+                    if self._server_restarted():
+                        last_id = "0-0"
+                    self._read_conn.expire(self._results_key, _RESULTS_TTL_S)
+                    self._forget_given_up()
+                reply = self._read_conn.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
+                if failing_since is not None:
+                    logger.warning("Redis is reachable again")
+                    failing_since = None
+                if reply:
+                    entries = reply[0][1]
+                    self._on_results(entries)
+                    last_id = entries[-1][0]
+                    self._read_conn.xtrim(self._results_key, minid=last_id)
+            except _broker_errors() as exc:
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    logger.warning("lost Redis (%s); reconnecting", exc)
+                next_check = 0.0
+                self._stopping.wait(min(_MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
+            except Exception:
+                logger.exception("error in the Redis result collector; it keeps running")
+                self._stopping.wait(0.1)
+
+    def _on_results(self, entries: List[Tuple[bytes, Dict[bytes, bytes]]]) -> None:
+        items, outcomes = [], []
+        with self._lock:
+            for _, fields in entries:
+                item = self._pending.pop(fields.get(b"i", b"").decode(), None)
+                if item is None:
+                    continue  # answered already (sent twice after a restart) or given up
+                items.append(item)
+                outcomes.append(self._decode_result(fields))
+        deliver(items, outcomes)
+
+    def _decode_result(self, fields: Dict[bytes, bytes]) -> Tuple[bool, Any]:
+        try:
+            value = self._codec.decode(_field(fields, b"p"))
+        except (SerializationError, KeyError) as exc:
+            logger.warning("refused a result from Redis: %s", exc)
+            return False, SerializationError(f"the worker's answer could not be read: {exc}")
+        if fields.get(b"ok") == b"1":
+            return True, value
+        return False, decode_error(value)
+
+    def _server_run_id(self, conn: Any) -> str:
+        return str(conn.info("server")["run_id"])
+
+    def _server_restarted(self) -> bool:
+        """Whether the server is not the one the pending items were sent to; if
+        so, send them again (a restarted server has lost them)."""
+        run_id = self._server_run_id(self._read_conn)
+        if run_id == self._server_id:
+            return False
+        first = self._server_id is None
+        self._server_id = run_id
+        if first:
+            return False
+        with self._lock:
+            unanswered = [(item_id, item) for item_id, item in self._pending.items() if item.task.live()]
+        logger.warning("the Redis server restarted; sending %d unanswered requests again", len(unanswered))
+        if unanswered and not self._send(unanswered):
+            raise ConnectionError("could not send again after a Redis restart")
+        return True
+
+    def _forget_given_up(self) -> None:
+        with self._lock:
+            for item_id in [i for i, item in self._pending.items() if not item.task.live()]:
+                del self._pending[item_id]
+
+    # closing
+
+    def drain(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(item.task.live() for item in self._pending.values()):
+                    return
+            time.sleep(0.01)
+
+    def stop(self, deadline: float) -> None:
+        self._stopping.set()
+        if threading.current_thread() is not self._collector:
+            self._collector.join(max(0.0, deadline - time.monotonic()) + _BLOCK_MS / 1000 + 1.0)
+        try:
+            self._read_conn.delete(self._results_key)
+        except _broker_errors():
+            pass
+        self._send_conn.close()
+        self._read_conn.close()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+
+class RedisStreamer(BaseStreamer):
+    """The web side of the Redis backend: queue inputs for workers that run
+    elsewhere (:class:`RedisWorker`, ``run_redis_workers_forever`` or the
+    ``streamer-worker`` command) and wait for their answers.
+
+    ``redis_broker`` is ``"host:port"`` or a ``redis://`` / ``rediss://`` URL;
+    ``prefix`` keeps models apart on one Redis (workers use the same one).
+    Keyword-only: ``timeout`` (seconds a call may take, default 20),
+    ``max_queue``, and ``codec`` (``"msgpack"``, the default, or ``"pickle"``,
+    which the workers must be started with too). Same signature as
+    service_streamer's ``RedisStreamer``.
+    """
+
+    def __init__(
+        self,
+        redis_broker: str = "localhost:6379",
+        prefix: str = "",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_queue: Optional[int] = None,
+        codec: str = "msgpack",
+    ) -> None:
+        config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
+        self._backend = _RedisClientBackend(redis_broker, prefix, codec)
+        super().__init__(config, self._backend)
+
+
+# -- the worker side -------------------------------------------------------------
+
+
+class _Request(NamedTuple):
+    entry_id: bytes
+    client: str
+    item_id: str
+    codec: str
+    payload: bytes
+
+
+class RedisWorker:
+    """A model worker for the Redis backend: takes batches of requests from
+    the stream, runs them, and answers each web process.
+
+    Same signature as service_streamer's ``RedisWorker``; ``model_class`` is a
+    :class:`ManagedModel` subclass (built in :meth:`run_forever`) or a
+    function taking a list. Keyword-only: ``codec`` (``"msgpack"``, or
+    ``"pickle"`` to accept pickled inputs from a trusted broker),
+    ``isolate_errors``, ``claim_after`` (seconds an entry may go without a
+    heartbeat before another worker takes it over, default 2) and
+    ``max_item_crashes`` (default 2).
+    """
+
+    def __init__(
+        self,
+        model_class: Any,
+        batch_size: int,
+        max_latency: float = DEFAULT_MAX_LATENCY,
+        redis_broker: str = "localhost:6379",
+        prefix: str = "",
+        model_init_args: Optional[Sequence[Any]] = None,
+        model_init_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        codec: str = "msgpack",
+        isolate_errors: bool = True,
+        claim_after: float = 2.0,
+        max_item_crashes: int = 2,
+    ) -> None:
+        self._config = BatchingConfig(batch_size, max_latency, isolate_errors=isolate_errors)
+        _check_model(model_class)
+        self._model_class = model_class
+        self._init_args = tuple(model_init_args or ())
+        self._init_kwargs = dict(model_init_kwargs or {})
+        self._codec: Codec = get_codec(codec)
+        self._claim_after = _check_seconds("claim_after", claim_after, allow_zero=False)
+        self._max_item_crashes = _check_int("max_item_crashes", max_item_crashes, 1)
+        self._broker = redis_broker
+        self._keys = Keys(prefix)
+        connect(redis_broker)  # validates the address now; connects lazily
+        self._stopping = threading.Event()
+        self._orphans: Deque[_Request] = deque()
+        self._in_hand: List[bytes] = []
+        self._conn: Any = None
+        self._server_offset_ms = 0.0
+        self._server_checked = float("-inf")
+        self._next_claim = 0.0
+        self.consumer = ""
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then return from :meth:`run_forever`."""
+        self._stopping.set()
+
+    def run_forever(self, gpu_id: Optional[DeviceId] = None) -> None:
+        """Load the model and serve until :meth:`stop` or SIGTERM, which lets
+        the batch in hand finish first. Raises :class:`WorkerStartError` if
+        the model cannot be loaded."""
+        if gpu_id is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        predict = self._load_model(gpu_id)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._conn = connect(self._broker)
+        policy = HoldPolicy(self._config.max_latency)
+        heartbeat = threading.Thread(target=self._heartbeat, name="streamer-redis-heartbeat", daemon=True)
+        heartbeat.start()
+        logger.info("worker %s serving %s", self.consumer, self._keys.requests)
+        failing_since: Optional[float] = None
+        while not self._stopping.is_set():
+            try:
+                self._ensure_group()
+                batch = self._next_batch(policy)
+                if failing_since is not None:
+                    logger.warning("Redis is reachable again")
+                    failing_since = None
+                if batch:
+                    self._run(predict, batch, policy)
+            except _broker_errors() as exc:
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    logger.warning("lost Redis (%s); retrying", exc)
+                self._group_ready = False
+                self._stopping.wait(min(_MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
+        logger.info("worker %s stopped", self.consumer)
+        self._conn.close()
+
+    def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
+        try:
+            if isinstance(self._model_class, type):
+                model = self._model_class(gpu_id)
+                model.init_model(*self._init_args, **self._init_kwargs)
+                return model.predict
+            return self._model_class
+        except Exception as exc:
+            raise WorkerStartError(f"could not load {callable_name(self._model_class)}: {exc!r}") from exc
+
+    # reading
+
+    _group_ready = False
+
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        import redis
+
+        try:
+            self._conn.xgroup_create(self._keys.requests, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def _next_batch(self, policy: HoldPolicy) -> List[_Request]:
+        """Read requests until a batch should run, by the in-process rule;
+        requests taken over from a dead worker run one at a time."""
+        import redis
+
+        size = self._config.batch_size
+        batch: List[_Request] = []
+        first_seen = hold_until = 0.0
+        while True:
+            now = time.monotonic()
+            if not batch:
+                if self._stopping.is_set():
+                    return batch
+                self._claim_orphans(now)
+                if self._orphans:
+                    return [self._orphans.popleft()]
+            block_ms = _BLOCK_MS if not batch else max(1, int((hold_until - now) * 1000))
+            try:
+                reply = self._conn.xreadgroup(
+                    GROUP, self.consumer, {self._keys.requests: ">"}, count=size - len(batch), block=block_ms
+                )
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self._group_ready = False  # the server restarted empty
+                self._ensure_group()
+                continue
+            now = time.monotonic()
+            got = self._accept(reply[0][1] if reply else [])
+            if got:
+                if not batch:
+                    first_seen = now
+                batch.extend(got)
+                policy.arrived(len(got), now)
+            if batch:
+                hold_until = policy.hold_until(first_seen, now)
+                if len(batch) >= size or now >= hold_until or self._stopping.is_set():
+                    return batch
+
+    def _accept(self, entries: List[Tuple[bytes, Dict[bytes, bytes]]]) -> List[_Request]:
+        """Requests worth running; expired and malformed ones are acked away."""
+        accepted, drop = [], []
+        server_now_ms = self._server_now_ms()
+        for entry_id, fields in entries:
+            try:
+                created_ms = int(entry_id.split(b"-")[0])
+                timeout_ms = int(_field(fields, b"t"))
+                request = _Request(
+                    entry_id,
+                    _field(fields, b"c").decode(),
+                    _field(fields, b"i").decode(),
+                    _field(fields, b"k").decode(),
+                    _field(fields, b"p"),
+                )
+            except (KeyError, ValueError, UnicodeDecodeError) as exc:
+                logger.warning("dropped a malformed request %s (missing or bad field %s)", entry_id, exc)
+                drop.append(entry_id)
+                continue
+            if server_now_ms > created_ms + timeout_ms:
+                drop.append(entry_id)  # its caller has given up
+                continue
+            accepted.append(request)
+        if drop:
+            pipe = self._conn.pipeline(transaction=True)
+            pipe.xack(self._keys.requests, GROUP, *drop)
+            pipe.xdel(self._keys.requests, *drop)
+            pipe.execute()
+        return accepted
+
+    def _server_now_ms(self) -> float:
+        """The Redis server's clock (entry ids are its time), from an offset
+        refreshed now and then, so clocks of other machines do not matter."""
+        now = time.monotonic()
+        if now - self._server_checked > 30.0:
+            seconds, micros = self._conn.time()
+            self._server_offset_ms = seconds * 1000 + micros / 1000 - now * 1000
+            self._server_checked = now
+        return now * 1000 + self._server_offset_ms
+
+    def _claim_orphans(self, now: float) -> None:
+        """Take over requests whose worker stopped its heartbeat (it died)."""
+        if now < self._next_claim:
+            return
+        self._next_claim = now + self._claim_after / 2
+        reply = self._conn.xautoclaim(
+            self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0",
+            count=self._config.batch_size,
+        )
+        claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
+        if deleted:
+            self._conn.xack(self._keys.requests, GROUP, *deleted)
+        claimed = [entry for entry in claimed if entry[1]]
+        if not claimed:
+            return
+        logger.warning("took over %d requests from a worker that stopped answering", len(claimed))
+        deliveries = {
+            p["message_id"]: p["times_delivered"]
+            for p in self._conn.xpending_range(
+                self._keys.requests, GROUP, claimed[0][0], claimed[-1][0], len(claimed) * 2, self.consumer
+            )
+        }
+        requests = self._accept(claimed)
+        poison = [r for r in requests if deliveries.get(r.entry_id, 1) - 1 >= self._max_item_crashes]
+        for request in requests:
+            if request not in poison:
+                self._orphans.append(request)
+        if poison:
+            crashes = self._max_item_crashes
+            error = WorkerDiedError(
+                f"this input was in the hands of {crashes} workers that died, so it is not retried "
+                "(it may be what kills them)"
+            )
+            self._in_hand = [r.entry_id for r in poison]
+            self._answer(poison, [(False, error)] * len(poison))
+
+    def _heartbeat(self) -> None:
+        """Keep the requests in hand from looking abandoned while the model runs."""
+        conn = connect(self._broker)
+        while not self._stopping.wait(self._claim_after / 3):
+            in_hand = self._in_hand
+            if in_hand:
+                try:
+                    conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, in_hand, justid=True)
+                except Exception as exc:  # a blip: the next beat tries again
+                    logger.debug("heartbeat failed: %s", exc)
+        conn.close()
+
+    # running and answering
+
+    def _run(self, predict: Any, batch: List[_Request], policy: HoldPolicy) -> None:
+        self._in_hand = [request.entry_id for request in batch]  # the heartbeat keeps these ours
+        outcomes: List[Optional[Tuple[bool, Any]]] = [None] * len(batch)
+        inputs, positions = [], []
+        for position, request in enumerate(batch):
+            if request.codec != self._codec.name:
+                logger.warning(
+                    "refused a %r payload from client %s: this worker reads only %r (start it with codec=%r "
+                    "to accept it, if the broker is trusted)",
+                    request.codec, request.client, self._codec.name, request.codec,
+                )
+                error = SerializationError(f"the worker refuses {request.codec!r} payloads; it reads {self._codec.name!r}")
+                outcomes[position] = (False, error)
+                continue
+            try:
+                inputs.append(self._codec.decode(request.payload))
+                positions.append(position)
+            except Exception as exc:
+                logger.warning("rejected a payload from client %s: %s", request.client, exc)
+                outcomes[position] = (False, SerializationError(f"the worker could not read this input: {exc}"))
+        started = time.monotonic()
+        if inputs:
+            for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors)):
+                outcomes[position] = outcome
+        policy.delivered(len(batch), time.monotonic() - started, time.monotonic())
+        self._answer(batch, outcomes)
+
+    def _answer(self, batch: Sequence[_Request], outcomes: Sequence[Any]) -> None:
+        """Write every result and acknowledge the requests, in one transaction;
+        through a Redis blip, keep trying: these answers are not lost."""
+        fields = [self._result_fields(request, outcome) for request, outcome in zip(batch, outcomes)]
+        ids = [request.entry_id for request in batch]
+        delay = 0.05
+        while True:
+            try:
+                pipe = self._conn.pipeline(transaction=True)
+                for request, entry in zip(batch, fields):
+                    key = self._keys.results(request.client)
+                    pipe.xadd(key, entry, maxlen=_RESULTS_MAXLEN, approximate=True)
+                    pipe.expire(key, _RESULTS_TTL_S)
+                pipe.xack(self._keys.requests, GROUP, *ids)
+                pipe.xdel(self._keys.requests, *ids)
+                pipe.execute(raise_on_error=False)
+                break
+            except _broker_errors() as exc:
+                logger.warning("could not write %d results to Redis (%s); retrying", len(batch), exc)
+                time.sleep(delay)
+                delay = min(_MAX_BACKOFF_S, delay * 2)
+        self._in_hand = []
+
+    def _result_fields(self, request: _Request, outcome: Tuple[bool, Any]) -> Dict[str, Any]:
+        ok, value = outcome
+        if ok:
+            try:
+                return {"i": request.item_id, "ok": "1", "p": self._codec.encode(value)}
+            except SerializationError as exc:
+                value = SerializationError(f"the model's result cannot be sent back: {exc}")
+        return {"i": request.item_id, "ok": "0", "p": self._codec.encode(encode_error(value))}
+
+
+def _check_model(model_class: Any) -> None:
+    if isinstance(model_class, type):
+        if not issubclass(model_class, ManagedModel):
+            raise TypeError(
+                f"{model_class.__name__} is a class but not a ManagedModel subclass: pass a ManagedModel subclass "
+                "or a function taking a list"
+            )
+    elif not callable(model_class):
+        raise TypeError(f"model_class must be a ManagedModel subclass or a function, got {model_class!r}")
+
+
+# -- running several workers ----------------------------------------------------------
+
+
+def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_pid: int) -> None:
+    from .process_worker import _watch_parent
+
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="streamer-parent-watch", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C
+    logging.basicConfig(level=options.pop("log_level", logging.INFO), format="%(asctime)s %(name)s[%(process)d] %(message)s")
+    worker = RedisWorker(**options)
+    try:
+        worker.run_forever(gpu_id)
+    except WorkerStartError:
+        logger.exception("the model could not be loaded; this worker is not restarted")
+        os._exit(EXIT_INIT_FAILED)
+
+
+def run_redis_workers_forever(
+    model_class: Any,
+    batch_size: int,
+    max_latency: float = DEFAULT_MAX_LATENCY,
+    worker_num: int = 1,
+    cuda_devices: Optional[Sequence[DeviceId]] = None,
+    redis_broker: str = "localhost:6379",
+    prefix: str = "",
+    model_init_args: Optional[Sequence[Any]] = None,
+    model_init_kwargs: Optional[Dict[str, Any]] = None,
+    **options: Any,
+) -> int:
+    """Run ``worker_num`` :class:`RedisWorker` processes, worker ``i`` on
+    device ``cuda_devices[i % len(cuda_devices)]``, and keep them running:
+    one that dies is started again (one whose model cannot load is not).
+    SIGTERM or Ctrl-C lets every worker finish its batch in hand, then
+    returns 0. Extra keyword options go to :class:`RedisWorker`.
+
+    Same signature as service_streamer's ``run_redis_workers_forever``.
+    """
+    _check_int("worker_num", worker_num, 1)
+    devices = check_devices("cuda_devices", cuda_devices)
+    worker_options = dict(
+        model_class=model_class, batch_size=batch_size, max_latency=max_latency, redis_broker=redis_broker,
+        prefix=prefix, model_init_args=model_init_args, model_init_kwargs=model_init_kwargs, **options,
+    )
+    RedisWorker(**worker_options)  # validate everything here, before any process starts
+    worker_options["log_level"] = logging.getLogger().getEffectiveLevel()
+    context = multiprocessing.get_context("spawn")
+    slots: List[Optional[Any]] = [None] * worker_num
+    given_up = [False] * worker_num
+    restarts = [0] * worker_num
+    stopping = threading.Event()
+
+    def start(i: int) -> None:
+        gpu_id = devices[i % len(devices)] if devices else None
+        process = context.Process(
+            target=_worker_process, args=(dict(worker_options), gpu_id, os.getpid()), name=f"streamer-redis-worker-{i}"
+        )
+        process.start()
+        slots[i] = process
+        logger.info("worker %d (pid %d) started on device %s", i, process.pid, gpu_id)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        logger.info("received %s: letting workers finish their batches", signal.Signals(signum).name)
+        stopping.set()
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
+    try:
+        for i in range(worker_num):
+            start(i)
+        while not stopping.is_set():
+            alive = {p.sentinel: i for i, p in enumerate(slots) if p is not None}
+            if not alive:
+                logger.error("every worker failed to load the model; giving up")
+                return 1
+            for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.5):
+                i = alive[sentinel]
+                process = slots[i]
+                process.join()
+                if stopping.is_set():
+                    break
+                if process.exitcode == EXIT_INIT_FAILED:
+                    logger.error("worker %d could not load the model; not restarting it", i)
+                    slots[i], given_up[i] = None, True
+                    continue
+                restarts[i] += 1
+                logger.warning("worker %d (pid %d) exited with %s; restarting it", i, process.pid, process.exitcode)
+                time.sleep(min(_MAX_BACKOFF_S, 0.1 * restarts[i]))
+                start(i)
+        for process in slots:
+            if process is not None and process.is_alive():
+                process.terminate()  # SIGTERM: the worker finishes its batch in hand
+        for process in slots:
+            if process is not None:
+                process.join(60)
+                if process.is_alive():
+                    logger.warning("worker pid %d did not finish in 60 s; killing it", process.pid)
+                    process.kill()
+                    process.join(5)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
