@@ -51,7 +51,7 @@ from ..config import (
     _check_seconds,
     check_devices,
 )
-from ..errors import BrokerUnavailableError, SerializationError, StreamerError, WorkerDiedError, WorkerStartError
+from ..errors import BrokerUnavailableError, QueueFullError, SerializationError, WorkerDiedError, WorkerStartError
 from ..managed_model import ManagedModel
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name
@@ -79,8 +79,17 @@ def connect(redis_broker: str) -> Any:
     form) or a URL, ``redis://[:password@]host:port/db``, ``rediss://`` for
     TLS, ``unix:///path``."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    options = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0, "health_check_interval": 15}
+    # One immediate retry (a pooled connection that went stale); the callers'
+    # own loops do the rest, so an unreachable server is reported in seconds.
+    options = {
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 10.0,
+        "health_check_interval": 15,
+        "retry": Retry(NoBackoff(), 1),
+    }
     if "://" in redis_broker:
         return redis.Redis.from_url(redis_broker, **options)
     host, _, port = redis_broker.rpartition(":")
@@ -293,8 +302,12 @@ class _RedisClientBackend(Backend):
         self._send_conn.close()
         self._read_conn.close()
 
-    def pending(self) -> int:
+    def unanswered(self) -> int:
+        """Calls' inputs sent and not answered yet (given-up ones are swept)."""
         with self._lock:
+            if len(self._pending) > 1024:
+                for item_id in [i for i, item in self._pending.items() if not item.task.live()]:
+                    del self._pending[item_id]
             return len(self._pending)
 
 
@@ -306,9 +319,11 @@ class RedisStreamer(BaseStreamer):
     ``redis_broker`` is ``"host:port"`` or a ``redis://`` / ``rediss://`` URL;
     ``prefix`` keeps models apart on one Redis (workers use the same one).
     Keyword-only: ``timeout`` (seconds a call may take, default 20),
-    ``max_queue``, and ``codec`` (``"msgpack"``, the default, or ``"pickle"``,
-    which the workers must be started with too). Same signature as
-    service_streamer's ``RedisStreamer``.
+    ``max_queue`` (the most inputs of this web process waiting for an answer,
+    sent or not; past it calls fail at once with ``QueueFullError``), and
+    ``codec`` (``"msgpack"``, the default, or ``"pickle"``, which the workers
+    must be started with too). Same signature as service_streamer's
+    ``RedisStreamer``.
     """
 
     def __init__(
@@ -323,6 +338,20 @@ class RedisStreamer(BaseStreamer):
         config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
         self._backend = _RedisClientBackend(redis_broker, prefix, codec)
         super().__init__(config, self._backend)
+
+    def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:
+        limit = self._config.max_queue
+        if limit is not None and not isinstance(batch, (str, bytes)):
+            batch = list(batch)
+            waiting = self._backend.unanswered() + self.queued()
+            if waiting + len(batch) > limit:
+                raise QueueFullError(
+                    f"{waiting} inputs of this process wait for an answer and max_queue is {limit}: "
+                    "retry later, add workers, or raise max_queue"
+                )
+        return super().submit(batch, timeout)
+
+    submit.__doc__ = BaseStreamer.submit.__doc__
 
 
 # -- the worker side -------------------------------------------------------------
@@ -403,6 +432,14 @@ class RedisWorker:
         heartbeat = threading.Thread(target=self._heartbeat, name="streamer-redis-heartbeat", daemon=True)
         heartbeat.start()
         logger.info("worker %s serving %s", self.consumer, self._keys.requests)
+        try:
+            self._serve(predict, policy)
+        finally:
+            self._stopping.set()  # ends the heartbeat too
+            self._conn.close()
+        logger.info("worker %s stopped", self.consumer)
+
+    def _serve(self, predict: Any, policy: HoldPolicy) -> None:
         failing_since: Optional[float] = None
         while not self._stopping.is_set():
             try:
@@ -419,8 +456,6 @@ class RedisWorker:
                     logger.warning("lost Redis (%s); retrying", exc)
                 self._group_ready = False
                 self._stopping.wait(min(_MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
-        logger.info("worker %s stopped", self.consumer)
-        self._conn.close()
 
     def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
         try:
