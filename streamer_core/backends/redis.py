@@ -411,6 +411,7 @@ class RedisWorker:
         self._server_offset_ms = 0.0
         self._server_checked = float("-inf")
         self._next_claim = 0.0
+        self._next_sweep = 0.0
         self.consumer = ""
 
     def stop(self) -> None:
@@ -436,6 +437,7 @@ class RedisWorker:
             self._serve(predict, policy)
         finally:
             self._stopping.set()  # ends the heartbeat too
+            self._leave_group()
             self._conn.close()
         logger.info("worker %s stopped", self.consumer)
 
@@ -562,11 +564,33 @@ class RedisWorker:
             self._server_checked = now
         return now * 1000 + self._server_offset_ms
 
+    def _leave_group(self) -> None:
+        """Remove this worker from the group, unless requests it took over
+        are still pending under its name (removing it would drop them)."""
+        if self._orphans:
+            return
+        try:
+            self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
+        except Exception as exc:  # the server may be gone; the next sweep removes us
+            logger.debug("could not leave the group: %s", exc)
+
+    def _sweep_consumers(self) -> None:
+        """Remove consumers of dead workers: they hold nothing (their requests
+        were taken over) and have not been seen for a long while."""
+        idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
+        for consumer in self._conn.xinfo_consumers(self._keys.requests, GROUP):
+            name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
+            if name != self.consumer and consumer["pending"] == 0 and consumer["idle"] > idle_ms:
+                self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
+
     def _claim_orphans(self, now: float) -> None:
         """Take over requests whose worker stopped its heartbeat (it died)."""
         if now < self._next_claim:
             return
         self._next_claim = now + self._claim_after / 2
+        if now >= self._next_sweep:
+            self._next_sweep = now + 60.0
+            self._sweep_consumers()
         reply = self._conn.xautoclaim(
             self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0",
             count=self._config.batch_size,
