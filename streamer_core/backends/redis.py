@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -406,7 +407,14 @@ class RedisWorker:
         connect(redis_broker)  # validates the address now; connects lazily
         self._stopping = threading.Event()
         self._orphans: Deque[_Request] = deque()
-        self._in_hand: List[bytes] = []
+        # Requests this worker runs or is answering: the heartbeat keeps them ours.
+        self._held: Dict[bytes, None] = {}
+        self._held_lock = threading.Lock()
+        # Answers wait here for the writer thread, so writing a batch's
+        # answers overlaps reading and running the next one.
+        self._outbox: "queue.Queue[Optional[Tuple[List[_Request], List[Any], float]]]" = queue.Queue(maxsize=2)
+        self._policy = HoldPolicy(self._config.max_latency)
+        self._policy_lock = threading.Lock()
         self._conn: Any = None
         self._server_offset_ms = 0.0
         self._server_checked = float("-inf")
@@ -429,29 +437,32 @@ class RedisWorker:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._conn = connect(self._broker)
-        policy = HoldPolicy(self._config.max_latency)
         heartbeat = threading.Thread(target=self._heartbeat, name="streamer-redis-heartbeat", daemon=True)
+        writer = threading.Thread(target=self._write_answers, name="streamer-redis-writer", daemon=True)
         heartbeat.start()
+        writer.start()
         logger.info("worker %s serving %s", self.consumer, self._keys.requests)
         try:
-            self._serve(predict, policy)
+            self._serve(predict)
         finally:
-            self._stopping.set()  # ends the heartbeat too
+            self._stopping.set()  # ends the heartbeat, and bounds the writer's retries
+            self._outbox.put(None)  # the writer answers what is in hand, then ends
+            writer.join()
             self._leave_group()
             self._conn.close()
         logger.info("worker %s stopped", self.consumer)
 
-    def _serve(self, predict: Any, policy: HoldPolicy) -> None:
+    def _serve(self, predict: Any) -> None:
         failing_since: Optional[float] = None
         while not self._stopping.is_set():
             try:
                 self._ensure_group()
-                batch = self._next_batch(policy)
+                batch = self._next_batch()
                 if failing_since is not None:
                     logger.warning("Redis is reachable again")
                     failing_since = None
                 if batch:
-                    self._run(predict, batch, policy)
+                    self._run(predict, batch)
             except _broker_errors() as exc:
                 if failing_since is None:
                     failing_since = time.monotonic()
@@ -485,7 +496,7 @@ class RedisWorker:
                 raise
         self._group_ready = True
 
-    def _next_batch(self, policy: HoldPolicy) -> List[_Request]:
+    def _next_batch(self) -> List[_Request]:
         """Read requests until a batch should run, by the in-process rule;
         requests taken over from a dead worker run one at a time."""
         import redis
@@ -514,13 +525,14 @@ class RedisWorker:
                 continue
             now = time.monotonic()
             got = self._accept(reply[0][1] if reply else [])
-            if got:
-                if not batch:
-                    first_seen = now
-                batch.extend(got)
-                policy.arrived(len(got), now)
-            if batch:
-                hold_until = policy.hold_until(first_seen, now)
+            with self._policy_lock:
+                if got:
+                    if not batch:
+                        first_seen = now
+                    batch.extend(got)
+                    self._policy.arrived(len(got), now)
+                if batch:
+                    hold_until = self._policy.hold_until(first_seen, now)
                 if len(batch) >= size or now >= hold_until or self._stopping.is_set():
                     return batch
 
@@ -619,14 +631,15 @@ class RedisWorker:
                 f"this input was in the hands of {crashes} workers that died, so it is not retried "
                 "(it may be what kills them)"
             )
-            self._in_hand = [r.entry_id for r in poison]
-            self._answer(poison, [(False, error)] * len(poison))
+            self._hold(poison)
+            self._outbox.put((poison, [(False, error)] * len(poison), 0.0))
 
     def _heartbeat(self) -> None:
         """Keep the requests in hand from looking abandoned while the model runs."""
         conn = connect(self._broker)
         while not self._stopping.wait(self._claim_after / 3):
-            in_hand = self._in_hand
+            with self._held_lock:
+                in_hand = list(self._held)
             if in_hand:
                 try:
                     conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, in_hand, justid=True)
@@ -636,8 +649,13 @@ class RedisWorker:
 
     # running and answering
 
-    def _run(self, predict: Any, batch: List[_Request], policy: HoldPolicy) -> None:
-        self._in_hand = [request.entry_id for request in batch]  # the heartbeat keeps these ours
+    def _hold(self, batch: Sequence[_Request]) -> None:
+        with self._held_lock:
+            for request in batch:
+                self._held[request.entry_id] = None
+
+    def _run(self, predict: Any, batch: List[_Request]) -> None:
+        self._hold(batch)
         outcomes: List[Optional[Tuple[bool, Any]]] = [None] * len(batch)
         inputs, positions = [], []
         for position, request in enumerate(batch):
@@ -660,31 +678,54 @@ class RedisWorker:
         if inputs:
             for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors)):
                 outcomes[position] = outcome
-        policy.delivered(len(batch), time.monotonic() - started, time.monotonic())
-        self._answer(batch, outcomes)
+        self._outbox.put((batch, outcomes, time.monotonic() - started))
 
-    def _answer(self, batch: Sequence[_Request], outcomes: Sequence[Any]) -> None:
-        """Write every result and acknowledge the requests, in one transaction;
-        through a Redis blip, keep trying: these answers are not lost."""
+    def _write_answers(self) -> None:
+        """The writer thread: answer each batch, then count its callers as
+        expected back (from when they can see their answers)."""
+        conn = connect(self._broker)
+        while True:
+            job = self._outbox.get()
+            if job is None:
+                break
+            batch, outcomes, seconds = job
+            if self._answer(conn, batch, outcomes) and seconds:
+                with self._policy_lock:
+                    self._policy.delivered(len(batch), seconds, time.monotonic())
+            with self._held_lock:
+                for request in batch:
+                    self._held.pop(request.entry_id, None)
+        conn.close()
+
+    def _answer(self, conn: Any, batch: Sequence[_Request], outcomes: Sequence[Any]) -> bool:
+        """Write every result and acknowledge the requests, in one transaction.
+        Through a Redis blip keep trying, since these answers are not kept
+        anywhere else; once stopping, give up after a while (the requests stay
+        pending, and another worker takes them over)."""
         fields = [self._result_fields(request, outcome) for request, outcome in zip(batch, outcomes)]
         ids = [request.entry_id for request in batch]
-        delay = 0.05
+        keys = {self._keys.results(request.client) for request in batch}
+        delay, give_up_at = 0.05, None
         while True:
             try:
-                pipe = self._conn.pipeline(transaction=True)
+                pipe = conn.pipeline(transaction=True)
                 for request, entry in zip(batch, fields):
-                    key = self._keys.results(request.client)
-                    pipe.xadd(key, entry, maxlen=_RESULTS_MAXLEN, approximate=True)
+                    pipe.xadd(self._keys.results(request.client), entry, maxlen=_RESULTS_MAXLEN, approximate=True)
+                for key in keys:
                     pipe.expire(key, _RESULTS_TTL_S)
                 pipe.xack(self._keys.requests, GROUP, *ids)
                 pipe.xdel(self._keys.requests, *ids)
                 pipe.execute(raise_on_error=False)
-                break
+                return True
             except _broker_errors() as exc:
                 logger.warning("could not write %d results to Redis (%s); retrying", len(batch), exc)
+                if self._stopping.is_set():
+                    give_up_at = give_up_at or time.monotonic() + 10.0
+                    if time.monotonic() > give_up_at:
+                        logger.error("gave up writing %d results; another worker will run them again", len(batch))
+                        return False
                 time.sleep(delay)
                 delay = min(_MAX_BACKOFF_S, delay * 2)
-        self._in_hand = []
 
     def _result_fields(self, request: _Request, outcome: Tuple[bool, Any]) -> Dict[str, Any]:
         ok, value = outcome
