@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ class Scenario:
     """One load shape: a backend, a number of worker processes and of clients."""
 
     name: str
-    backend: str  # "thread" or "process"
+    backend: str  # "thread", "process" or "redis" (bench/redis_bench.py)
     clients: int
     workers: int = 1
 
@@ -106,6 +106,9 @@ class RunSpec:
     duration_s: float
     warmup_s: float
     request_timeout_s: float
+    # What a driver other than this module's needs (bench/redis_bench.py: the
+    # broker's address, the prefix, the batch-log directory it owns).
+    options: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -120,6 +123,7 @@ class RunSpec:
             duration_s=raw["duration_s"],
             warmup_s=raw["warmup_s"],
             request_timeout_s=raw["request_timeout_s"],
+            options=raw.get("options", {}),
         )
 
 
@@ -142,6 +146,7 @@ class RunResult:
     close_error: Optional[str] = None
     failure: Optional[str] = None
     runs_rps: List[float] = field(default_factory=list)  # every run's req/s, with --repeat
+    extra: Dict[str, Any] = field(default_factory=dict)  # what a driver adds (redis_bench: how workers stopped)
 
     @property
     def error_count(self) -> int:
@@ -246,6 +251,8 @@ def _read_batch_log(directory: str, window: _Window) -> List[int]:
     """Sizes of the batches that finished inside the window, in any process."""
     sizes: List[int] = []
     for name in os.listdir(directory):
+        if not name.endswith(".log"):
+            continue  # e.g. the simulator's "<pid>.ready" markers
         with open(os.path.join(directory, name)) as handle:
             for line in handle:
                 parts = line.split()
@@ -254,7 +261,15 @@ def _read_batch_log(directory: str, window: _Window) -> List[int]:
     return sizes
 
 
-def _close_bounded(streamer: Any, library: str) -> Tuple[Optional[float], Optional[str]]:
+def _close_streamer(streamer: Any, spec: RunSpec) -> None:
+    """Close the streamer under test the way each library offers."""
+    if spec.library == "ours":
+        streamer.close(timeout=CLOSE_LIMIT_S / 2)
+    else:
+        streamer.destroy_workers()
+
+
+def _close_bounded(close_streamer: Callable[[], None]) -> Tuple[Optional[float], Optional[str]]:
     """Close the streamer on a helper thread, giving up after CLOSE_LIMIT_S:
     service_streamer's ``destroy_workers`` can raise or wait 20 s per worker."""
     outcome: Dict[str, Any] = {}
@@ -262,10 +277,7 @@ def _close_bounded(streamer: Any, library: str) -> Tuple[Optional[float], Option
     def close() -> None:
         started = time.monotonic()
         try:
-            if library == "ours":
-                streamer.close(timeout=CLOSE_LIMIT_S / 2)
-            else:
-                streamer.destroy_workers()
+            close_streamer()
         except BaseException as exc:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
         outcome["seconds"] = time.monotonic() - started
@@ -278,17 +290,36 @@ def _close_bounded(streamer: Any, library: str) -> Tuple[Optional[float], Option
     return outcome.get("seconds"), outcome.get("error")
 
 
-def run_child(spec: RunSpec) -> RunResult:
-    """Run one scenario for one library in this process and measure it."""
+BuildFn = Callable[[RunSpec], Any]
+ReadyFn = Callable[[Any, RunSpec, float], None]
+CloseFn = Callable[[Any, RunSpec], None]
+
+
+def run_child(
+    spec: RunSpec,
+    build: Optional[BuildFn] = None,
+    wait_ready: Optional[ReadyFn] = None,
+    close: Optional[CloseFn] = None,
+) -> RunResult:
+    """Run one scenario for one library in this process and measure it.
+
+    ``build``, ``wait_ready`` and ``close`` make, ready and close the streamer
+    (default: this module's thread and process backends). The batch log goes
+    to ``spec.options["batch_log_dir"]`` when the caller owns one (workers it
+    started write there), else to a temporary directory made here."""
     from bench import sim
 
+    build = build or _build_streamer
+    wait_ready = wait_ready or (lambda streamer, spec, timeout_s: _wait_ready(streamer, spec.library, timeout_s))
+    close = close or _close_streamer
     result = RunResult(library=spec.library, scenario=spec.scenario.name)
-    log_dir = tempfile.mkdtemp(prefix="bench-batches-")
+    own_log_dir = "batch_log_dir" not in spec.options
+    log_dir = tempfile.mkdtemp(prefix="bench-batches-") if own_log_dir else spec.options["batch_log_dir"]
     os.environ[sim.BATCH_LOG_ENV] = log_dir  # before spawning: the workers inherit it
     try:
         started = time.monotonic()
-        streamer = _build_streamer(spec)
-        _wait_ready(streamer, spec.library, CHILD_OVERHEAD_S / 2)
+        streamer = build(spec)
+        wait_ready(streamer, spec, CHILD_OVERHEAD_S / 2)
         result.ready_s = time.monotonic() - started
 
         window, go = _Window(), threading.Event()
@@ -317,18 +348,20 @@ def run_child(spec: RunSpec) -> RunResult:
         result.mean_batch = sum(sizes) / len(sizes) if sizes else None
         result.errors = dict(errors)
         result.stuck_clients = sum(client.is_alive() for client in clients)
-        result.close_s, result.close_error = _close_bounded(streamer, spec.library)
+        result.close_s, result.close_error = _close_bounded(lambda: close(streamer, spec))
     except Exception as exc:
         result.failure = f"{type(exc).__name__}: {exc}"
     finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        if own_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
     return result
 
 
-def _child_main(spec_json: str, result_path: str) -> None:
+def _child_main(spec_json: str, result_path: str, **hooks: Any) -> None:
     """Entry point of a child: run, write the result, and leave without
-    waiting on anything a library left running (threads, queue feeders)."""
-    result = run_child(RunSpec.from_json(spec_json))
+    waiting on anything a library left running (threads, queue feeders).
+    ``hooks`` go to :func:`run_child`."""
+    result = run_child(RunSpec.from_json(spec_json), **hooks)
     with open(result_path, "w") as handle:
         json.dump(asdict(result), handle)
     for process in multiprocessing.active_children():
@@ -351,15 +384,27 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_in_child(spec: RunSpec) -> RunResult:
-    """Run ``spec`` in a fresh interpreter with a wall-clock limit."""
-    limit_s = CHILD_OVERHEAD_S + spec.warmup_s + spec.duration_s + spec.request_timeout_s + CLOSE_LIMIT_S
+def child_limit_s(spec: RunSpec) -> float:
+    """The wall-clock limit of one child."""
+    return CHILD_OVERHEAD_S + spec.warmup_s + spec.duration_s + spec.request_timeout_s + CLOSE_LIMIT_S
+
+
+def run_in_child(spec: RunSpec, module: str = "bench.core_bench") -> RunResult:
+    """Run ``spec`` in a fresh interpreter (``python -m <module> --child``,
+    in a process group of its own) with a wall-clock limit; the group is
+    killed afterwards, whatever happened."""
+    limit_s = child_limit_s(spec)
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
+        if "batch_log_dir" not in spec.options:
+            # Made here, not in the child, so a child that is killed leaves no directory behind.
+            log_dir = os.path.join(tmp, "batches")
+            os.mkdir(log_dir)
+            spec = replace(spec, options={**spec.options, "batch_log_dir": log_dir})
         result_path = os.path.join(tmp, "result.json")
         output_path = os.path.join(tmp, "output.txt")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "bench.core_bench", "--child", spec.to_json(), "--result-file", result_path]
+        command = [sys.executable, "-m", module, "--child", spec.to_json(), "--result-file", result_path]
         with open(output_path, "w") as output:
             child = subprocess.Popen(
                 command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
@@ -412,19 +457,28 @@ def _verdict(value: Optional[float], target: float, at_least: bool) -> str:
     return f"{value:.2f} {'PASS' if ok else 'MISS'}"
 
 
-def results_table(results: List[RunResult], scenarios: Dict[str, Scenario], cost: ModelCost) -> str:
+def results_table(
+    results: List[RunResult],
+    scenarios: Dict[str, Scenario],
+    cost: ModelCost,
+    extra_columns: Sequence[Tuple[str, Callable[[RunResult], str]]] = (),
+) -> str:
     """The markdown table, one row per (scenario, library); with several runs,
-    req/s is the median run's followed by the range over all runs."""
+    req/s is the median run's followed by the range over all runs.
+    ``extra_columns``: (header, cell of a result) appended to each row."""
+    extra_head = "".join(f" {header} |" for header, _ in extra_columns)
     lines = [
-        "| scenario | library | clients | workers | req/s | of ideal | p50 ms | p99 ms | p50 / model | mean batch | errors |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| scenario | library | clients | workers | req/s | of ideal | p50 ms | p99 ms | p50 / model | mean batch | errors |"
+        + extra_head,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + "---|" * len(extra_columns),
     ]
     for result in results:
         scenario = scenarios[result.scenario]
+        extra = "".join(f" {cell(result)} |" for _, cell in extra_columns)
         if result.failure:
             lines.append(
                 f"| {scenario.name} | {LIBRARIES[result.library]} | {scenario.clients} | {scenario.workers} "
-                f"| FAILED: {result.failure} | | | | | | |"
+                f"| FAILED: {result.failure} | | | | | | |" + extra
             )
             continue
         of_ideal = result.throughput_rps / cost.ideal_rps(scenario.workers)
@@ -440,36 +494,60 @@ def results_table(results: List[RunResult], scenarios: Dict[str, Scenario], cost
         lines.append(
             f"| {scenario.name} | {LIBRARIES[result.library]} | {scenario.clients} | {scenario.workers} "
             f"| {rps} | {of_ideal:.3f} | {_fmt(result.p50_ms)} | {_fmt(result.p99_ms)} "
-            f"| {_fmt(p50_ratio, 2)} | {_fmt(result.mean_batch)} | {errors or 0} |"
+            f"| {_fmt(p50_ratio, 2)} | {_fmt(result.mean_batch)} | {errors or 0} |" + extra
         )
     return "\n".join(lines)
 
 
-def targets_table(results: List[RunResult], cost: ModelCost) -> str:
-    """The targets, checked for each library (PASS/MISS; nothing is asserted)."""
-    by_key = {(r.library, r.scenario): r for r in results if not r.failure}
+class Measures:
+    """The figures the targets are checked on, from the (summarized) results."""
 
-    def of_ideal(library: str, name: str, workers: int) -> Optional[float]:
-        run = by_key.get((library, name))
-        return None if run is None else run.throughput_rps / cost.ideal_rps(workers)
+    def __init__(self, results: List[RunResult], cost: ModelCost, scenarios: Dict[str, Scenario]) -> None:
+        self.by_key = {(r.library, r.scenario): r for r in results if not r.failure}
+        self.cost = cost
+        self.scenarios = scenarios
 
-    def p50_ratio(library: str, name: str) -> Optional[float]:
-        run = by_key.get((library, name))
-        return None if run is None or run.p50_ms is None else run.p50_ms / cost.single_item_ms
+    def of_ideal(self, library: str, name: str) -> Optional[float]:
+        run = self.by_key.get((library, name))
+        workers = self.scenarios[name].workers if name in self.scenarios else 1
+        return None if run is None else run.throughput_rps / self.cost.ideal_rps(workers)
 
-    def scaling(library: str) -> Optional[float]:
-        one, two = by_key.get((library, "proc1w-128c")), by_key.get((library, "proc2w-128c"))
+    def p50_ratio(self, library: str, name: str) -> Optional[float]:
+        run = self.by_key.get((library, name))
+        return None if run is None or run.p50_ms is None else run.p50_ms / self.cost.single_item_ms
+
+    def scaling(self, library: str, one_name: str, two_name: str) -> Optional[float]:
+        """Throughput of scenario ``two_name`` over that of ``one_name``."""
+        one, two = self.by_key.get((library, one_name)), self.by_key.get((library, two_name))
         if one is None or two is None or one.throughput_rps == 0:
             return None
         return two.throughput_rps / one.throughput_rps
 
-    rows = [
-        ("thread, 64 clients: throughput >= 0.95 of ideal", lambda lib: _verdict(of_ideal(lib, "thread-64c", 1), 0.95, True)),
-        ("process 1 worker, 64 clients: >= 0.92 of ideal", lambda lib: _verdict(of_ideal(lib, "proc1w-64c", 1), 0.92, True)),
-        ("process, 128 clients: 2 workers >= 1.8x 1 worker", lambda lib: _verdict(scaling(lib), 1.8, True)),
-        ("thread, 1 client: p50 <= 1.3x model time", lambda lib: _verdict(p50_ratio(lib, "thread-1c"), 1.3, False)),
-        ("process, 1 client: p50 <= 1.3x model time", lambda lib: _verdict(p50_ratio(lib, "proc1w-1c"), 1.3, False)),
-    ]
+
+#: A target: its label and its verdict for one library ("0.84 MISS", "n/a").
+Target = Tuple[str, Callable[[Measures, str], str]]
+
+CORE_TARGETS: Tuple[Target, ...] = (
+    ("thread, 64 clients: throughput >= 0.95 of ideal", lambda m, lib: _verdict(m.of_ideal(lib, "thread-64c"), 0.95, True)),
+    ("process 1 worker, 64 clients: >= 0.92 of ideal", lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c"), 0.92, True)),
+    (
+        "process, 128 clients: 2 workers >= 1.8x 1 worker",
+        lambda m, lib: _verdict(m.scaling(lib, "proc1w-128c", "proc2w-128c"), 1.8, True),
+    ),
+    ("thread, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "thread-1c"), 1.3, False)),
+    ("process, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "proc1w-1c"), 1.3, False)),
+)
+
+
+def targets_table(
+    results: List[RunResult],
+    cost: ModelCost,
+    targets: Sequence[Target] = CORE_TARGETS,
+    scenarios: Sequence[Scenario] = DEFAULT_SCENARIOS,
+) -> str:
+    """The targets, checked for each library (PASS/MISS; nothing is asserted)."""
+    measures = Measures(results, cost, {s.name: s for s in scenarios})
+    rows = [(label, lambda lib, check=check: check(measures, lib)) for label, check in targets]
     present = sorted({r.library for r in results}, key=list(LIBRARIES).index)
     lines = [
         "| target | " + " | ".join(LIBRARIES[lib] for lib in present) + " |",
@@ -480,29 +558,25 @@ def targets_table(results: List[RunResult], cost: ModelCost) -> str:
     return "\n".join(lines)
 
 
-def _select(patterns: Optional[str]) -> List[Scenario]:
+def _select(patterns: Optional[str], scenarios: Sequence[Scenario] = DEFAULT_SCENARIOS) -> List[Scenario]:
     if not patterns:
-        return list(DEFAULT_SCENARIOS)
+        return list(scenarios)
     wanted = [p.strip() for p in patterns.split(",") if p.strip()]
-    chosen = [s for s in DEFAULT_SCENARIOS if any(fnmatch.fnmatchcase(s.name, p) for p in wanted)]
+    chosen = [s for s in scenarios if any(fnmatch.fnmatchcase(s.name, p) for p in wanted)]
     if not chosen:
-        names = ", ".join(s.name for s in DEFAULT_SCENARIOS)
+        names = ", ".join(s.name for s in scenarios)
         raise SystemExit(f"no scenario matches {patterns!r}; the scenarios are: {names}")
     return chosen
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.core_bench",
-        description="Closed-loop Future-API benchmark: streamer_core next to service_streamer 0.1.2.",
-    )
+def add_common_args(parser: argparse.ArgumentParser, scenarios: Sequence[Scenario]) -> None:
+    """The options every driver of this machinery shares."""
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per scenario (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds before measuring (default 1)")
     parser.add_argument("--only", choices=["ours", "theirs", "both"], default="both", help="which library to run")
     parser.add_argument(
         "--scenarios",
-        help="comma-separated scenario names or globs (default all): "
-        + ", ".join(s.name for s in DEFAULT_SCENARIOS),
+        help="comma-separated scenario names or globs (default all): " + ", ".join(s.name for s in scenarios),
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each scenario, interleaved; the median run is shown (default 1)"
@@ -517,42 +591,88 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--child", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.core_bench",
+        description="Closed-loop Future-API benchmark: streamer_core next to service_streamer 0.1.2.",
+    )
+    add_common_args(parser, DEFAULT_SCENARIOS)
     return parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace, scenarios: Sequence[Scenario]) -> Tuple[ModelCost, List[Scenario], List[RunSpec]]:
+    """The model settings, the chosen scenarios and one spec per (scenario, library)."""
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
+    cost = ModelCost(args.batch_size, args.fixed_ms, args.per_item_ms, args.max_latency)
+    chosen = _select(args.scenarios, scenarios)
+    libraries = ["ours", "theirs"] if args.only == "both" else [args.only]
+    specs = [
+        RunSpec(lib, scenario, cost, args.duration, args.warmup, args.request_timeout)
+        for scenario in chosen
+        for lib in libraries  # alternate libraries, so drifting machine noise hits both alike
+    ]
+    return cost, chosen, specs
+
+
+def header_line(cost: ModelCost, args: argparse.Namespace) -> str:
+    return (
+        f"batch {cost.batch_size}, fixed {cost.fixed_ms:g} ms, per-item {cost.per_item_ms:g} ms, "
+        f"max_latency {cost.max_latency_s:g} s; ideal {cost.ideal_rps(1):.0f} req/s per worker; "
+        f"model time for one item {cost.single_item_ms:g} ms; {args.duration:g} s measured after "
+        f"{args.warmup:g} s warm-up, {args.repeat} run(s) each; {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
+
+
+def run_all(
+    specs: Sequence[RunSpec],
+    repeat: int,
+    run_one: Callable[[RunSpec], RunResult] = run_in_child,
+    note: Callable[[RunResult], str] = lambda result: "",
+) -> Dict[Tuple[str, str], List[RunResult]]:
+    """Run every spec ``repeat`` times (all specs once, then again), printing
+    progress to stderr; the runs of each (library, scenario) pair."""
+    runs: Dict[Tuple[str, str], List[RunResult]] = {}
+    total = len(specs) * repeat
+    for number, spec in enumerate([spec for _ in range(repeat) for spec in specs], 1):
+        result = run_one(spec)
+        runs.setdefault((spec.library, spec.scenario.name), []).append(result)
+        summary = result.failure or (
+            f"{result.throughput_rps:.0f} req/s, p50 {_fmt(result.p50_ms)} ms, "
+            f"p99 {_fmt(result.p99_ms)} ms, errors {result.error_count}"
+        )
+        extra = note(result)
+        summary += f"; {extra}" if extra else ""
+        print(f"[{number}/{total}] {spec.scenario.name} {LIBRARIES[spec.library]}: {summary}", file=sys.stderr)
+    return runs
+
+
+def write_json(
+    path: str,
+    cost: ModelCost,
+    header: str,
+    specs: Sequence[RunSpec],
+    runs: Dict[Tuple[str, str], List[RunResult]],
+    results: Sequence[RunResult],
+) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        raw = [asdict(run) for spec in specs for run in runs[(spec.library, spec.scenario.name)]]
+        document = {"config": asdict(cost), "header": header, "results": [asdict(r) for r in results], "runs": raw}
+        json.dump(document, handle, indent=2)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     if args.child:
         _child_main(args.child, args.result_file)
-    if args.repeat < 1:
-        raise SystemExit("--repeat must be at least 1")
-    cost = ModelCost(args.batch_size, args.fixed_ms, args.per_item_ms, args.max_latency)
-    scenarios = _select(args.scenarios)
-    libraries = ["ours", "theirs"] if args.only == "both" else [args.only]
-    specs = [
-        RunSpec(lib, scenario, cost, args.duration, args.warmup, args.request_timeout)
-        for scenario in scenarios
-        for lib in libraries  # alternate libraries, so drifting machine noise hits both alike
-    ]
-
-    header = (
-        f"batch {cost.batch_size}, fixed {cost.fixed_ms:g} ms, per-item {cost.per_item_ms:g} ms, "
-        f"max_latency {cost.max_latency_s:g} s; ideal {cost.ideal_rps(1):.0f} req/s per worker; "
-        f"model time for one item {cost.single_item_ms:g} ms; {args.duration:g} s measured after "
-        f"{args.warmup:g} s warm-up, {args.repeat} run(s) each; {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    )
+    cost, scenarios, specs = plan(args, DEFAULT_SCENARIOS)
+    header = header_line(cost, args)
     print(header, file=sys.stderr)
     started = time.monotonic()
-    runs: Dict[Tuple[str, str], List[RunResult]] = {}
-    total = len(specs) * args.repeat
-    for number, spec in enumerate([spec for _ in range(args.repeat) for spec in specs], 1):
-        result = run_in_child(spec)
-        runs.setdefault((spec.library, spec.scenario.name), []).append(result)
-        summary = result.failure or (
-            f"{result.throughput_rps:.0f} req/s, p50 {_fmt(result.p50_ms)} ms, "
-            f"p99 {_fmt(result.p99_ms)} ms, errors {result.error_count}"
-        )
-        print(f"[{number}/{total}] {spec.scenario.name} {LIBRARIES[spec.library]}: {summary}", file=sys.stderr)
+    runs = run_all(specs, args.repeat)
     results = [summarize(runs[(spec.library, spec.scenario.name)]) for spec in specs]
 
     by_name = {s.name: s for s in scenarios}
@@ -564,11 +684,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(targets_table(results, cost))
     print(f"\n(total {time.monotonic() - started:.0f} s)")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as handle:
-            raw = [asdict(run) for spec in specs for run in runs[(spec.library, spec.scenario.name)]]
-            document = {"config": asdict(cost), "header": header, "results": [asdict(r) for r in results], "runs": raw}
-            json.dump(document, handle, indent=2)
+        write_json(args.json, cost, header, specs, runs, results)
     return 0
 
 

@@ -21,7 +21,15 @@ Two entry points:
 When the environment variable ``BENCH_SIM_BATCH_LOG`` names a directory, each
 process appends one line ``<time.monotonic()> <batch size>`` per batch to
 ``<dir>/<pid>.log``; the benchmark reads these to report batch sizes, also for
-batches run in worker processes.
+batches run in worker processes. A model that has loaded (``init_model``
+returned) also leaves an empty ``<dir>/<pid>.ready`` there, so a benchmark
+can count the workers that are up.
+
+:class:`RedisLegacySimModel` is for service_streamer's
+``run_redis_workers_forever``, which calls ``init_model()`` without the
+``model_init_kwargs`` it was given: its costs default to the environment
+variables ``BENCH_SIM_FIXED_MS`` and ``BENCH_SIM_PER_ITEM_MS`` (set by the
+benchmark for the worker processes, which inherit them), else 10 and 0.2.
 """
 
 from __future__ import annotations
@@ -34,13 +42,27 @@ from typing import Any, Callable, List, Optional, Sequence, TextIO
 
 import streamer_core
 
-__all__ = ["DEVICE_LOCK", "simulate_batch", "make_predict", "SimLogic", "SimModel", "LegacySimModel", "BATCH_LOG_ENV"]
+__all__ = [
+    "DEVICE_LOCK",
+    "simulate_batch",
+    "make_predict",
+    "SimLogic",
+    "SimModel",
+    "LegacySimModel",
+    "RedisLegacySimModel",
+    "BATCH_LOG_ENV",
+    "FIXED_MS_ENV",
+    "PER_ITEM_MS_ENV",
+]
 
 #: One simulated device per process: every batch in this process holds it.
 DEVICE_LOCK = threading.Lock()
 
 #: Directory where each process logs its batch sizes (unset: no logging).
 BATCH_LOG_ENV = "BENCH_SIM_BATCH_LOG"
+#: The costs RedisLegacySimModel uses when init_model gets no arguments.
+FIXED_MS_ENV = "BENCH_SIM_FIXED_MS"
+PER_ITEM_MS_ENV = "BENCH_SIM_PER_ITEM_MS"
 
 _log_lock = threading.Lock()
 _log_file: Optional[TextIO] = None
@@ -56,6 +78,13 @@ def _log_batch(size: int, finished_at: float) -> None:
         if _log_file is None:
             _log_file = open(os.path.join(directory, f"{os.getpid()}.log"), "a", buffering=1)
         _log_file.write(f"{finished_at:.6f} {size}\n")
+
+
+def _mark_ready() -> None:
+    """Leave ``<pid>.ready`` in the batch-log directory, if logging is on."""
+    directory = os.environ.get(BATCH_LOG_ENV)
+    if directory:
+        open(os.path.join(directory, f"{os.getpid()}.ready"), "w").close()
 
 
 def simulate_batch(batch: Sequence[Any], fixed_ms: float, per_item_ms: float) -> List[Any]:
@@ -84,6 +113,7 @@ class SimLogic:
         """Called once inside the worker: store the cost of a batch."""
         self.fixed_ms = float(fixed_ms)
         self.per_item_ms = float(per_item_ms)
+        _mark_ready()
 
     def predict(self, batch: List[Any]) -> List[Any]:
         return simulate_batch(batch, self.fixed_ms, self.per_item_ms)
@@ -97,7 +127,20 @@ try:  # service_streamer is optional: only the side-by-side comparison needs it
     import service_streamer as _service_streamer
 except ImportError:  # pragma: no cover - depends on the installed extras
     LegacySimModel: Optional[type] = None
+    RedisLegacySimModel: Optional[type] = None
 else:
 
     class LegacySimModel(SimLogic, _service_streamer.ManagedModel):  # type: ignore[no-redef]
         """The simulated model for service_streamer 0.1.2's ``Streamer``."""
+
+    class RedisLegacySimModel(LegacySimModel):  # type: ignore[no-redef, valid-type, misc]
+        """For service_streamer 0.1.2's ``run_redis_workers_forever``, which
+        drops ``model_init_kwargs``: without arguments, the costs come from
+        ``BENCH_SIM_FIXED_MS`` / ``BENCH_SIM_PER_ITEM_MS``, else 10 / 0.2 ms."""
+
+        def init_model(self, fixed_ms: Optional[float] = None, per_item_ms: Optional[float] = None) -> None:
+            if fixed_ms is None:
+                fixed_ms = float(os.environ.get(FIXED_MS_ENV, "10"))
+            if per_item_ms is None:
+                per_item_ms = float(os.environ.get(PER_ITEM_MS_ENV, "0.2"))
+            super().init_model(fixed_ms, per_item_ms)
