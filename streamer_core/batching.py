@@ -389,14 +389,14 @@ class Scheduler:
         """Block until a worker has room and a batch should go. Return the
         batch and how many batches the worker to take it holds already (0: an
         idle worker; 1: a busy one, given a full batch to start next), or
-        ``None`` once the scheduler is closed and drained, or stopped."""
+        ``None`` once the scheduler is stopped."""
         cond = self._cond
         with cond:
             while True:
                 now = time.monotonic()
                 wake = self._expire(now)
-                if self._stopped or (self._closing and not self._queue and not self._alone and not self._in_flight):
-                    return None  # (while closing, a worker that dies may still hand inputs back)
+                if self._stopped:
+                    return None  # until then, even while closing, deadlines are kept and returned inputs rerun
                 if self._idle > 0:
                     batch, hold_until = self._decide(now)
                     if batch:

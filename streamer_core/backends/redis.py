@@ -38,8 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..batching import HoldPolicy, Scheduler, _Item, deliver
 from ..codec import Codec, decode_error, encode_error, get_codec
@@ -134,18 +133,23 @@ class _RedisClientBackend(Backend):
 
     def __init__(self, redis_broker: str, prefix: str, codec: str) -> None:
         self._codec = get_codec(codec)
+        self._errors_codec = get_codec("msgpack")
         self._keys = Keys(prefix)
         self._client_id = uuid.uuid4().hex
         self._results_key = self._keys.results(self._client_id)
         self._send_conn = connect(redis_broker)
         self._read_conn = connect(redis_broker)
         self._pending: Dict[str, _Item] = {}  # sent, not answered yet; by item id
+        self._entries: Dict[str, bytes] = {}  # their stream entry ids
+        self._abandoned: List[bytes] = []  # entries of calls that ended unanswered: to delete
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._stopping = threading.Event()
         self._server_id: Optional[str] = None
         self._scheduler: Optional[Scheduler] = None
         self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
+        self._abandon = threading.Event()
+        self._deleter = threading.Thread(target=self._delete_abandoned, name="streamer-redis-delete", daemon=True)
 
     def start(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
@@ -155,6 +159,7 @@ class _RedisClientBackend(Backend):
             logger.warning("Redis is not reachable yet (%s); calls fail until it is", exc)
         scheduler.add_slot()
         self._collector.start()
+        self._deleter.start()
 
     def encode(self, value: Any, index: int) -> bytes:
         try:
@@ -182,6 +187,35 @@ class _RedisClientBackend(Backend):
                 for item_id, item in sent:
                     self._pending.pop(item_id, None)
                     item.task.fail(error)
+            return
+        for item_id, item in sent:
+            future = item.task.future
+            if future is not None:
+                future.add_done_callback(lambda _, item_id=item_id: self._call_ended(item_id))
+
+    def _call_ended(self, item_id: str) -> None:
+        """A call is over. If this input is still unanswered (its caller gave
+        up, or it timed out), delete its request, so that a worker that has
+        not read it yet never runs it."""
+        with self._lock:
+            entry_id = self._entries.pop(item_id, None)
+            if self._pending.pop(item_id, None) is not None and entry_id is not None:
+                self._abandoned.append(entry_id)
+                self._abandon.set()
+
+    def _delete_abandoned(self) -> None:
+        """Delete the requests of calls that ended unanswered, as soon as they
+        end (a thread of its own: the caller giving up must not wait on Redis)."""
+        while not self._stopping.is_set():
+            self._abandon.wait(0.5)
+            self._abandon.clear()
+            with self._lock:
+                abandoned, self._abandoned = self._abandoned, []
+            if abandoned:
+                try:
+                    self._send_conn.xdel(self._keys.requests, *abandoned)
+                except _broker_errors():
+                    pass  # gone with Redis, or workers skip them when their deadline passes
 
     def _send(self, entries: Sequence[Tuple[str, _Item]]) -> bool:
         """XADD the entries, retrying briefly through a blip."""
@@ -189,6 +223,7 @@ class _RedisClientBackend(Backend):
             try:
                 pipe = self._send_conn.pipeline(transaction=False)
                 now = time.monotonic()
+                sent = []
                 for item_id, item in entries:
                     future = item.task.future
                     if future is None:
@@ -196,7 +231,12 @@ class _RedisClientBackend(Backend):
                     remaining_ms = max(1, int((future._deadline - now) * 1000))
                     fields = {"c": self._client_id, "i": item_id, "t": remaining_ms, "k": self._codec.name, "p": item.value}
                     pipe.xadd(self._keys.requests, fields)
-                pipe.execute()
+                    sent.append(item_id)
+                entry_ids = pipe.execute()
+                with self._lock:
+                    for item_id, entry_id in zip(sent, entry_ids):
+                        if item_id in self._pending:
+                            self._entries[item_id] = entry_id
                 return True
             except _broker_errors() as exc:
                 logger.warning("could not send to Redis (%s); retrying", exc)
@@ -217,7 +257,6 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = "0-0"
                     self._read_conn.expire(self._results_key, _RESULTS_TTL_S)
-                    self._forget_given_up()
                 reply = self._read_conn.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
                 if failing_since is not None:
                     logger.warning("Redis is reachable again")
@@ -249,9 +288,15 @@ class _RedisClientBackend(Backend):
         deliver(items, outcomes)
 
     def _decode_result(self, fields: Dict[bytes, bytes]) -> Tuple[bool, Any]:
+        codec = fields.get(b"k", self._codec.name.encode()).decode(errors="replace")
         try:
-            value = self._codec.decode(_field(fields, b"p"))
-        except (SerializationError, KeyError) as exc:
+            if codec == self._codec.name:
+                value = self._codec.decode(_field(fields, b"p"))
+            elif codec == "msgpack":  # plain data: safe to read whatever this side's codec
+                value = self._errors_codec.decode(_field(fields, b"p"))
+            else:
+                raise SerializationError(f"refusing a {codec!r} answer: this side reads {self._codec.name!r}")
+        except Exception as exc:
             logger.warning("refused a result from Redis: %s", exc)
             return False, SerializationError(f"the worker's answer could not be read: {exc}")
         if fields.get(b"ok") == b"1":
@@ -278,11 +323,6 @@ class _RedisClientBackend(Backend):
             raise ConnectionError("could not send again after a Redis restart")
         return True
 
-    def _forget_given_up(self) -> None:
-        with self._lock:
-            for item_id in [i for i, item in self._pending.items() if not item.task.live()]:
-                del self._pending[item_id]
-
     # closing
 
     def drain(self, deadline: float) -> None:
@@ -294,8 +334,10 @@ class _RedisClientBackend(Backend):
 
     def stop(self, deadline: float) -> None:
         self._stopping.set()
+        self._abandon.set()
         if threading.current_thread() is not self._collector:
             self._collector.join(max(0.0, deadline - time.monotonic()) + _BLOCK_MS / 1000 + 1.0)
+            self._deleter.join(1.0)
         try:
             self._read_conn.delete(self._results_key)
         except _broker_errors():
@@ -304,12 +346,9 @@ class _RedisClientBackend(Backend):
         self._read_conn.close()
 
     def unanswered(self) -> int:
-        """Calls' inputs sent and not answered yet (given-up ones are swept)."""
+        """Inputs sent and not answered yet, of calls still running."""
         with self._lock:
-            if len(self._pending) > 1024:
-                for item_id in [i for i, item in self._pending.items() if not item.task.live()]:
-                    del self._pending[item_id]
-            return len(self._pending)
+            return len(self._pending)  # each call's end removes its inputs (_call_ended)
 
 
 class RedisStreamer(BaseStreamer):
@@ -400,13 +439,13 @@ class RedisWorker:
         self._init_args = tuple(model_init_args or ())
         self._init_kwargs = dict(model_init_kwargs or {})
         self._codec: Codec = get_codec(codec)
+        self._errors_codec: Codec = get_codec("msgpack")
         self._claim_after = _check_seconds("claim_after", claim_after, allow_zero=False)
         self._max_item_crashes = _check_int("max_item_crashes", max_item_crashes, 1)
         self._broker = redis_broker
         self._keys = Keys(prefix)
         connect(redis_broker)  # validates the address now; connects lazily
         self._stopping = threading.Event()
-        self._orphans: Deque[_Request] = deque()
         # Requests this worker runs or is answering: the heartbeat keeps them ours.
         self._held: Dict[bytes, None] = {}
         self._held_lock = threading.Lock()
@@ -453,6 +492,8 @@ class RedisWorker:
         logger.info("worker %s stopped", self.consumer)
 
     def _serve(self, predict: Any) -> None:
+        import redis
+
         failing_since: Optional[float] = None
         while not self._stopping.is_set():
             try:
@@ -469,6 +510,11 @@ class RedisWorker:
                     logger.warning("lost Redis (%s); retrying", exc)
                 self._group_ready = False
                 self._stopping.wait(min(_MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                logger.warning("the consumer group is gone (the Redis server restarted empty); recreating it")
+                self._group_ready = False
 
     def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
         try:
@@ -499,8 +545,6 @@ class RedisWorker:
     def _next_batch(self) -> List[_Request]:
         """Read requests until a batch should run, by the in-process rule;
         requests taken over from a dead worker run one at a time."""
-        import redis
-
         size = self._config.batch_size
         batch: List[_Request] = []
         first_seen = hold_until = 0.0
@@ -509,20 +553,14 @@ class RedisWorker:
             if not batch:
                 if self._stopping.is_set():
                     return batch
-                self._claim_orphans(now)
-                if self._orphans:
-                    return [self._orphans.popleft()]
+                orphan = self._claim_orphan(now)
+                if orphan is not None:
+                    self._next_claim = now  # there may be more: take the next one right after
+                    return [orphan]
             block_ms = _BLOCK_MS if not batch else max(1, int((hold_until - now) * 1000))
-            try:
-                reply = self._conn.xreadgroup(
-                    GROUP, self.consumer, {self._keys.requests: ">"}, count=size - len(batch), block=block_ms
-                )
-            except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                self._group_ready = False  # the server restarted empty
-                self._ensure_group()
-                continue
+            reply = self._conn.xreadgroup(
+                GROUP, self.consumer, {self._keys.requests: ">"}, count=size - len(batch), block=block_ms
+            )
             now = time.monotonic()
             got = self._accept(reply[0][1] if reply else [])
             with self._policy_lock:
@@ -577,10 +615,11 @@ class RedisWorker:
         return now * 1000 + self._server_offset_ms
 
     def _leave_group(self) -> None:
-        """Remove this worker from the group, unless requests it took over
-        are still pending under its name (removing it would drop them)."""
-        if self._orphans:
-            return
+        """Remove this worker from the group, unless requests are still
+        pending under its name (removing it would drop them)."""
+        with self._held_lock:
+            if self._held:
+                return
         try:
             self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
         except Exception as exc:  # the server may be gone; the next sweep removes us
@@ -595,44 +634,43 @@ class RedisWorker:
             if name != self.consumer and consumer["pending"] == 0 and consumer["idle"] > idle_ms:
                 self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
 
-    def _claim_orphans(self, now: float) -> None:
-        """Take over requests whose worker stopped its heartbeat (it died)."""
+    def _claim_orphan(self, now: float) -> Optional[_Request]:
+        """Take over one request whose worker stopped its heartbeat (it died),
+        to run it alone. One at a time, each run before the next is taken:
+        a request's delivery count then counts the workers that died while
+        they held it, and nothing taken over waits without a heartbeat."""
         if now < self._next_claim:
-            return
-        self._next_claim = now + self._claim_after / 2
+            return None
         if now >= self._next_sweep:
             self._next_sweep = now + 60.0
             self._sweep_consumers()
-        reply = self._conn.xautoclaim(
-            self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0",
-            count=self._config.batch_size,
-        )
-        claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
-        if deleted:
-            self._conn.xack(self._keys.requests, GROUP, *deleted)
-        claimed = [entry for entry in claimed if entry[1]]
-        if not claimed:
-            return
-        logger.warning("took over %d requests from a worker that stopped answering", len(claimed))
-        deliveries = {
-            p["message_id"]: p["times_delivered"]
-            for p in self._conn.xpending_range(
-                self._keys.requests, GROUP, claimed[0][0], claimed[-1][0], len(claimed) * 2, self.consumer
+        while True:
+            reply = self._conn.xautoclaim(
+                self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0", count=1
             )
-        }
-        requests = self._accept(claimed)
-        poison = [r for r in requests if deliveries.get(r.entry_id, 1) - 1 >= self._max_item_crashes]
-        for request in requests:
-            if request not in poison:
-                self._orphans.append(request)
-        if poison:
-            crashes = self._max_item_crashes
+            claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
+            if deleted:
+                self._conn.xack(self._keys.requests, GROUP, *deleted)
+            claimed = [entry for entry in claimed if entry[1]]
+            if not claimed:
+                self._next_claim = now + self._claim_after / 2  # none left: look again later
+                return None
+            entry_id = claimed[0][0]
+            [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
+            crashes = pending.get("times_delivered", 1) - 1
+            accepted = self._accept(claimed)
+            if not accepted:
+                continue  # expired or malformed, and acked away
+            request = accepted[0]
+            logger.warning("took over request %s from a worker that stopped answering", entry_id.decode())
+            if crashes < self._max_item_crashes:
+                return request
             error = WorkerDiedError(
                 f"this input was in the hands of {crashes} workers that died, so it is not retried "
                 "(it may be what kills them)"
             )
-            self._hold(poison)
-            self._outbox.put((poison, [(False, error)] * len(poison), 0.0))
+            self._hold([request])
+            self._outbox.put(([request], [(False, error)], 0.0))
 
     def _heartbeat(self) -> None:
         """Keep the requests in hand from looking abandoned while the model runs."""
@@ -729,12 +767,13 @@ class RedisWorker:
 
     def _result_fields(self, request: _Request, outcome: Tuple[bool, Any]) -> Dict[str, Any]:
         ok, value = outcome
-        if ok:
+        if ok and request.codec == self._codec.name:
             try:
-                return {"i": request.item_id, "ok": "1", "p": self._codec.encode(value)}
+                return {"i": request.item_id, "ok": "1", "k": self._codec.name, "p": self._codec.encode(value)}
             except SerializationError as exc:
                 value = SerializationError(f"the model's result cannot be sent back: {exc}")
-        return {"i": request.item_id, "ok": "0", "p": self._codec.encode(encode_error(value))}
+        # Errors are plain data: msgpack, which every web process can read safely.
+        return {"i": request.item_id, "ok": "0", "k": "msgpack", "p": self._errors_codec.encode(encode_error(value))}
 
 
 def _check_model(model_class: Any) -> None:
