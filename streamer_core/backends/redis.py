@@ -615,12 +615,13 @@ class RedisWorker:
         return now * 1000 + self._server_offset_ms
 
     def _leave_group(self) -> None:
-        """Remove this worker from the group, unless requests are still
-        pending under its name (removing it would drop them)."""
-        with self._held_lock:
-            if self._held:
-                return
+        """Remove this worker from the group, unless requests are pending
+        under its name, by Redis's own count (a read whose reply was lost in
+        a blip leaves some this worker never saw): removing the consumer would
+        drop them, while left pending, another worker takes them over."""
         try:
+            if self._conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self.consumer):
+                return
             self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
         except Exception as exc:  # the server may be gone; the next sweep removes us
             logger.debug("could not leave the group: %s", exc)

@@ -1,0 +1,197 @@
+"""Who holds a request: a worker takes only the batch it is about to run,
+and what a worker that dies held is run by another, once; an input that
+kills every worker that runs it fails clearly and spares the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import redis
+
+from streamer_core import WorkerDiedError
+from tests.redis.conftest import GROUP, alive, wait_for, wait_serving, worker_children
+
+
+def test_a_worker_takes_only_the_batch_it_is_about_to_run(broker, make_streamer, start_worker):
+    streamer = make_streamer(broker)
+    futures = [streamer.submit([x]) for x in range(20)]
+    broker.wait_queued(20)
+    looker = redis.Redis.from_url(broker.url)
+    held = []
+
+    def model(batch: list) -> list:
+        # While this batch runs, what does Redis say the worker holds? (The
+        # previous batch's answers may still be being written and acknowledged
+        # on the worker's writer thread: give that a moment. A worker that
+        # took more than it runs would hold them all along.)
+        deadline = time.monotonic() + 3
+        pending = int(looker.xpending(broker.requests, GROUP)["pending"])
+        while pending > len(batch) and time.monotonic() < deadline:
+            time.sleep(0.005)
+            pending = int(looker.xpending(broker.requests, GROUP)["pending"])
+        held.append((len(batch), pending))
+        time.sleep(0.02)
+        return [x * 2 for x in batch]
+
+    try:
+        start_worker(broker, model, batch_size=4, max_latency=0.05)
+        assert [f.result(10) for f in futures] == [[x * 2] for x in range(20)]
+    finally:
+        looker.close()
+    assert held and all(pending <= 4 for _, pending in held), f"(batch, pending) while running: {held}"
+    assert all(pending == size for size, pending in held), "a worker should hold exactly the batch it runs"
+    assert [size for size, _ in held] == [4] * 5
+    assert broker.pending() == 0 and broker.xlen() == 0
+
+
+def _inside(folder) -> list:
+    return sorted(folder.glob("inside-*"))
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(fault_broker, make_streamer, procs, tmp_path):
+    (tmp_path / "hold").write_text("")
+    streamer = make_streamer(fault_broker, timeout=20)
+    futures = [streamer.submit([x]) for x in range(8)]
+    fault_broker.wait_queued(8)
+    # Two workers started on a full queue each take a batch of 4 and hold it.
+    workers = [procs.worker(fault_broker, "HoldModel", batch_size=4, max_latency=0.05, claim_after=0.5,
+                            model_init_kwargs={"folder": str(tmp_path)}) for _ in range(2)]
+    assert wait_for(lambda: len(_inside(tmp_path)) == 2, 15), procs.all_logs()
+    assert sorted(x for m in _inside(tmp_path) for x in json.loads(m.read_text())) == list(range(8))
+    assert fault_broker.pending() == 8
+    victim = int(_inside(tmp_path)[0].name.split("-")[1])
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    (tmp_path / "hold").unlink()
+    assert [f.result(10) for f in futures] == [[x * 2] for x in range(8)]
+    assert time.monotonic() - killed_at < 6.0, "the dead worker's requests should be taken over after claim_after"
+    assert wait_for(lambda: fault_broker.pending() == 0 and fault_broker.xlen() == 0, 3), \
+        "requests taken over must be acknowledged and deleted"
+    survivor = next(w for w in workers if w.pid != victim)
+    assert "took over" in procs.log(survivor), "the survivor should log that it took the requests over"
+    assert streamer.predict([100, 101]) == [200, 202], "the survivor keeps serving"
+
+
+def test_requests_taken_over_by_a_slow_worker_are_not_failed(fault_broker, make_streamer, start_worker, procs, tmp_path):
+    """A worker dies holding a batch; the one taking it over runs each request
+    alone and slowly (longer than claim_after). Requests waiting their turn
+    must not be claimed again meanwhile: every caller gets its result, and
+    each request runs once. (Once, they were failed with WorkerDiedError.)"""
+    (tmp_path / "hold").write_text("")
+    streamer = make_streamer(fault_broker, timeout=20)
+    futures = [streamer.submit([x]) for x in range(4)]
+    fault_broker.wait_queued(4)
+    dying = procs.worker(fault_broker, "HoldModel", batch_size=4, max_latency=0.05, claim_after=0.5,
+                         model_init_kwargs={"folder": str(tmp_path)})
+    assert wait_for(lambda: _inside(tmp_path), 15), procs.log(dying)
+    assert json.loads(_inside(tmp_path)[0].read_text()) == [0, 1, 2, 3]
+    os.kill(dying.pid, signal.SIGKILL)
+    ran = []
+
+    def slow(batch: list) -> list:  # each request taken over runs alone, for 0.35 s
+        ran.extend(batch)
+        time.sleep(0.35)
+        return [x * 2 for x in batch]
+
+    start_worker(fault_broker, slow, batch_size=4, claim_after=0.5)
+    outcomes = []
+    for future in futures:
+        try:
+            outcomes.append(future.result(15))
+        except Exception as exc:
+            outcomes.append(repr(exc))
+    assert outcomes == [[x * 2] for x in range(4)]
+    assert sorted(ran) == [0, 1, 2, 3], f"each request should run once; ran {ran}"
+
+
+def test_an_input_that_kills_every_worker_fails_with_worker_died_error(fault_broker, make_streamer, procs):
+    supervisor = procs.supervisor(fault_broker, "kill_self_on_poison", batch_size=1, max_latency=0.0,
+                                  worker_num=2, claim_after=0.5, max_item_crashes=2)
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 2, 20)
+    wait_serving(procs, supervisor, worker_children(supervisor.pid))
+    streamer = make_streamer(fault_broker, timeout=30)
+    inputs = ["a", "b", "poison", "c", "d", "e"]
+    futures = [streamer.submit([text]) for text in inputs]
+    started = time.monotonic()
+    for text, future in zip(inputs, futures):
+        if text == "poison":
+            with pytest.raises(WorkerDiedError, match="not retried") as info:
+                future.result(25)
+            assert "2 workers that died" in str(info.value)
+        else:
+            assert future.result(25) == [text.upper()]
+    assert time.monotonic() - started < 20
+    log = procs.log(supervisor, tail=None)
+    assert log.count("restarting it") >= 2, "the two workers the poison killed should have been restarted"
+    assert streamer.predict(["still", "serving"]) == ["STILL", "SERVING"]
+    assert wait_for(lambda: fault_broker.pending() == 0 and fault_broker.xlen() == 0, 3)
+
+
+def test_inputs_batched_with_a_poison_input_are_not_failed_with_it(fault_broker, make_streamer, procs):
+    """The poison input kills the worker holding the whole batch, then the one
+    that takes it over; only the poison input fails with WorkerDiedError.
+    (Once, the inputs taken over with it but not yet run failed too.)"""
+    streamer = make_streamer(fault_broker, timeout=30)
+    inputs = ["a", "b", "poison", "c", "d"]
+    futures = [streamer.submit([text]) for text in inputs]
+    fault_broker.wait_queued(len(inputs))
+    # Started after the calls are queued, a worker takes all five as one batch.
+    supervisor = procs.supervisor(fault_broker, "kill_self_on_poison", batch_size=8, max_latency=0.05,
+                                  worker_num=2, claim_after=0.5, max_item_crashes=2)
+    outcomes = []
+    for future in futures:
+        try:
+            outcomes.append(future.result(25))
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+    assert outcomes == [["A"], ["B"], "WorkerDiedError", ["C"], ["D"]], procs.log(supervisor)
+
+
+def test_a_worker_stopped_with_sigterm_finishes_its_batch_first(fault_broker, make_streamer, procs, tmp_path):
+    (tmp_path / "hold").write_text("")
+    worker = procs.worker(fault_broker, "HoldModel", batch_size=4, model_init_kwargs={"folder": str(tmp_path)})
+    streamer = make_streamer(fault_broker)
+    future = streamer.submit([7])
+    assert wait_for(lambda: _inside(tmp_path), 15), procs.log(worker)
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert alive(worker.pid), "SIGTERM must let the batch in hand finish"
+    (tmp_path / "hold").unlink()
+    assert future.result(10) == [14]
+    assert worker.wait(10) == 0
+    assert fault_broker.pending() == 0
+
+
+def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broker, make_streamer, start_worker):
+    """Used to fail: a stopping worker removed its consumer when it held
+    nothing it knew of, dropping requests pending under its name that it
+    never saw (a read whose reply was lost), so nobody took them over."""
+    entered, release = threading.Event(), threading.Event()
+
+    def model(batch: list) -> list:
+        if "hold" in batch:
+            entered.set()
+            assert release.wait(10)
+        return [f"ok:{x}" for x in batch]
+
+    first = start_worker(broker, model, batch_size=4, claim_after=0.5)
+    streamer = make_streamer(broker, timeout=8)
+    held = streamer.submit(["hold"])
+    assert entered.wait(5)
+    lost = streamer.submit(["lost"])
+    broker.wait_queued(2)
+    # A read by this worker whose reply never reached it (a connection blip):
+    # the request is pending under the worker's name, unknown to the worker.
+    reply = broker.conn.xreadgroup(GROUP, first.worker.consumer, {broker.requests: ">"}, count=1)
+    assert reply and reply[0][1][0][1][b"i"], "the test should have taken the request in the worker's name"
+    first.worker.stop()
+    release.set()
+    assert held.result(5) == ["ok:hold"]
+    first.thread.join(5)
+    start_worker(broker, model, batch_size=4, claim_after=0.5)
+    assert lost.result(4) == ["ok:lost"], "a request pending under a stopped worker was never run"

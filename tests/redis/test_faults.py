@@ -1,0 +1,170 @@
+"""Redis itself misbehaving: connections killed under the clients, the
+server restarted empty, the server not there at all. Each test has a
+private redis-server (``fault_broker``); the shared one is never touched."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from streamer_core import BrokerUnavailableError, RedisStreamer, RedisWorker, StreamerError
+from tests.redis import models
+from tests.redis.conftest import ThreadWorker, wait_for
+
+
+def slow_double(batch: list) -> list:
+    time.sleep(0.1)
+    return [x * 2 for x in batch]
+
+
+def test_calls_in_flight_survive_killed_connections(fault_broker, make_streamer, start_worker):
+    """CLIENT KILL drops every client connection (web side and workers) while
+    calls are queued, running and being answered: every call still gets its
+    own answer."""
+    start_worker(fault_broker, slow_double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=15)
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(streamer.predict, [x]) for x in range(40)]
+        killed = 0
+        for _ in range(6):
+            time.sleep(0.15)
+            killed += fault_broker.conn.client_kill_filter(_type="normal", skipme=True)
+        results = [f.result(20) for f in futures]
+    assert killed >= 6, "the test should have killed connections"
+    assert results == [[x * 2] for x in range(40)]
+    assert streamer.predict([1]) == [2]
+
+
+def test_answers_written_while_the_web_side_is_disconnected_are_not_lost(fault_broker, make_streamer, start_worker):
+    """The web process's reading connection is killed just as its answers are
+    written: results wait in its stream until it reads again."""
+    release = threading.Event()
+
+    def model(batch: list) -> list:
+        assert release.wait(10)
+        return [x * 2 for x in batch]
+
+    start_worker(fault_broker, model, batch_size=8, max_latency=0.05)
+    streamer = make_streamer(fault_broker, timeout=15)
+    futures = [streamer.submit([x]) for x in range(5)]
+    fault_broker.wait_queued(5)
+    time.sleep(0.2)
+    for _ in range(3):
+        fault_broker.conn.client_kill_filter(_type="normal", skipme=True)
+        time.sleep(0.05)
+    release.set()
+    fault_broker.conn.client_kill_filter(_type="normal", skipme=True)
+    assert [f.result(10) for f in futures] == [[x * 2] for x in range(5)]
+
+
+def test_clients_and_workers_reconnect_after_a_redis_restart(fault_broker, make_streamer, start_worker):
+    worker = start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=10)
+    assert streamer.predict([1]) == [2]
+    fault_broker.server.restart(down_for=0.5)
+    started = time.monotonic()
+    assert streamer.predict([2, 3], timeout=10) == [4, 6]
+    assert time.monotonic() - started < 8
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda x: streamer.predict([x]), range(20))) == [[x * 2] for x in range(20)]
+    assert worker.alive() and worker.error is None
+
+
+def test_calls_queued_when_redis_restarts_are_sent_again_and_answered(fault_broker, make_streamer, start_worker):
+    """Calls waiting in Redis for a worker when the server restarts empty are
+    sent again by the web process: each gets its answer within a bounded
+    time, never a hang."""
+    streamer = make_streamer(fault_broker, timeout=12)
+    futures = [streamer.submit([x]) for x in range(6)]
+    fault_broker.wait_queued(6)
+    fault_broker.server.restart(down_for=0.5)
+    start_worker(fault_broker, models.double, batch_size=4)
+    started = time.monotonic()
+    outcomes = []
+    for future in futures:
+        try:
+            outcomes.append(future.result(15))
+        except StreamerError as exc:  # allowed: a clear error
+            outcomes.append(exc)
+    assert time.monotonic() - started < 15, "calls in flight across a restart must not hang"
+    assert outcomes == [[x * 2] for x in range(6)], "the web side should have sent the lost requests again"
+
+
+def test_a_worker_running_a_batch_when_redis_restarts_keeps_serving(fault_broker, make_streamer, start_worker):
+    """Redis restarts empty while the model runs: the worker answers, recreates
+    its consumer group and keeps serving. (Once, NOGROUP from XAUTOCLAIM
+    escaped run_forever and the worker died.)"""
+    entered, release = threading.Event(), threading.Event()
+
+    def model(batch: list) -> list:
+        if "hold" in batch:
+            entered.set()
+            assert release.wait(10)
+        return [f"ok:{x}" for x in batch]
+
+    worker = start_worker(fault_broker, model, batch_size=4, claim_after=0.5)
+    streamer = make_streamer(fault_broker, timeout=15)
+    held = streamer.submit(["hold"])
+    assert entered.wait(5)
+    queued = [streamer.submit([f"q{i}"]) for i in range(3)]
+    fault_broker.wait_queued(4)
+    fault_broker.server.restart(down_for=0.3)
+    time.sleep(0.5)  # the batch outlives the restart by more than claim_after / 2
+    release.set()
+    assert held.result(10) == ["ok:hold"]
+    assert not wait_for(lambda: not worker.alive(), 1.5), f"the worker died: {worker.error}"
+    outcomes = []
+    for future in queued:
+        try:
+            outcomes.append(future.result(10))
+        except StreamerError as exc:
+            outcomes.append(exc)
+    assert outcomes == [["ok:q0"], ["ok:q1"], ["ok:q2"]]
+    assert streamer.predict(["after"]) == ["ok:after"]
+
+
+def test_calls_fail_fast_and_clearly_while_redis_is_down(fault_broker, make_streamer, start_worker):
+    worker = start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=20)
+    assert streamer.predict([1]) == [2]
+    fault_broker.server.kill()
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError):
+        streamer.predict([2])
+    assert time.monotonic() - started < 5, "an unreachable Redis must not make a call wait out its timeout"
+    fault_broker.server.start()
+    errors: list = []
+    assert wait_for(lambda: _answers(streamer, errors), 20), \
+        f"calls should succeed again once Redis is back; got {errors}; worker alive: {worker.alive()} ({worker.error!r})"
+
+
+def _answers(streamer: RedisStreamer, errors: list) -> bool:
+    try:
+        return streamer.predict([5], timeout=3) == [10]
+    except StreamerError as exc:
+        errors.append(exc)
+        return False
+
+
+def test_a_streamer_and_worker_started_before_redis_serve_once_it_is_up(new_server):
+    server = new_server()
+    worker = ThreadWorker(RedisWorker(models.double, 4, redis_broker=server.url, prefix="early", claim_after=0.5))
+    streamer = RedisStreamer(server.url, "early", timeout=10)
+    worker.thread.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError):
+            streamer.predict([1])
+        assert time.monotonic() - started < 5
+        time.sleep(0.3)
+        assert worker.alive(), f"a worker must wait for Redis, not die: {worker.error!r}"
+        server.start()
+        errors: list = []
+        assert wait_for(lambda: _answers(streamer, errors), 20), f"{errors}; worker error: {worker.error!r}"
+    finally:
+        worker.worker.stop()
+        streamer.close(timeout=2)
+        worker.thread.join(10)

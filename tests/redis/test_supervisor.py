@@ -1,0 +1,120 @@
+"""run_redis_workers_forever and the streamer-worker command: dead workers
+are replaced, a model that cannot load is not retried forever, SIGTERM
+drains and exits 0, and each worker gets its CUDA device."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.redis.conftest import alive, wait_for, wait_serving, worker_children
+
+
+def test_a_killed_worker_process_is_replaced_and_calls_are_still_served(fault_broker, make_streamer, procs):
+    supervisor = procs.supervisor(fault_broker, "with_pid", batch_size=4, worker_num=2, claim_after=0.5)
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 2, 20), procs.log(supervisor)
+    first = worker_children(supervisor.pid)
+    wait_serving(procs, supervisor, first)
+    streamer = make_streamer(fault_broker, timeout=15)
+    assert [x for x, _ in streamer.predict(list(range(8)))] == list(range(8))
+    victim = first[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: len(set(worker_children(supervisor.pid)) - set(first)) == 1, 15), procs.log(supervisor)
+    [replacement] = set(worker_children(supervisor.pid)) - set(first)
+    assert not alive(victim)
+    wait_serving(procs, supervisor, [replacement])
+    with ThreadPoolExecutor(8) as pool:
+        answers = [a for r in pool.map(lambda x: streamer.predict([x]), range(40)) for a in r]
+    assert [x for x, _ in answers] == list(range(40))
+    assert {pid for _, pid in answers} <= {first[1], replacement}
+    assert supervisor.poll() is None
+    assert "restarting it" in procs.log(supervisor)
+    # Ctrl-C: the workers finish, and run_redis_workers_forever returns 0.
+    supervisor.send_signal(signal.SIGINT)
+    assert supervisor.wait(15) == 0, procs.log(supervisor)
+    assert not any(alive(pid) for pid in (first[1], replacement))
+
+
+def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything():
+    from streamer_core import run_redis_workers_forever
+    from tests.redis import models
+
+    with pytest.raises(ValueError, match="worker_num"):
+        run_redis_workers_forever(models.double, 4, worker_num=0)
+    with pytest.raises(TypeError, match="cuda_devices"):
+        run_redis_workers_forever(models.double, 4, cuda_devices="0,1")
+    with pytest.raises(ValueError, match="claim_after"):
+        run_redis_workers_forever(models.double, 4, claim_after=-1)
+    with pytest.raises(TypeError, match="ManagedModel"):
+        run_redis_workers_forever(object, 4)
+
+
+def test_cli_sigterm_lets_the_batch_in_hand_finish_then_exits_0(fault_broker, make_streamer, procs, tmp_path):
+    (tmp_path / "hold").write_text("")
+    cli = procs.cli(fault_broker, "tests.redis.models:HoldModel", "--workers", "2", "--batch-size", "4",
+                    "--max-latency", "0.01", "--init-kwargs", json.dumps({"folder": str(tmp_path)}))
+    streamer = make_streamer(fault_broker, timeout=20)
+    future = streamer.submit([5])
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 20), procs.log(cli)
+    children = worker_children(cli.pid)
+    assert len(children) == 2
+    cli.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert cli.poll() is None, "SIGTERM must wait for the batch in hand"
+    (tmp_path / "hold").unlink()
+    assert future.result(10) == [10]
+    assert cli.wait(15) == 0, procs.log(cli)
+    assert not any(alive(pid) for pid in children), "worker processes outlived the command"
+
+
+def test_cli_gives_up_on_a_model_that_cannot_load(fault_broker, procs):
+    cli = procs.cli(fault_broker, "tests.redis.models:BrokenInitModel", "--workers", "2")
+    try:
+        code = cli.wait(30)
+    except subprocess.TimeoutExpired:
+        code = None
+    log = procs.log(cli, tail=None)
+    assert code not in (0, None), f"the command should fail once every worker failed to load:\n{log[-3000:]}"
+    assert "weights.bin not found" in log
+    assert log.count(") started on device") == 2, "workers whose model cannot load must not be restarted"
+
+
+def test_cli_codec_pickle_serves_web_processes_that_chose_pickle(fault_broker, make_streamer, procs):
+    from tests.redis.models import Point
+
+    cli = procs.cli(fault_broker, "tests.redis.models:identity", "--codec", "pickle", "--max-latency", "0.01")
+    streamer = make_streamer(fault_broker, codec="pickle", timeout=20)
+    assert streamer.predict([Point(1, 2), {3, 4}]) == [Point(1, 2), {3, 4}], procs.log(cli)
+
+
+def test_cli_refuses_a_model_it_cannot_import(fault_broker, procs):
+    cli = procs.cli(fault_broker, "tests.redis.models:NoSuchModel")
+    assert cli.wait(20) == 2
+    assert "has no attribute 'NoSuchModel'" in procs.log(cli)
+
+
+def test_cli_gives_each_worker_its_cuda_device(fault_broker, make_streamer, procs):
+    cli = procs.cli(fault_broker, "tests.redis.models:EnvModel", "--workers", "4", "--devices", "0,1",
+                    "--batch-size", "2", "--max-latency", "0.01", "--init-kwargs", '{"tag": "emb", "delay": 0.05}')
+    assert wait_for(lambda: len(worker_children(cli.pid)) == 4, 30), procs.log(cli)
+    pids = worker_children(cli.pid)
+    wait_serving(procs, cli, pids)
+    streamer = make_streamer(fault_broker, timeout=15)
+    by_pid: dict = {}
+    deadline = time.monotonic() + 20
+    with ThreadPoolExecutor(16) as pool:
+        while len(by_pid) < 4 and time.monotonic() < deadline:
+            for [answer] in pool.map(lambda _: streamer.predict([0]), range(32)):
+                by_pid[answer["pid"]] = answer
+    assert set(by_pid) == set(pids), f"not every worker served: {sorted(by_pid)} of {pids}"
+    for answer in by_pid.values():
+        assert answer["cvd"] == str(answer["gpu_id"]), "CUDA_VISIBLE_DEVICES must be the worker's device"
+        assert answer["tag"] == "emb", "--init-kwargs must reach init_model"
+    assert Counter(a["cvd"] for a in by_pid.values()) == {"0": 2, "1": 2}
