@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .config import DeviceId
 
-__all__ = ["ManagedModel"]
+__all__ = ["ManagedModel", "check_model", "load_predict"]
 
 
 class ManagedModel:
@@ -38,3 +38,27 @@ class ManagedModel:
 
     def predict(self, batch: List[Any]) -> List[Any]:
         raise NotImplementedError("subclasses of ManagedModel implement predict(batch) -> list")
+
+
+def check_model(name: str, model: Any) -> None:
+    """Refuse anything but a ManagedModel subclass or a function taking a list."""
+    if isinstance(model, type):
+        if not issubclass(model, ManagedModel):
+            raise TypeError(
+                f"{model.__name__} is a class but not a ManagedModel subclass: pass a ManagedModel subclass "
+                "(built in each worker) or a function taking a list"
+            )
+    elif not callable(model):
+        raise TypeError(f"{name} must be a function or a ManagedModel subclass, got {model!r}")
+
+
+def load_predict(
+    model: Any, gpu_id: Optional[Any], args: Sequence[Any], kwargs: Dict[str, Any]
+) -> Callable[[List[Any]], Any]:
+    """In a worker: build a ManagedModel subclass on ``gpu_id`` and return its
+    ``predict``; a plain function is returned as it is."""
+    if isinstance(model, type) and issubclass(model, ManagedModel):
+        instance = model(gpu_id)
+        instance.init_model(*args, **kwargs)
+        return instance.predict
+    return model

@@ -38,7 +38,7 @@ from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
 from ..errors import SerializationError, StreamerError, WorkerStartError
-from ..managed_model import ManagedModel
+from ..managed_model import check_model
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
 
@@ -431,14 +431,7 @@ class Streamer(BaseStreamer):
         _check_int("max_item_crashes", max_item_crashes, 1)
         devices = check_devices("cuda_devices", cuda_devices)
         target = predict_function_or_model
-        if isinstance(target, type):
-            if not issubclass(target, ManagedModel):
-                raise TypeError(
-                    f"{target.__name__} is a class but not a ManagedModel subclass: pass a ManagedModel subclass "
-                    "(built in each worker) or a function taking a list"
-                )
-        elif not callable(target):
-            raise TypeError(f"predict_function_or_model must be a function or a ManagedModel subclass, got {target!r}")
+        check_model("predict_function_or_model", target)
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
         self._backend = _ProcessBackend(

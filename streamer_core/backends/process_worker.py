@@ -73,14 +73,10 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
-    from ..managed_model import ManagedModel
+    from ..managed_model import load_predict
 
     target, args, kwargs = pickle.loads(spec)
-    if isinstance(target, type) and issubclass(target, ManagedModel):
-        model = target(device)
-        model.init_model(*args, **kwargs)
-        return model.predict
-    return target
+    return load_predict(target, device, args, kwargs)
 
 
 def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, isolate_errors: bool) -> None:

@@ -52,7 +52,7 @@ from ..config import (
     check_devices,
 )
 from ..errors import BrokerUnavailableError, QueueFullError, SerializationError, WorkerDiedError, WorkerStartError
-from ..managed_model import ManagedModel
+from ..managed_model import check_model, load_predict
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name
 
@@ -434,7 +434,7 @@ class RedisWorker:
         max_item_crashes: int = 2,
     ) -> None:
         self._config = BatchingConfig(batch_size, max_latency, isolate_errors=isolate_errors)
-        _check_model(model_class)
+        check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
         self._init_kwargs = dict(model_init_kwargs or {})
@@ -518,11 +518,7 @@ class RedisWorker:
 
     def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
         try:
-            if isinstance(self._model_class, type):
-                model = self._model_class(gpu_id)
-                model.init_model(*self._init_args, **self._init_kwargs)
-                return model.predict
-            return self._model_class
+            return load_predict(self._model_class, gpu_id, self._init_args, self._init_kwargs)
         except Exception as exc:
             raise WorkerStartError(f"could not load {callable_name(self._model_class)}: {exc!r}") from exc
 
@@ -775,17 +771,6 @@ class RedisWorker:
                 value = SerializationError(f"the model's result cannot be sent back: {exc}")
         # Errors are plain data: msgpack, which every web process can read safely.
         return {"i": request.item_id, "ok": "0", "k": "msgpack", "p": self._errors_codec.encode(encode_error(value))}
-
-
-def _check_model(model_class: Any) -> None:
-    if isinstance(model_class, type):
-        if not issubclass(model_class, ManagedModel):
-            raise TypeError(
-                f"{model_class.__name__} is a class but not a ManagedModel subclass: pass a ManagedModel subclass "
-                "or a function taking a list"
-            )
-    elif not callable(model_class):
-        raise TypeError(f"model_class must be a ManagedModel subclass or a function, got {model_class!r}")
 
 
 # -- running several workers ----------------------------------------------------------
