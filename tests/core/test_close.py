@@ -12,7 +12,7 @@ import pytest
 
 from streamer_core import Streamer, StreamerClosedError, ThreadedStreamer
 from tests.core import models
-from tests.core.test_process_workers import alive, wait_for
+from tests.helpers import alive, wait_for
 
 
 def streamer_threads() -> set:

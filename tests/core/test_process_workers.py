@@ -24,30 +24,9 @@ from streamer_core import (
     WorkerStartError,
 )
 from tests.core import models
+from tests.helpers import alive, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_for(predicate, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_each_worker_gets_its_device_slot(closing):

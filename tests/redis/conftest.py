@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - redis is in the test extra
     collect_ignore_glob = ["test_*.py"]  # no redis-py: nothing here can run
 
 from streamer_core import RedisStreamer, RedisWorker  # noqa: E402
+from tests.helpers import alive, wait_for  # noqa: E402,F401  (re-exported to the Redis tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = Path(sys.executable).with_name("streamer-worker")
@@ -47,29 +48,6 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but {reason}")
     pytest.skip(reason)
-
-
-def wait_for(predicate: Callable[[], Any], seconds: float, interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it is truthy or ``seconds`` pass; return its last value."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie is dead for us
-    except FileNotFoundError:
-        return False
 
 
 def worker_children(parent: int) -> List[int]:

@@ -20,10 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from streamer_core import ManagedModel
-
-
-def double(batch: List[Any]) -> List[Any]:
-    return [x * 2 for x in batch]
+from tests.core.models import BrokenInitModel, EnvModel, double, kill_self_on_poison  # noqa: F401  (shared)
 
 
 def identity(batch: List[Any]) -> List[Any]:
@@ -51,36 +48,6 @@ def raise_odd(batch: List[Any]) -> List[Any]:
 
 def with_pid(batch: List[Any]) -> List[Any]:
     return [[x, os.getpid()] for x in batch]
-
-
-def kill_self_on_poison(batch: List[str]) -> List[str]:
-    time.sleep(0.02)
-    if "poison" in batch:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return [s.upper() for s in batch]
-
-
-class EnvModel(ManagedModel):
-    """Reports its process, the device it was given and what CUDA would see."""
-
-    def init_model(self, tag: str = "", delay: float = 0.0) -> None:
-        self.tag = tag
-        self.delay = delay
-
-    def predict(self, batch: List[Any]) -> List[Any]:
-        time.sleep(self.delay)
-        return [
-            {"pid": os.getpid(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpu_id": self.gpu_id, "tag": self.tag}
-            for _ in batch
-        ]
-
-
-class BrokenInitModel(ManagedModel):
-    def init_model(self) -> None:
-        raise FileNotFoundError("weights.bin not found")
-
-    def predict(self, batch: List[Any]) -> List[Any]:  # pragma: no cover - never reached
-        return batch
 
 
 class HoldModel(ManagedModel):

@@ -1,0 +1,31 @@
+"""Small helpers the test packages share."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+
+def wait_for(predicate: Callable[[], Any], seconds: float, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it is truthy or ``seconds`` pass; return its last value."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
