@@ -20,22 +20,18 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from streamer_core import ManagedModel
-from tests.core.models import BrokenInitModel, EnvModel, double, kill_self_on_poison  # noqa: F401  (shared)
+from tests.core.models import (  # noqa: F401  (shared with the core tests)
+    BrokenInitModel,
+    EnvModel,
+    double,
+    fail_on_negative,
+    kill_self_on_poison,
+    one_short,
+)
 
 
 def identity(batch: List[Any]) -> List[Any]:
     return list(batch)
-
-
-def fail_on_negative(batch: List[int]) -> List[int]:
-    bad = [x for x in batch if x < 0]
-    if bad:
-        raise ValueError(f"negative input {bad[0]}")
-    return [x * 2 for x in batch]
-
-
-def one_short(batch: List[Any]) -> List[Any]:
-    return batch[:-1]
 
 
 class OddError(Exception):
