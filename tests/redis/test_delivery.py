@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -167,22 +166,14 @@ def test_a_worker_stopped_with_sigterm_finishes_its_batch_first(fault_broker, ma
     assert fault_broker.pending() == 0
 
 
-def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broker, make_streamer, start_worker):
+def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broker, make_streamer, start_worker, gate):
     """Used to fail: a stopping worker removed its consumer when it held
     nothing it knew of, dropping requests pending under its name that it
     never saw (a read whose reply was lost), so nobody took them over."""
-    entered, release = threading.Event(), threading.Event()
-
-    def model(batch: list) -> list:
-        if "hold" in batch:
-            entered.set()
-            assert release.wait(10)
-        return [f"ok:{x}" for x in batch]
-
-    first = start_worker(broker, model, batch_size=4, claim_after=0.5)
+    first = start_worker(broker, gate, batch_size=4, claim_after=0.5)
     streamer = make_streamer(broker, timeout=8)
     held = streamer.submit(["hold"])
-    assert entered.wait(5)
+    assert gate.entered.wait(5)
     lost = streamer.submit(["lost"])
     broker.wait_queued(2)
     # A read by this worker whose reply never reached it (a connection blip):
@@ -190,8 +181,8 @@ def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broke
     reply = broker.conn.xreadgroup(GROUP, first.worker.consumer, {broker.requests: ">"}, count=1)
     assert reply and reply[0][1][0][1][b"i"], "the test should have taken the request in the worker's name"
     first.worker.stop()
-    release.set()
+    gate.release()
     assert held.result(5) == ["ok:hold"]
     first.thread.join(5)
-    start_worker(broker, model, batch_size=4, claim_after=0.5)
+    start_worker(broker, gate, batch_size=4, claim_after=0.5)
     assert lost.result(4) == ["ok:lost"], "a request pending under a stopped worker was never run"

@@ -93,27 +93,19 @@ def test_calls_queued_when_redis_restarts_are_sent_again_and_answered(fault_brok
     assert outcomes == [[x * 2] for x in range(6)], "the web side should have sent the lost requests again"
 
 
-def test_a_worker_running_a_batch_when_redis_restarts_keeps_serving(fault_broker, make_streamer, start_worker):
+def test_a_worker_running_a_batch_when_redis_restarts_keeps_serving(fault_broker, make_streamer, start_worker, gate):
     """Redis restarts empty while the model runs: the worker answers, recreates
     its consumer group and keeps serving. (Once, NOGROUP from XAUTOCLAIM
     escaped run_forever and the worker died.)"""
-    entered, release = threading.Event(), threading.Event()
-
-    def model(batch: list) -> list:
-        if "hold" in batch:
-            entered.set()
-            assert release.wait(10)
-        return [f"ok:{x}" for x in batch]
-
-    worker = start_worker(fault_broker, model, batch_size=4, claim_after=0.5)
+    worker = start_worker(fault_broker, gate, batch_size=4, claim_after=0.5)
     streamer = make_streamer(fault_broker, timeout=15)
     held = streamer.submit(["hold"])
-    assert entered.wait(5)
+    assert gate.entered.wait(5)
     queued = [streamer.submit([f"q{i}"]) for i in range(3)]
     fault_broker.wait_queued(4)
     fault_broker.server.restart(down_for=0.3)
     time.sleep(0.5)  # the batch outlives the restart by more than claim_after / 2
-    release.set()
+    gate.release()
     assert held.result(10) == ["ok:hold"]
     assert not wait_for(lambda: not worker.alive(), 1.5), f"the worker died: {worker.error}"
     outcomes = []

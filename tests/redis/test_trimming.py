@@ -5,7 +5,6 @@ expire, and memory stays flat over thousands of calls."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -49,27 +48,17 @@ def test_a_worker_skips_requests_past_their_deadline(broker, start_worker):
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "expired requests must be deleted"
 
 
-def test_a_call_that_times_out_while_the_worker_is_busy_is_skipped(broker, make_streamer, start_worker):
-    entered, release = threading.Event(), threading.Event()
-    seen = []
-
-    def model(batch: list) -> list:
-        seen.extend(batch)
-        if "hold" in batch:
-            entered.set()
-            assert release.wait(10)
-        return batch
-
-    start_worker(broker, model, batch_size=4)
+def test_a_call_that_times_out_while_the_worker_is_busy_is_skipped(broker, make_streamer, start_worker, gate):
+    start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker)
     held = streamer.submit(["hold"])
-    assert entered.wait(5)
+    assert gate.entered.wait(5)
     with pytest.raises(StreamerTimeoutError):
         streamer.predict(["too late"], timeout=0.2)
-    release.set()
-    assert held.result(5) == ["hold"]
-    assert streamer.predict(["after"]) == ["after"]
-    assert seen == ["hold", "after"]
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert gate.seen() == ["hold", "after"]
 
 
 def test_streams_and_memory_stay_bounded_over_thousands_of_calls(fault_broker, make_streamer, start_worker):
@@ -126,25 +115,15 @@ def test_a_live_web_process_keeps_its_result_stream_from_expiring(broker, make_s
 
 
 @pytest.mark.parametrize("give_up", ["result_timeout", "apredict_cancelled"])
-def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_streamer, start_worker, give_up):
+def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_streamer, start_worker, gate, give_up):
     """A caller gives up long before the streamer's timeout, while the worker
     is busy (``future.result(timeout)`` runs out, or an ``apredict`` task is
     cancelled, as when an HTTP client disconnects): its request is withdrawn
     from Redis and never reaches the model. (Once, it stayed and was run.)"""
-    entered, release = threading.Event(), threading.Event()
-    seen = []
-
-    def model(batch: list) -> list:
-        seen.extend(batch)
-        if "hold" in batch:
-            entered.set()
-            assert release.wait(10)
-        return batch
-
-    start_worker(broker, model, batch_size=4)
+    start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker, timeout=10)
     held = streamer.submit(["hold"])
-    assert entered.wait(5)
+    assert gate.entered.wait(5)
     if give_up == "result_timeout":
         future = streamer.submit(["abandoned"])
         broker.wait_queued(2)
@@ -162,8 +141,8 @@ def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_stre
 
         asyncio.run(client_disconnects())
     withdrawn = wait_for(lambda: broker.xlen() == 1, 3)  # only the held request is left
-    release.set()
-    assert held.result(5) == ["hold"]
-    assert streamer.predict(["after"]) == ["after"]
-    assert seen == ["hold", "after"], "the model ran a call its caller had given up on"
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert gate.seen() == ["hold", "after"], "the model ran a call its caller had given up on"
     assert withdrawn, "the given-up request should have been withdrawn from Redis"
