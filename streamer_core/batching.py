@@ -30,6 +30,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
+from .green import in_unpatched_greenlet, wait_in_greenlet
 
 __all__ = ["BatchFuture", "Scheduler", "HoldPolicy", "Outcome"]
 
@@ -119,7 +120,10 @@ class BatchFuture(concurrent.futures.Future):
             return
         if timeout is None:
             timeout = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
-        if self._finished.acquire(timeout=max(0.0, timeout)):
+        if in_unpatched_greenlet():  # gevent without monkey-patching: yield to the hub
+            if wait_in_greenlet(self, max(0.0, timeout)):
+                return
+        elif self._finished.acquire(timeout=max(0.0, timeout)):
             self._finished.release()  # let any other waiter through too
             return
         if self.cancel():

@@ -56,7 +56,16 @@ from ..managed_model import check_model, load_predict
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name
 
-__all__ = ["RedisStreamer", "RedisWorker", "run_redis_workers_forever", "connect", "Keys"]
+__all__ = [
+    "RedisStreamer",
+    "RedisWorker",
+    "run_redis_workers_forever",
+    "run_worker_groups",
+    "WorkerGroup",
+    "wait_for_broker",
+    "connect",
+    "Keys",
+]
 
 logger = logging.getLogger("streamer_core.redis")
 
@@ -790,6 +799,17 @@ def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_
         os._exit(EXIT_INIT_FAILED)
 
 
+class WorkerGroup(NamedTuple):
+    """The Redis workers of one model, as a supervisor runs them: ``options``
+    are :class:`RedisWorker`'s keyword arguments; worker ``i`` gets device
+    ``devices[i % len(devices)]``. ``name`` is used in log lines."""
+
+    name: str
+    options: Dict[str, Any]
+    worker_num: int = 1
+    devices: Optional[Tuple[DeviceId, ...]] = None
+
+
 def run_redis_workers_forever(
     model_class: Any,
     batch_size: int,
@@ -810,28 +830,86 @@ def run_redis_workers_forever(
 
     Same signature as service_streamer's ``run_redis_workers_forever``.
     """
-    _check_int("worker_num", worker_num, 1)
-    devices = check_devices("cuda_devices", cuda_devices)
     worker_options = dict(
         model_class=model_class, batch_size=batch_size, max_latency=max_latency, redis_broker=redis_broker,
         prefix=prefix, model_init_args=model_init_args, model_init_kwargs=model_init_kwargs, **options,
     )
-    RedisWorker(**worker_options)  # validate everything here, before any process starts
-    worker_options["log_level"] = logging.getLogger().getEffectiveLevel()
+    group = WorkerGroup(callable_name(model_class), worker_options, worker_num, check_devices("cuda_devices", cuda_devices))
+    return run_worker_groups([group])
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: float = 30.0) -> bool:
+    """Block until ``redis_broker`` answers PING (return True) or ``stopping``
+    is set (False), logging one clear line when it does not answer and again
+    every ``log_every`` seconds, rather than a traceback per attempt."""
+    conn = connect(redis_broker)
+    failing_since: Optional[float] = None
+    next_log = 0.0
+    try:
+        while not stopping.is_set():
+            try:
+                conn.ping()
+                if failing_since is not None:
+                    logger.warning("Redis at %s answers now; starting workers", _redact(redis_broker))
+                return True
+            except _broker_errors() as exc:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                if now >= next_log:
+                    next_log = now + log_every
+                    logger.error(
+                        "Redis at %s does not answer (%s); retrying until it does (Ctrl-C to stop)",
+                        _redact(redis_broker), exc,
+                    )
+                stopping.wait(min(_MAX_BACKOFF_S, 0.25 + (now - failing_since) / 4))
+        return False
+    finally:
+        conn.close()
+
+
+def run_worker_groups(groups: Sequence[WorkerGroup]) -> int:
+    """Run the workers of every group in spawned processes and keep them
+    running until SIGTERM or Ctrl-C (in the main thread), then let each finish
+    its batch in hand and return 0. A worker that dies is restarted, with a
+    growing pause; one whose model cannot load is not. Returns 1 if every
+    worker has failed to load its model. Waits for Redis first, logging
+    while it does not answer.
+
+    Everything is validated before any process starts: a bad option raises
+    ``TypeError`` or ``ValueError`` here.
+    """
+    slots: List[Tuple[WorkerGroup, int, Optional[DeviceId]]] = []
+    for group in groups:
+        _check_int(f"worker_num of {group.name}", group.worker_num, 1)
+        devices = check_devices(f"cuda_devices of {group.name}", group.devices)
+        RedisWorker(**group.options)  # validate everything here, before any process starts
+        for i in range(group.worker_num):
+            slots.append((group, i, devices[i % len(devices)] if devices else None))
+    if not slots:
+        raise ValueError("no workers to run: give at least one model")
+    log_level = logging.getLogger().getEffectiveLevel()
     context = multiprocessing.get_context("spawn")
-    slots: List[Optional[Any]] = [None] * worker_num
-    given_up = [False] * worker_num
-    restarts = [0] * worker_num
+    processes: List[Optional[Any]] = [None] * len(slots)
+    restarts = [0] * len(slots)
     stopping = threading.Event()
 
-    def start(i: int) -> None:
-        gpu_id = devices[i % len(devices)] if devices else None
+    def start(n: int) -> None:
+        group, i, gpu_id = slots[n]
+        options = dict(group.options, log_level=log_level)
         process = context.Process(
-            target=_worker_process, args=(dict(worker_options), gpu_id, os.getpid()), name=f"streamer-redis-worker-{i}"
+            target=_worker_process, args=(options, gpu_id, os.getpid()), name=f"streamer-redis-{group.name}-{i}"
         )
         process.start()
-        slots[i] = process
-        logger.info("worker %d (pid %d) started on device %s", i, process.pid, gpu_id)
+        processes[n] = process
+        logger.info("%s worker %d (pid %d) started on device %s", group.name, i, process.pid, gpu_id)
 
     def on_signal(signum: int, _frame: Any) -> None:
         logger.info("received %s: letting workers finish their batches", signal.Signals(signum).name)
@@ -840,31 +918,37 @@ def run_redis_workers_forever(
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
     try:
-        for i in range(worker_num):
-            start(i)
+        for broker in dict.fromkeys(group.options.get("redis_broker", "localhost:6379") for group in groups):
+            if not wait_for_broker(broker, stopping):
+                return 0
+        for n in range(len(slots)):
+            start(n)
         while not stopping.is_set():
-            alive = {p.sentinel: i for i, p in enumerate(slots) if p is not None}
+            alive = {p.sentinel: n for n, p in enumerate(processes) if p is not None}
             if not alive:
-                logger.error("every worker failed to load the model; giving up")
+                logger.error("every worker failed to load its model; giving up")
                 return 1
             for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.5):
-                i = alive[sentinel]
-                process = slots[i]
+                n = alive[sentinel]
+                process = processes[n]
                 process.join()
                 if stopping.is_set():
                     break
+                group, i, _ = slots[n]
                 if process.exitcode == EXIT_INIT_FAILED:
-                    logger.error("worker %d could not load the model; not restarting it", i)
-                    slots[i], given_up[i] = None, True
+                    logger.error("%s worker %d could not load the model; not restarting it", group.name, i)
+                    processes[n] = None
                     continue
-                restarts[i] += 1
-                logger.warning("worker %d (pid %d) exited with %s; restarting it", i, process.pid, process.exitcode)
-                time.sleep(min(_MAX_BACKOFF_S, 0.1 * restarts[i]))
-                start(i)
-        for process in slots:
+                restarts[n] += 1
+                logger.warning(
+                    "%s worker %d (pid %d) exited with %s; restarting it", group.name, i, process.pid, process.exitcode
+                )
+                time.sleep(min(_MAX_BACKOFF_S, 0.1 * restarts[n]))
+                start(n)
+        for process in processes:
             if process is not None and process.is_alive():
                 process.terminate()  # SIGTERM: the worker finishes its batch in hand
-        for process in slots:
+        for process in processes:
             if process is not None:
                 process.join(60)
                 if process.is_alive():

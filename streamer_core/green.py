@@ -1,0 +1,70 @@
+"""Waiting for a result inside a gevent greenlet without blocking the hub.
+
+Under gevent *without* ``monkey.patch_all()`` (gevent's ``WSGIServer`` run
+as it is, for instance), every request is a greenlet on one OS thread. A
+plain lock wait in a view blocks that thread, so the server accepts nothing
+else until the model answers and batches never grow past one request.
+service_streamer's batched endpoint collapses that way.
+
+The streamer's own threads are real OS threads then, so a greenlet cannot
+wait on a gevent primitive that they set (gevent objects are not safe across
+threads). It waits instead on an event-loop *async watcher*, the one gevent
+object that another thread may signal; the future's done-callback sends it.
+
+With ``threading`` monkey-patched, the streamer's locks are gevent's own and
+an ordinary wait yields to the hub already: nothing here is needed then.
+gevent is imported only if the program has imported it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import threading
+from typing import Optional
+
+__all__ = ["in_unpatched_greenlet", "wait_in_greenlet"]
+
+
+def in_unpatched_greenlet() -> bool:
+    """Whether this code runs in a gevent greenlet whose ``threading`` is not
+    monkey-patched, where a lock wait would block every other greenlet."""
+    gevent = sys.modules.get("gevent")
+    if gevent is None:
+        return False
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return False
+    return isinstance(gevent.getcurrent(), gevent.Greenlet)
+
+
+def wait_in_greenlet(future: concurrent.futures.Future, timeout: Optional[float]) -> bool:
+    """Yield to the gevent hub until ``future`` is done or ``timeout`` seconds
+    pass; return whether it is done. Other greenlets run meanwhile."""
+    if future.done():
+        return True
+    import gevent
+    from gevent.hub import Waiter
+
+    hub = gevent.get_hub()
+    watcher = hub.loop.async_()
+    waiter = Waiter(hub)
+    guard = threading.Lock()  # a real lock: threading is not patched on this path
+    open_ = [True]
+
+    def wake(_done: concurrent.futures.Future) -> None:  # on the thread that completed the future
+        with guard:
+            if open_[0]:
+                watcher.send()
+
+    watcher.start(waiter.switch, None)
+    try:
+        future.add_done_callback(wake)
+        with gevent.Timeout(timeout, False):
+            waiter.get()
+    finally:
+        with guard:
+            open_[0] = False
+        watcher.stop()
+        watcher.close()
+    return future.done()

@@ -1,0 +1,118 @@
+"""What a batched HTTP endpoint answers, whatever the web framework.
+
+The Flask extension and the Django app share this mapping, so one model
+behaves the same behind either:
+
+==========================================  ======  =========================
+what happened                               status  body / headers
+==========================================  ======  =========================
+the request cannot be parsed into an input   400    ``{"error": ...}``
+the model raised for this input              500    the error's type and message
+the call timed out                           504
+queue full, no worker, broker down, closing  503    ``Retry-After`` (seconds)
+==========================================  ======  =========================
+
+Every body is JSON: ``{"error": {"status", "type", "message"}}``, plus
+``"traceback"`` when the framework runs in debug mode.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .errors import (
+    QueueFullError,
+    RemoteTraceback,
+    StreamerClosedError,
+    StreamerError,
+    StreamerTimeoutError,
+    UnavailableError,
+)
+
+__all__ = ["InvalidInput", "MISSING", "error_response", "status_for", "item_from_request", "to_jsonable"]
+
+#: ``Retry-After`` seconds: a full queue drains within a batch or two; a
+#: missing worker or broker takes longer to come back.
+RETRY_AFTER_FULL = 1
+RETRY_AFTER_DOWN = 5
+
+
+class InvalidInput(StreamerError, ValueError):
+    """The request could not be turned into a model input (HTTP 400). Raise
+    it from a route's ``parse`` hook with a message for the client."""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: Stands for "the request has no JSON body".
+MISSING: Any = _Missing()
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status for an exception raised by parsing or by a call."""
+    if isinstance(exc, InvalidInput):
+        return 400
+    if isinstance(exc, StreamerTimeoutError):
+        return 504
+    if isinstance(exc, (UnavailableError, StreamerClosedError)):
+        return 503
+    return 500
+
+
+def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
+    """``(status, json_body, headers)`` for ``exc``. The traceback (the
+    worker's, when the error crossed a process) is included only when
+    ``debug``: it can show code and data that clients should not see."""
+    status = status_for(exc)
+    error: Dict[str, Any] = {"status": status, "type": type(exc).__name__, "message": str(exc)}
+    if debug:
+        error["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        cause = exc.__cause__
+        if isinstance(cause, RemoteTraceback):
+            error["worker_traceback"] = cause.tb
+    headers: Dict[str, str] = {}
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_FULL if isinstance(exc, QueueFullError) else RETRY_AFTER_DOWN)
+    return status, {"error": error}, headers
+
+
+def item_from_request(json_body: Any, form: Optional[Mapping[str, Any]], field: Optional[str]) -> Any:
+    """The model input of a request, by the default rule: the JSON body (its
+    ``field`` key when the route names a field), else the form field
+    ``field``. ``json_body`` is :data:`MISSING` when the request has no JSON
+    body. Raises :class:`InvalidInput` with a message for the client."""
+    if json_body is not MISSING:
+        if field is None:
+            return json_body
+        if not isinstance(json_body, dict):
+            raise InvalidInput(f'send a JSON object with the key "{field}", e.g. {{"{field}": ...}}')
+        if field not in json_body:
+            raise InvalidInput(f'the JSON body has no key "{field}"; send {{"{field}": ...}}')
+        return json_body[field]
+    if field is not None and form is not None and field in form:
+        return form[field]
+    if field is None:
+        raise InvalidInput("send the input as a JSON body (Content-Type: application/json)")
+    raise InvalidInput(f'send the input as JSON {{"{field}": ...}} or as the form field "{field}"')
+
+
+def to_jsonable(value: Any) -> Any:
+    """Make a model output JSON-serialisable: NumPy arrays and scalars and
+    torch tensors become lists and numbers, tuples become lists."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    tolist = getattr(value, "tolist", None)  # numpy arrays and scalars, torch tensors
+    if callable(tolist):
+        detach = getattr(value, "detach", None)
+        if callable(detach):  # a torch tensor: off the autograd graph and the GPU first
+            value = detach().cpu()
+        return value.tolist()
+    return value
