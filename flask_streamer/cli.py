@@ -1,0 +1,67 @@
+"""``flask streamer``: commands for the batched routes of an app.
+
+    flask --app example_flask streamer run-workers [--route NAME ...] [--workers N] [--devices 0,1]
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional, Tuple
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from streamer_core.backends.redis import run_worker_groups
+from streamer_core.model_spec import parse_devices
+
+__all__ = ["streamer_cli"]
+
+streamer_cli = AppGroup("streamer", help="Workers and information for flask_streamer's batched routes.")
+
+
+@streamer_cli.command("run-workers")
+@click.option("--route", "names", multiple=True, metavar="NAME",
+              help="Only this batched route (its endpoint name); repeat for several. Default: every route.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes per route (default: STREAMER_WORKER_NUM or the route's worker_num).")
+@click.option("--devices", default=None, metavar="0,1",
+              help="CUDA devices, comma-separated; worker i gets devices[i % n] (default: STREAMER_CUDA_DEVICES).")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optional[str], log_level: str) -> None:
+    """Run the Redis workers of the app's batched routes until Ctrl-C or
+    SIGTERM, which let every worker finish its batch in hand. A worker that
+    dies is restarted. The web processes only enqueue."""
+    extension = current_app.extensions.get("streamer")
+    if extension is None:
+        raise click.UsageError("flask_streamer is not set up on this app: call FlaskStreamer(app) or init_app(app)")
+    routes = extension.extension.routes(current_app)
+    if names:
+        known = {route.name: route for route in routes} | {route.endpoint: route for route in routes}
+        missing = [name for name in names if name not in known]
+        if missing:
+            raise click.UsageError(
+                f"no batched route named {', '.join(missing)}; the app has {', '.join(r.name for r in routes) or 'none'}"
+            )
+        routes = list(dict.fromkeys(known[name] for name in names))
+    if not routes:
+        raise click.UsageError("the app has no batched routes: declare them with @streamer.batched_route")
+    specs = [extension.handles[route].spec for route in routes]
+    not_redis = [spec.name for spec in specs if spec.backend != "redis"]
+    if not_redis:
+        raise click.UsageError(
+            f"run-workers runs Redis workers, but {', '.join(not_redis)} use another backend: "
+            "set STREAMER_BACKEND = 'redis' (and STREAMER_REDIS_URL), or pick routes with --route"
+        )
+    device_list = parse_devices(devices) if devices else None
+    groups = [spec.worker_group(workers, device_list) for spec in specs]
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    for spec, group in zip(specs, groups):
+        click.echo(f"{spec.name}: {group.worker_num} worker(s) on {spec.redis_url} (keys streamer:{spec.prefix}:*)")
+    try:
+        code = run_worker_groups(groups)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    sys.exit(code)

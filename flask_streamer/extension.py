@@ -1,0 +1,338 @@
+"""The Flask extension: :class:`FlaskStreamer` and its batched routes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from flask import Blueprint, Flask, Request, current_app, jsonify, request
+from werkzeug.exceptions import BadRequest, HTTPException
+
+from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
+from streamer_core.model_spec import ConfigurationError, LazyStreamer, ModelSpec
+from streamer_core.streamer import BaseStreamer
+
+from .settings import ROUTE_OPTIONS, read_settings, setting_name
+
+__all__ = ["FlaskStreamer", "BatchedRoute", "json_body"]
+
+logger = logging.getLogger("flask_streamer")
+
+EXTENSION_KEY = "streamer"
+
+ParseHook = Callable[[Request], Any]
+RespondHook = Callable[[Any], Any]
+
+
+class BatchedRoute:
+    """One batched endpoint: its URL rule, model, options and hooks. Made by
+    :meth:`FlaskStreamer.batched_route` and :meth:`FlaskStreamer.add_batched_route`."""
+
+    def __init__(
+        self,
+        extension: "FlaskStreamer",
+        rule: str,
+        endpoint: str,
+        model: Any,
+        blueprint: Optional[Blueprint],
+        field: Optional[str],
+        parse: Optional[ParseHook],
+        respond: Optional[RespondHook],
+        init_args: Sequence[Any],
+        init_kwargs: Dict[str, Any],
+        overrides: Dict[str, Any],
+        methods: List[str],
+    ) -> None:
+        self.extension = extension
+        self.rule = rule
+        self.methods = methods
+        self.endpoint = endpoint
+        self.model = model
+        self.blueprint = blueprint
+        self.field = field
+        self.parse = parse
+        self.respond = respond
+        self.init_args = tuple(init_args)
+        self.init_kwargs = dict(init_kwargs)
+        self.overrides = overrides
+        self.view = self._make_view()
+
+    @property
+    def name(self) -> str:
+        """The endpoint as the app knows it (``blueprint.endpoint`` in a blueprint)."""
+        return f"{self.blueprint.name}.{self.endpoint}" if self.blueprint is not None else self.endpoint
+
+    def spec(self, settings: Dict[str, Any]) -> ModelSpec:
+        """This route's model spec under an app's settings, checked."""
+        values = dict(settings, **self.overrides)
+        values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
+        spec = ModelSpec(name=self.name, model=self.model, init_args=self.init_args, init_kwargs=self.init_kwargs,
+                         **values)
+
+        def where(field: str) -> str:
+            if field in self.overrides:
+                return f"{field} of the batched route {self.rule!r}"
+            return setting_name(field)
+
+        return spec.check(where)
+
+    def _make_view(self) -> Callable[..., Any]:
+        route = self
+
+        def view(**_url_values: Any) -> Any:
+            return route.extension._handle(route)
+
+        view.__name__ = self.endpoint
+        view.__doc__ = getattr(self.model, "__doc__", None)
+        return view
+
+    def __repr__(self) -> str:
+        return f"<BatchedRoute {self.name} {self.rule!r}>"
+
+
+class _AppState:
+    """What the extension keeps in ``app.extensions["streamer"]``: the app's
+    checked settings and, per route, its streamer (started on first use)."""
+
+    def __init__(self, extension: "FlaskStreamer", settings: Dict[str, Any]) -> None:
+        self.extension = extension
+        self.settings = settings
+        self.handles: Dict[BatchedRoute, LazyStreamer] = {}
+
+    def handle(self, route: BatchedRoute) -> LazyStreamer:
+        handle = self.handles.get(route)
+        if handle is None:
+            raise RuntimeError(
+                f"the batched route {route.name} belongs to a FlaskStreamer that this app was not set up with: "
+                "call init_app(app) on the FlaskStreamer that declared it"
+            )
+        return handle
+
+
+class FlaskStreamer:
+    """Dynamic batching for a Flask app: requests to a batched route are
+    grouped into model calls of up to ``STREAMER_BATCH_SIZE`` inputs.
+
+    ::
+
+        app = Flask(__name__)
+        app.config["STREAMER_BACKEND"] = "thread"
+        streamer = FlaskStreamer(app)          # or FlaskStreamer(), then streamer.init_app(app)
+
+        @streamer.batched_route("/stream", methods=["POST"], batch_size=64, max_latency=0.05)
+        def stream(batch):                     # a list of inputs -> a list of outputs
+            return model.predict(batch)
+
+    Settings come from ``app.config`` (see :mod:`flask_streamer.settings`)
+    and are checked by :meth:`init_app`. Each route has its own queue and its
+    own streamer, started in each web process on its first request (or by
+    :meth:`start`), never at import: importing the app in a worker process
+    or a CLI command starts nothing.
+    """
+
+    def __init__(self, app: Optional[Flask] = None) -> None:
+        self._routes: List[BatchedRoute] = []
+        self._apps: List["weakref.ref[Flask]"] = []
+        self._lock = threading.Lock()
+        if app is not None:
+            self.init_app(app)
+
+    # -- set-up ----------------------------------------------------------------
+
+    def init_app(self, app: Flask) -> None:
+        """Read and check the app's ``STREAMER_*`` settings (raising
+        :class:`ConfigurationError` that names every wrong one), register the
+        batched routes declared so far and the ``flask streamer`` commands."""
+        settings = read_settings(app.config, app.name)
+        state = _AppState(self, settings)
+        for route in self._routes:
+            self._attach(app, state, route)
+        app.extensions[EXTENSION_KEY] = state
+        from .cli import streamer_cli
+
+        if streamer_cli.name not in app.cli.commands:
+            app.cli.add_command(streamer_cli)
+        with self._lock:
+            self._apps.append(weakref.ref(app))
+
+    def batched_route(self, rule: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate a batch function ``f(batch: list) -> list`` to serve it at
+        ``rule``; each request gives one input and gets its own output.
+
+        Options, all keyword: ``methods`` (default ``["POST"]``), ``endpoint``
+        (default the function's name), ``blueprint`` (register on this
+        blueprint rather than the app), the batching settings to override
+        (``backend``, ``batch_size``, ``max_latency`` in seconds,
+        ``worker_num``, ``cuda_devices``, ``timeout`` in seconds,
+        ``max_queue``), ``field`` (the JSON key or form field holding the
+        input; without it the input is the whole JSON body), ``parse``
+        (``parse(request) -> input``, raising :class:`InvalidInput` for a
+        400) and ``respond`` (``respond(output) -> a Flask response``).
+
+        The function is returned unchanged, so the ``process`` and ``redis``
+        backends' workers can import it by name.
+        """
+
+        def decorator(function: Callable[..., Any]) -> Callable[..., Any]:
+            self.add_batched_route(rule, model=function, **options)
+            return function
+
+        return decorator
+
+    def add_batched_route(
+        self,
+        rule: str,
+        endpoint: Optional[str] = None,
+        model: Any = None,
+        *,
+        methods: Iterable[str] = ("POST",),
+        blueprint: Optional[Blueprint] = None,
+        field: Optional[str] = None,
+        parse: Optional[ParseHook] = None,
+        respond: Optional[RespondHook] = None,
+        init_args: Sequence[Any] = (),
+        init_kwargs: Optional[Dict[str, Any]] = None,
+        **overrides: Any,
+    ) -> BatchedRoute:
+        """Serve ``model`` at ``rule``: a batch function, or a
+        :class:`~streamer_core.ManagedModel` subclass built with
+        ``init_args``/``init_kwargs`` where it runs (in the web process for
+        the thread backend, in each worker otherwise). Other options as for
+        :meth:`batched_route`."""
+        unknown = set(overrides) - set(ROUTE_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
+                f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
+                "init_args and init_kwargs"
+            )
+        if model is None:
+            raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
+        for name, hook in (("parse", parse), ("respond", respond)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} of the batched route {rule!r} must be callable, got {hook!r}")
+        if endpoint is None:
+            endpoint = getattr(model, "__name__", None)
+            if not endpoint:
+                raise TypeError(f"give the batched route {rule!r} an endpoint name")
+        methods = [method.upper() for method in ([methods] if isinstance(methods, str) else methods)]
+        route = BatchedRoute(self, rule, endpoint, model, blueprint, field, parse, respond, init_args,
+                             dict(init_kwargs or {}), overrides, methods)
+        if blueprint is not None:
+            blueprint.add_url_rule(rule, endpoint, route.view, methods=methods)
+        with self._lock:
+            self._routes.append(route)
+            apps = [app for app in (ref() for ref in self._apps) if app is not None]
+        for app in apps:
+            self._attach(app, app.extensions[EXTENSION_KEY], route)
+        return route
+
+    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute) -> None:
+        state.handles[route] = LazyStreamer(route.spec(state.settings))
+        if route.blueprint is None:
+            app.add_url_rule(route.rule, route.endpoint, route.view, methods=route.methods)
+
+    # -- streamers ---------------------------------------------------------------
+
+    def routes(self, app: Optional[Flask] = None) -> List[BatchedRoute]:
+        """The batched routes served by ``app`` (default: the current app),
+        blueprints' included once the blueprint is registered."""
+        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        views = set(map(id, app.view_functions.values()))
+        return [route for route in _state(app).handles if id(route.view) in views]
+
+    def get_streamer(self, endpoint: str, app: Optional[Flask] = None) -> BaseStreamer:
+        """The streamer behind the batched route ``endpoint`` (started if it
+        is not yet), to call ``predict``/``submit`` from a view of your own."""
+        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        state = _state(app)
+        for route in state.handles:
+            if route.name == endpoint or route.endpoint == endpoint:
+                return state.handles[route].get()
+        names = ", ".join(route.name for route in state.handles) or "none"
+        raise KeyError(f"no batched route {endpoint!r} in this app (batched routes: {names})")
+
+    def start(self, app: Optional[Flask] = None, wait: bool = True, timeout: float = 120.0) -> None:
+        """Start every batched route's streamer in this process now rather
+        than on its first request; with ``wait``, until their models are
+        loaded (for up to ``timeout`` seconds). Call it after forking, e.g. in
+        gunicorn's ``post_fork`` hook, never before."""
+        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        streamers = [_state(app).handles[route].get() for route in self.routes(app)]
+        if wait:
+            for streamer in streamers:
+                streamer.wait_ready(timeout)
+
+    def close(self, app: Optional[Flask] = None, timeout: float = 10.0) -> None:
+        """Finish the calls in hand and stop every streamer of ``app`` that
+        this process started (their workers too). A later request starts
+        them again."""
+        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        for handle in _state(app).handles.values():
+            handle.close(timeout)
+
+    # -- requests ----------------------------------------------------------------
+
+    def _handle(self, route: BatchedRoute) -> Any:
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        handle = _state(app).handle(route)
+        try:
+            item = _parse(route)
+        except InvalidInput as exc:
+            return _error(exc, app)
+        try:
+            output = handle.get().predict([item])[0]
+        except Exception as exc:
+            return _error(exc, app, route)
+        if route.respond is not None:
+            return route.respond(output)
+        return jsonify(to_jsonable(output))
+
+
+def _state(app: Flask) -> _AppState:
+    try:
+        return app.extensions[EXTENSION_KEY]
+    except KeyError:
+        raise RuntimeError(
+            f"flask_streamer is not set up on the app {app.name!r}: call FlaskStreamer(app) or streamer.init_app(app)"
+        ) from None
+
+
+def json_body() -> Any:
+    """The current request's JSON body, or :data:`~streamer_core.http.MISSING`
+    when it is not a JSON request. Raises :class:`InvalidInput` saying what is
+    wrong with a malformed body."""
+    if not request.is_json:
+        return MISSING
+    data = request.get_data(cache=True)
+    try:
+        return current_app.json.loads(data)
+    except ValueError as exc:
+        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+
+
+def _parse(route: BatchedRoute) -> Any:
+    """The request's model input; every parse failure as :class:`InvalidInput`."""
+    try:
+        if route.parse is not None:
+            return route.parse(request)
+        return item_from_request(json_body(), request.form, route.field)
+    except InvalidInput:
+        raise
+    except BadRequest as exc:
+        raise InvalidInput(exc.description or "the request could not be parsed") from exc
+    except HTTPException:
+        raise  # 413, 415 and the like: Flask answers them
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidInput(f"the request could not be parsed: {exc}") from exc
+
+
+def _error(exc: BaseException, app: Flask, route: Optional[BatchedRoute] = None) -> Tuple[Any, int, Dict[str, str]]:
+    status, body, headers = error_response(exc, debug=app.debug)
+    if status == 500 and route is not None:
+        app.logger.error("the batched route %s failed", route.name, exc_info=exc)
+    elif status >= 500:
+        app.logger.warning("the batched route %s answered %d: %s", route.name if route else "?", status, exc)
+    return jsonify(body), status, headers

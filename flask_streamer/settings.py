@@ -1,0 +1,75 @@
+"""The ``STREAMER_*`` settings in ``app.config``, their defaults and checks.
+
+==========================  ==============  ==============================================
+setting                     default         meaning
+==========================  ==============  ==============================================
+``STREAMER_BACKEND``        ``"thread"``    ``"thread"``, ``"process"`` or ``"redis"``
+``STREAMER_BATCH_SIZE``     ``64``          the most inputs in one model call
+``STREAMER_MAX_LATENCY``    ``0.1``         seconds the oldest input may wait for companions
+``STREAMER_WORKER_NUM``     ``1``           worker processes per route (process, redis)
+``STREAMER_CUDA_DEVICES``   ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
+``STREAMER_REDIS_URL``      ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
+``STREAMER_PREFIX``         ``app.name``    names this app's Redis keys (web and workers agree)
+``STREAMER_TIMEOUT``        ``20.0``        seconds a request may wait for its result (then 504)
+``STREAMER_MAX_QUEUE``      ``None``        inputs queued per route before 503; None: no limit
+``STREAMER_CODEC``          ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
+==========================  ==============  ==============================================
+
+Every route may override the batching ones (``batch_size``, ``max_latency``,
+``worker_num``, ``cuda_devices``, ``timeout``, ``max_queue``, ``backend``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, Mapping
+
+from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
+from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ConfigurationError, ModelSpec
+
+__all__ = ["DEFAULTS", "ROUTE_OPTIONS", "read_settings", "setting_name"]
+
+#: Each setting's default, by ModelSpec field.
+DEFAULTS: Dict[str, Any] = {
+    "backend": "thread",
+    "batch_size": DEFAULT_BATCH_SIZE,
+    "max_latency": DEFAULT_MAX_LATENCY,
+    "worker_num": 1,
+    "cuda_devices": None,
+    "redis_url": None,
+    "prefix": None,
+    "timeout": DEFAULT_TIMEOUT,
+    "max_queue": None,
+    "codec": "msgpack",
+}
+
+#: The settings a route may override.
+ROUTE_OPTIONS = ("backend", "batch_size", "max_latency", "worker_num", "cuda_devices", "timeout", "max_queue")
+
+
+def setting_name(field: str) -> str:
+    return f"STREAMER_{field.upper()}"
+
+
+def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
+    """The app's settings, defaults filled in, checked: raises
+    :class:`ConfigurationError` naming every wrong or unknown setting."""
+    known = {setting_name(field) for field in DEFAULTS}
+    unknown = [key for key in config if key.startswith("STREAMER_") and key not in known]
+    settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
+    if settings["prefix"] is None:
+        settings["prefix"] = app_name
+    messages = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(sorted(known))}"
+        messages.append(f"{key} is not a setting of flask_streamer{hint}")
+    probe = ModelSpec(name="", model=_placeholder, **settings)
+    messages.extend(problem.message for problem in probe.problems(setting_name))
+    if messages:
+        raise ConfigurationError("bad streamer settings in app.config:\n  " + "\n  ".join(messages))
+    return settings
+
+
+def _placeholder(batch: Any) -> Any:  # stands for the route's model while checking app-wide settings
+    return batch
