@@ -11,7 +11,7 @@ from flask import Blueprint, Flask, Request, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, HTTPException
 
 from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
-from streamer_core.model_spec import ConfigurationError, LazyStreamer, ModelSpec
+from streamer_core.model_spec import LazyStreamer, ModelSpec
 from streamer_core.streamer import BaseStreamer
 
 from .settings import ROUTE_OPTIONS, read_settings, setting_name

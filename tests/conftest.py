@@ -1,8 +1,11 @@
-"""Shared fixtures: streamers that are always closed, and a gate that holds a
-thread-backend model busy until the test releases it."""
+"""Shared fixtures: streamers that are always closed, a gate that holds a
+thread-backend model busy until the test releases it, and a Redis server
+for the whole session (``redis_url``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from typing import Any, Callable, Iterator, List
 
@@ -51,3 +54,32 @@ def closing() -> Iterator[Callable[[Any], Any]]:
     yield register
     for streamer in made:
         streamer.close(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``$REDIS_URL``, else a private redis-server for the whole session."""
+    import redis
+
+    from tests.servers import RedisServer, unavailable
+
+    url = os.environ.get("REDIS_URL")
+    if url:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            unavailable(f"REDIS_URL={url} does not answer: {exc}")
+        finally:
+            client.close()
+        yield url
+        return
+    if shutil.which("redis-server") is None:
+        unavailable("no Redis for the Redis backend tests: set REDIS_URL or put redis-server on PATH")
+    server = RedisServer(tmp_path_factory.mktemp("redis-session"))
+    try:
+        server.start()
+    except RuntimeError as exc:
+        unavailable(f"could not start redis-server: {exc}")
+    yield server.url
+    server.kill()
