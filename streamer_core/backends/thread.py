@@ -7,6 +7,7 @@ works (PyTorch, NumPy and most native libraries do) and one copy of it fits.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
@@ -50,7 +51,7 @@ class _ThreadBackend(Backend):
     def _loop(self) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
-        predict, isolate, inbox = self._predict, self._isolate, self._inbox
+        predict, isolate, inbox = _off_the_hub(self._predict), self._isolate, self._inbox
         while True:
             items = inbox.get()
             if items is None:
@@ -74,6 +75,24 @@ class _ThreadBackend(Backend):
             self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             logger.warning("the model thread is still inside the model; it is left to finish on its own")
+
+
+def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[List[Any]], Sequence[Any]]:
+    """Under gevent's ``monkey.patch_all()`` the model "thread" is a greenlet,
+    so a model call that computes (rather than sleeps) would stop the hub and
+    every request with it. Run the calls on a real thread of gevent's pool
+    instead; the greenlet waits cooperatively."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return predict
+    import gevent
+
+    pool = gevent.get_hub().threadpool
+
+    def on_pool_thread(batch: List[Any]) -> Sequence[Any]:
+        return pool.apply(predict, (batch,))
+
+    return on_pool_thread
 
 
 class ThreadedStreamer(BaseStreamer):
