@@ -47,7 +47,9 @@ def load_sentence_model(name_or_path: str = DEFAULT_MODEL, device: Optional[str]
 def embed(model: Any, sentences: List[str]) -> List[List[float]]:
     """One unit-length embedding per sentence, as lists of floats (JSON-,
     msgpack- and pickle-ready)."""
-    vectors = model.encode(sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True)
+    vectors = model.encode(
+        sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
+    )
     return vectors.tolist()
 
 
