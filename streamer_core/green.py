@@ -35,7 +35,21 @@ def in_unpatched_greenlet() -> bool:
     monkey = sys.modules.get("gevent.monkey")
     if monkey is not None and monkey.is_module_patched("threading"):
         return False
-    return isinstance(gevent.getcurrent(), gevent.Greenlet)
+    current = gevent.getcurrent()
+    if isinstance(current, gevent.Greenlet):
+        return True
+    # The main greenlet, or one from spawn_raw: cooperative if this thread
+    # runs a hub (and we are not in the hub itself, which must never wait).
+    hub = _hub_if_exists()
+    return hub is not None and current is not hub
+
+
+def _hub_if_exists() -> Optional[object]:
+    try:
+        from gevent._hub_local import get_hub_if_exists
+    except ImportError:  # an older or newer gevent: only Greenlets are detected
+        return None
+    return get_hub_if_exists()
 
 
 def wait_in_greenlet(future: concurrent.futures.Future, timeout: Optional[float]) -> bool:

@@ -1,0 +1,246 @@
+"""Waiting for a batch inside a gevent greenlet, gevent NOT monkey-patched
+(as under gevent's WSGIServer run as it is): the wait yields to the hub, so
+greenlets' calls are batched together and other greenlets keep running.
+
+Each check runs in a subprocess of its own (this file run as a script), so
+the pytest process never creates a gevent hub. A ticker greenlet that
+sleeps 10 ms at a time measures the hub: while a caller waits on a model
+that holds its thread for much longer, the ticker must keep ticking. The
+control runs the same scenario with the library's greenlet-aware wait
+turned off (a plain lock wait, as service_streamer's) and shows that the
+measurement catches a blocked hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_SECONDS = 0.2  # the model holds its (real) thread this long per batch
+TICK = 0.01
+# The most a tick may be late by while the hub is free; a blocked hub makes
+# it at least MODEL_SECONDS (or the result timeout) late.
+MAX_GAP = 0.1
+
+
+def run_scenario(name: str, *args: str) -> Dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "tests.core.test_gevent_wait", name, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the scenario {name} failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_greenlets_calls_are_batched_and_the_hub_keeps_running():
+    out = run_scenario("batch", "20")
+    assert out["gevent_patched"] is False and out["unpatched_greenlet"] is True, out
+    assert out["results"] == [[i * 10] for i in range(20)], "a caller got an answer that was not its own"
+    assert sorted(x for batch in out["batches"] for x in batch) == list(range(20)), out["batches"]
+    assert max(map(len, out["batches"])) > 1, f"no two greenlets' calls were batched together: {out['batches']}"
+    # 20 calls in at most a few model calls, not 20 one after the other.
+    assert len(out["batches"]) <= 4, out["batches"]
+    assert out["elapsed"] < 10 * MODEL_SECONDS, out
+    assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while greenlets waited"
+    assert out["ticks"] >= out["elapsed"] / TICK / 3, f"the ticker barely ran: {out['ticks']} ticks in {out['elapsed']:.2f}s"
+
+
+def test_result_timeout_in_a_greenlet_raises_on_time_without_blocking_the_hub():
+    out = run_scenario("timeout")
+    assert out["unpatched_greenlet"] is True, out
+    assert out["late_outcome"] == "StreamerTimeoutError", out
+    assert 0.15 <= out["late_elapsed"] < 0.6, f"result(timeout=0.2) gave up after {out['late_elapsed']:.3f}s"
+    assert out["late_cancelled"] is True, "the timed-out call was not given up"
+    assert out["max_gap_while_late_waited"] < MAX_GAP, (
+        f"the hub stopped for {out['max_gap_while_late_waited']:.3f}s while result(timeout) waited")
+    assert out["ticks_while_late_waited"] >= 5, out
+    assert out["slow_result"] == ["ok:slow"], out
+    assert ["late"] not in out["batches"] and all("late" not in batch for batch in out["batches"]), (
+        f"a call its caller gave up on still reached the model: {out['batches']}")
+
+
+def test_the_main_greenlet_and_raw_greenlets_wait_without_blocking_the_hub():
+    out = run_scenario("main")
+    assert out["from_main"] == [10] and out["from_raw"] == [[20]], out
+    assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while the main greenlet waited"
+
+
+def test_control_a_blocking_wait_is_caught_by_these_checks():
+    """With the greenlet-aware wait turned off, every wait blocks the only
+    OS thread: calls run one at a time and the ticker stalls. If this test
+    fails, the checks above could not fail either."""
+    out = run_scenario("batch", "4", "--blocking")
+    assert max(map(len, out["batches"])) == 1, out["batches"]
+    assert out["max_gap"] >= MODEL_SECONDS * 0.8, out
+    out = run_scenario("timeout", "--blocking")
+    assert out["late_outcome"] == "StreamerTimeoutError", out
+    assert out["max_gap_while_late_waited"] >= 0.15, out
+
+
+# -- the scenarios, run in a subprocess -----------------------------------------------
+
+
+class _Ticker:
+    def __init__(self) -> None:
+        self.ticks: List[float] = []
+        self.running = True
+
+    def __call__(self) -> None:
+        import gevent
+
+        while self.running:
+            self.ticks.append(time.monotonic())
+            gevent.sleep(TICK)
+
+    def max_gap(self, start: float, end: float) -> float:
+        """The longest the hub left the ticker waiting between ``start`` and ``end``."""
+        times = [start] + [t for t in self.ticks if start < t < end] + [end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    def count(self, start: float, end: float) -> int:
+        return sum(1 for t in self.ticks if start <= t <= end)
+
+
+def _setup(blocking: bool) -> Any:
+    import gevent  # imported, never monkey-patched
+
+    import streamer_core.batching
+    from streamer_core.green import in_unpatched_greenlet
+
+    if blocking:
+        streamer_core.batching.in_unpatched_greenlet = lambda: False
+    probe = gevent.spawn(in_unpatched_greenlet)
+    probe.join()
+    return gevent, probe.value
+
+
+def _scenario_batch(n: int, blocking: bool) -> Dict[str, Any]:
+    gevent, unpatched_greenlet = _setup(blocking)
+    from streamer_core import ThreadedStreamer
+
+    batches: List[List[int]] = []
+
+    def model(batch: List[int]) -> List[int]:
+        batches.append(list(batch))
+        time.sleep(MODEL_SECONDS)  # the real sleep: time is not patched; holds the model thread
+        return [x * 10 for x in batch]
+
+    streamer = ThreadedStreamer(model, batch_size=64, max_latency=0.05)
+    ticker = _Ticker()
+    ticking = gevent.spawn(ticker)
+    gevent.sleep(0.05)
+    start = time.monotonic()
+    callers = [gevent.spawn(streamer.predict, [i]) for i in range(n)]
+    gevent.joinall(callers, timeout=30)
+    end = time.monotonic()
+    ticker.running = False
+    ticking.join()
+    streamer.close()
+    monkey = sys.modules.get("gevent.monkey")
+    return {
+        "gevent_patched": bool(monkey and monkey.is_module_patched("threading")),
+        "unpatched_greenlet": unpatched_greenlet,
+        "results": [caller.value for caller in callers],
+        "batches": batches,
+        "elapsed": end - start,
+        "max_gap": ticker.max_gap(start, end),
+        "ticks": ticker.count(start, end),
+    }
+
+
+def _scenario_timeout(blocking: bool) -> Dict[str, Any]:
+    gevent, unpatched_greenlet = _setup(blocking)
+    from streamer_core import StreamerTimeoutError, ThreadedStreamer
+
+    batches: List[List[str]] = []
+
+    def model(batch: List[str]) -> List[str]:
+        batches.append(list(batch))
+        time.sleep(1.0 if "slow" in batch else 0.0)
+        return [f"ok:{x}" for x in batch]
+
+    streamer = ThreadedStreamer(model, batch_size=8, max_latency=0.01, timeout=20)
+    ticker = _Ticker()
+    ticking = gevent.spawn(ticker)
+    slow = streamer.submit(["slow"])  # no wait here: the late call's is the one measured
+    while not batches:  # until the slow call holds the model
+        gevent.sleep(0.005)
+    late: Dict[str, Any] = {}
+
+    def wait_late() -> None:
+        future = streamer.submit(["late"])
+        late["start"] = time.monotonic()
+        try:
+            future.result(timeout=0.2)
+            late["outcome"] = "result"
+        except StreamerTimeoutError as exc:
+            late["outcome"] = type(exc).__name__
+        late["end"] = time.monotonic()
+        late["cancelled"] = future.cancelled()
+
+    gevent.spawn(wait_late).join(10)
+    ticker.running = False
+    ticking.join()
+    slow_result = slow.result(10)
+    streamer.close()
+    return {
+        "unpatched_greenlet": unpatched_greenlet,
+        "late_outcome": late.get("outcome"),
+        "late_elapsed": late["end"] - late["start"],
+        "late_cancelled": late.get("cancelled"),
+        "max_gap_while_late_waited": ticker.max_gap(late["start"], late["end"]),
+        "ticks_while_late_waited": ticker.count(late["start"], late["end"]),
+        "slow_result": slow_result,
+        "batches": batches,
+    }
+
+
+def _scenario_main_greenlet() -> Dict[str, Any]:
+    """predict() from the main greenlet and from a spawn_raw greenlet (not
+    gevent.Greenlets) while a ticker greenlet runs."""
+    import gevent
+
+    from streamer_core import ThreadedStreamer
+
+    def model(batch: List[int]) -> List[int]:
+        time.sleep(MODEL_SECONDS)
+        return [x * 10 for x in batch]
+
+    streamer = ThreadedStreamer(model, batch_size=8, max_latency=0.01)
+    ticker = _Ticker()
+    ticking = gevent.spawn(ticker)
+    gevent.sleep(0.05)
+    start = time.monotonic()
+    from_main = streamer.predict([1])
+    raw: List[Any] = []
+    gevent.spawn_raw(lambda: raw.append(streamer.predict([2])))
+    while not raw and time.monotonic() - start < 10:
+        gevent.sleep(0.01)
+    end = time.monotonic()
+    ticker.running = False
+    ticking.join()
+    streamer.close()
+    return {"from_main": from_main, "from_raw": raw, "max_gap": ticker.max_gap(start, end)}
+
+
+def _main(argv: List[str]) -> None:
+    blocking = "--blocking" in argv
+    args = [a for a in argv if a != "--blocking"]
+    if args[0] == "batch":
+        out = _scenario_batch(int(args[1]), blocking)
+    elif args[0] == "timeout":
+        out = _scenario_timeout(blocking)
+    elif args[0] == "main":
+        out = _scenario_main_greenlet()
+    else:
+        raise SystemExit(f"unknown scenario {args[0]!r}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,101 @@
+"""The app that the live-server tests run under real servers (the Flask
+development server, gunicorn, gevent's WSGIServer).
+
+``create_app()`` serves:
+
+* ``POST /predict``: batched; the model stands for an accelerator: it holds
+  its thread (without the GIL and without yielding to gevent) for
+  ``MODEL_SLEEP`` seconds per batch, and answers each input ``x`` with
+  ``{"x": x, "batch": len(batch), "pid": pid}`` so a client sees how its
+  request was batched and which process served it;
+* ``POST /slow``: the same with ``SLOW_SLEEP`` seconds per batch, to keep a
+  batch in flight while the tests probe the server;
+* ``GET /ping``: no model; says which process answered, how many batches are
+  inside a model right now and how the server runs (gevent, patched or not).
+
+Settings come from ``FLASK_*`` environment variables (``from_prefixed_env``:
+``FLASK_STREAMER_BATCH_SIZE=32``, ``FLASK_MODEL_SLEEP=0.02``, ...).
+
+``BLOCKING_WAIT=true`` is a control for the tests only: it turns off the
+library's gevent-aware wait, so a view waits on a plain lock as
+service_streamer's does, which blocks an unpatched gevent server's loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from flask import Flask, jsonify
+
+from flask_streamer import FlaskStreamer
+
+DEFAULTS: Dict[str, Any] = {
+    "STREAMER_BACKEND": "thread",
+    "STREAMER_BATCH_SIZE": 64,
+    "STREAMER_MAX_LATENCY": 0.05,
+    "MODEL_SLEEP": 0.02,
+    "SLOW_SLEEP": 0.6,
+    "BLOCKING_WAIT": False,
+}
+
+# Batches inside a model right now, per route. Each route's model runs on one
+# thread at a time, so each counter has one writer.
+_in_model = {"predict": 0, "slow": 0}
+
+
+def _hold_thread(seconds: float) -> None:
+    """Hold this OS thread as an accelerator call does: without the GIL, and
+    without yielding to gevent even when ``time`` is monkey-patched."""
+    monkey = sys.modules.get("gevent.monkey")
+    sleep = time.sleep
+    if monkey is not None and monkey.is_module_patched("time"):
+        sleep = monkey.get_original("time", "sleep")
+    sleep(seconds)
+
+
+def _model(name: str, seconds: float):
+    def model(batch: List[Any]) -> List[Dict[str, Any]]:
+        _in_model[name] += 1
+        try:
+            _hold_thread(seconds)
+        finally:
+            _in_model[name] -= 1
+        pid = os.getpid()
+        return [{"x": x, "batch": len(batch), "pid": pid} for x in batch]
+
+    model.__name__ = name
+    return model
+
+
+def _server_mode() -> Dict[str, Any]:
+    gevent = sys.modules.get("gevent")
+    monkey = sys.modules.get("gevent.monkey")
+    patched = monkey is not None and monkey.is_module_patched("threading")
+    in_greenlet = gevent is not None and isinstance(gevent.getcurrent(), gevent.Greenlet)
+    return {"gevent": gevent is not None, "patched": patched, "greenlet": in_greenlet}
+
+
+def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
+    app = Flask(__name__)
+    app.config.update(DEFAULTS)
+    app.config.from_prefixed_env()
+    app.config.update(config or {})
+
+    if app.config["BLOCKING_WAIT"]:
+        import streamer_core.batching
+
+        streamer_core.batching.in_unpatched_greenlet = lambda: False  # type: ignore[assignment]
+
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/predict", "predict", _model("predict", float(app.config["MODEL_SLEEP"])))
+    streamer.add_batched_route("/slow", "slow", _model("slow", float(app.config["SLOW_SLEEP"])))
+    streamer.init_app(app)
+
+    @app.get("/ping")
+    def ping() -> Any:
+        return jsonify(pid=os.getpid(), in_model=dict(_in_model), **_server_mode())
+
+    return app

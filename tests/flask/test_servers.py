@@ -1,0 +1,110 @@
+"""Batched routes under real servers, each started as a subprocess: the
+threaded Flask development server and gunicorn's gthread and gevent workers
+(one and two worker processes). Concurrent requests must be batched
+together, every request must get its own answer, and while a batch is in
+the model the server must go on answering other requests.
+
+gevent's own WSGIServer, with and without monkey-patching, is in
+test_gevent.py.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict
+
+from tests.flask.live import (
+    check_loop_free,
+    fire,
+    flask_dev_argv,
+    free_port,
+    get,
+    gunicorn_argv,
+    live_server,
+)
+
+CLIENTS = 48
+PER_CLIENT = 3
+MIN_MEAN_BATCH = 3.0  # batches seen with 48 clients on 2 cores: a mean of 8 to 30
+
+
+def check_batched(port: int, tag: str) -> Any:
+    fire(port, "/predict", 4, 1, tag=f"{tag}-warm-up")  # starts the streamer (in one process at least)
+    volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=tag)
+    volley.check_answers()
+    assert volley.max_batch() > 1, f"no two concurrent requests were batched together: {volley.summary()}"
+    assert volley.mean_batch() >= MIN_MEAN_BATCH, f"batches barely formed: {volley.summary()}"
+    return volley
+
+
+def mode(port: int) -> Dict[str, Any]:
+    status, body, _ = get(port, "/ping")
+    assert status == 200, body
+    return body
+
+
+def test_flask_development_server_threaded():
+    port = free_port()
+    with live_server(flask_dev_argv(port), port) as server:
+        assert mode(port)["gevent"] is False
+        volley = check_batched(port, "dev")
+        assert volley.pids() == {server.process.pid}
+        check_loop_free(port)
+
+
+def test_gunicorn_gthread_worker():
+    port = free_port()
+    with live_server(gunicorn_argv(port, "-w", "1", "-k", "gthread", "--threads", "32"), port) as server:
+        assert mode(port)["gevent"] is False
+        volley = check_batched(port, "gthread")
+        assert len(volley.pids()) == 1 and all(map(server.ours, volley.pids()))
+        check_loop_free(port)
+
+
+def test_gunicorn_sync_worker_with_threads_runs_as_gthread():
+    """``-k sync --threads N``: gunicorn switches to its threaded worker, and batches form."""
+    port = free_port()
+    with live_server(gunicorn_argv(port, "-w", "1", "-k", "sync", "--threads", "32"), port):
+        check_batched(port, "sync-threads")
+
+
+def test_gunicorn_gevent_worker():
+    port = free_port()
+    argv = gunicorn_argv(port, "-w", "1", "-k", "gevent", "--worker-connections", "100")
+    with live_server(argv, port):
+        info = mode(port)
+        assert info["gevent"] is True and info["patched"] is True and info["greenlet"] is True, info
+        check_batched(port, "gevent-worker")
+        check_loop_free(port)
+
+
+def test_gunicorn_two_worker_processes_each_batch_with_their_own_streamer():
+    port = free_port()
+    with live_server(gunicorn_argv(port, "-w", "2", "-k", "gthread", "--threads", "16"), port) as server:
+        served: Dict[int, list] = defaultdict(list)
+        for round_ in range(4):  # until both workers have served a fair share (the kernel picks who accepts)
+            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"w2-{round_}")
+            volley.check_answers()
+            for reply in volley.replies:
+                served[reply.body["pid"]].append(reply.body["batch"])
+            if len(served) == 2 and min(map(len, served.values())) >= 20:
+                break
+        assert all(map(server.ours, served)), f"answers came from processes not of this server: {sorted(served)}"
+        assert server.process.pid not in served, "the gunicorn master itself ran the model"
+        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
+        for pid, sizes in served.items():
+            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
+            # A process's batch holds only that process's requests.
+            assert max(sizes) <= len(sizes), f"worker {pid} reports a batch bigger than all it served: {sizes}"
+
+
+def test_control_the_dev_server_without_threads_cannot_batch():
+    """Control: ``--without-threads`` serves one request at a time, so no
+    batch can hold two requests. Were it batched, the checks above would not
+    tell a batching server from one that is not."""
+    port = free_port()
+    argv = [a for a in flask_dev_argv(port) if a != "--with-threads"] + ["--without-threads"]
+    with live_server(argv, port):
+        volley = fire(port, "/predict", 8, 2, tag="unthreaded")
+        volley.check_answers()
+        assert volley.max_batch() == 1, volley.summary()
