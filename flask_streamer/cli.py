@@ -13,7 +13,7 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from streamer_core.backends.redis import run_worker_groups
+from streamer_core.backends.redis import redact_url, run_worker_groups
 from streamer_core.model_spec import parse_devices
 
 __all__ = ["streamer_cli"]
@@ -59,7 +59,7 @@ def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optiona
     groups = [spec.worker_group(workers, device_list) for spec in specs]
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     for spec, group in zip(specs, groups):
-        click.echo(f"{spec.name}: {group.worker_num} worker(s) on {spec.redis_url} (keys streamer:{spec.prefix}:*)")
+        click.echo(f"{spec.name}: {group.worker_num} worker(s) on {redact_url(spec.redis_url or '')} (keys streamer:{spec.prefix}:*)")
     try:
         code = run_worker_groups(groups)
     except (TypeError, ValueError) as exc:

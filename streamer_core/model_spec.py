@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, DeviceId
-from .errors import StreamerError
+from .errors import StreamerError, WorkerStartError
 from .managed_model import ManagedModel, load_predict
 from .streamer import BaseStreamer, callable_name
 
@@ -55,7 +55,7 @@ def parse_devices(value: Any) -> Any:
     anything else is returned as it is, to be checked."""
     if isinstance(value, str):
         parts = [part.strip() for part in value.split(",") if part.strip()]
-        return [int(part) if part.isdigit() else part for part in parts]
+        return [int(part) if part.lstrip("-").isdigit() else part for part in parts]
     return value
 
 
@@ -196,7 +196,18 @@ class LazyStreamer:
                 streamer._finalizer.detach()  # the parent's: its threads are not in this process
                 streamer = None
             if streamer is None or streamer.closed:
-                streamer = self._streamer = self.spec.build()
+                try:
+                    streamer = self.spec.build()
+                except StreamerError:
+                    raise
+                except Exception as exc:
+                    # The thread backend builds a ManagedModel here: failing to
+                    # load is the process backend's WorkerStartError (a 503),
+                    # and the next call tries again.
+                    raise WorkerStartError(
+                        f"the model {self.spec.name!r} could not start: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self._streamer = streamer
                 self._pid = os.getpid()
             return streamer
 

@@ -63,6 +63,7 @@ __all__ = [
     "run_worker_groups",
     "WorkerGroup",
     "wait_for_broker",
+    "redact_url",
     "connect",
     "Keys",
 ]
@@ -838,7 +839,8 @@ def run_redis_workers_forever(
     return run_worker_groups([group])
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """``url`` with its password (and user) hidden, for log lines."""
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.rpartition('@')[2]}"
@@ -857,7 +859,7 @@ def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: flo
             try:
                 conn.ping()
                 if failing_since is not None:
-                    logger.warning("Redis at %s answers now; starting workers", _redact(redis_broker))
+                    logger.warning("Redis at %s answers now; starting workers", redact_url(redis_broker))
                 return True
             except _broker_errors() as exc:
                 now = time.monotonic()
@@ -867,7 +869,7 @@ def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: flo
                     next_log = now + log_every
                     logger.error(
                         "Redis at %s does not answer (%s); retrying until it does (Ctrl-C to stop)",
-                        _redact(redis_broker), exc,
+                        redact_url(redis_broker), exc,
                     )
                 stopping.wait(min(_MAX_BACKOFF_S, 0.25 + (now - failing_since) / 4))
         return False

@@ -1,0 +1,41 @@
+"""django_streamer: dynamic batching for Django projects.
+
+Add ``"django_streamer"`` to ``INSTALLED_APPS`` and describe the models in
+``settings.STREAMER`` (see :mod:`django_streamer.conf`); ``manage.py check``
+reports a wrong setting (ids in :mod:`django_streamer.checks`). Then::
+
+    from django_streamer import get_streamer, batched_view, request_item
+
+    vectors = get_streamer("embed").predict(["a sentence"])   # from any view
+
+    @batched_view("embed")                                     # parse -> batch -> JSON
+    def stream(request):
+        return request_item(request, "s")
+
+The thread and process backends start in each web process on first use and
+stop at exit; the Redis workers run with ``manage.py run_gpu_workers``.
+Nothing starts at import or in ``AppConfig.ready()``.
+"""
+
+from streamer_core.http import InvalidInput
+from streamer_core.model_spec import ConfigurationError
+
+from .registry import aget_streamer, close_streamers, get_spec, get_streamer, model_names, started_models
+from .views import AsyncBatchedView, BatchedView, batched_view, json_body, json_error, request_item
+
+__all__ = [
+    "get_streamer",
+    "aget_streamer",
+    "get_spec",
+    "model_names",
+    "started_models",
+    "close_streamers",
+    "batched_view",
+    "BatchedView",
+    "AsyncBatchedView",
+    "request_item",
+    "json_body",
+    "json_error",
+    "InvalidInput",
+    "ConfigurationError",
+]

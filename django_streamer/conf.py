@@ -1,0 +1,241 @@
+"""``settings.STREAMER``: its keys, their defaults, and how they become
+:class:`~streamer_core.model_spec.ModelSpec` objects.
+
+::
+
+    STREAMER = {
+        "BACKEND": "redis",                          # a default for every model
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "PREFIX": "myproject",                       # names this project's Redis keys
+        "MODELS": {
+            "embed": {
+                "MODEL": "myapp.ml.EmbeddingModel",  # a ManagedModel subclass or a batch function
+                "BATCH_SIZE": 64, "MAX_LATENCY": 0.05,
+                "WORKER_NUM": 2, "CUDA_DEVICES": [0, 1],
+                "INIT_KWARGS": {},
+            },
+        },
+    }
+
+Every key but ``MODELS`` and ``PREFIX`` may be given at the top level, as
+the default of every model, and in a model's entry, for that model only.
+``MODEL``, ``INIT_ARGS`` and ``INIT_KWARGS`` belong to a model's entry.
+
+Reading the settings never imports anything but the models named by
+``MODEL`` and never starts anything: the system checks
+(:mod:`django_streamer.checks`) call :func:`read_settings` and report what it
+finds; the views and ``run_gpu_workers`` call :func:`model_specs`, which
+raises :class:`ImproperlyConfigured` with the same messages.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from streamer_core.cli import import_target
+from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
+from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ModelSpec
+
+__all__ = [
+    "DEFAULTS",
+    "MODEL_KEYS",
+    "TOP_LEVEL_KEYS",
+    "DEFAULT_PREFIX",
+    "SettingProblem",
+    "read_settings",
+    "model_specs",
+    "setting_path",
+]
+
+#: The Redis key prefix of a project that sets no ``PREFIX``: model ``name``
+#: uses the keys ``streamer:django:name:*``.
+DEFAULT_PREFIX = "django"
+
+#: Each key a model takes from the top level when its entry does not set it,
+#: with its default; the value is the :class:`ModelSpec` field it fills.
+DEFAULTS: Dict[str, Tuple[str, Any]] = {
+    "BACKEND": ("backend", "thread"),
+    "BATCH_SIZE": ("batch_size", DEFAULT_BATCH_SIZE),
+    "MAX_LATENCY": ("max_latency", DEFAULT_MAX_LATENCY),
+    "TIMEOUT": ("timeout", DEFAULT_TIMEOUT),
+    "MAX_QUEUE": ("max_queue", None),
+    "WORKER_NUM": ("worker_num", 1),
+    "CUDA_DEVICES": ("cuda_devices", None),
+    "REDIS_URL": ("redis_url", None),
+    "CODEC": ("codec", "msgpack"),
+}
+
+#: Keys only a model's own entry may hold.
+MODEL_ONLY: Dict[str, str] = {"MODEL": "model", "INIT_ARGS": "init_args", "INIT_KWARGS": "init_kwargs"}
+
+#: Every key of a model's entry.
+MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
+
+#: Every key of ``STREAMER`` itself.
+TOP_LEVEL_KEYS = ("MODELS", "PREFIX") + tuple(DEFAULTS)
+
+
+class SettingProblem(NamedTuple):
+    """One wrong setting: its check id (``django_streamer.E00n``, see
+    :mod:`django_streamer.checks`) and a message naming the setting."""
+
+    id: str
+    message: str
+
+
+#: ModelSpec's problem kinds, as check ids.
+KIND_IDS = {
+    "backend": "django_streamer.E002",
+    "model": "django_streamer.E003",
+    "size": "django_streamer.E004",
+    "seconds": "django_streamer.E005",
+    "devices": "django_streamer.E006",
+    "redis_url": "django_streamer.E007",
+    "option": "django_streamer.E009",
+}
+
+
+def setting_path(*keys: str) -> str:
+    """``STREAMER["MODELS"]["embed"]["BATCH_SIZE"]`` for ``("MODELS", "embed", "BATCH_SIZE")``."""
+    return "STREAMER" + "".join(f"[{key!r}]" for key in keys)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+
+
+def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[SettingProblem]]:
+    """The models of ``streamer`` (default: ``settings.STREAMER``) as specs,
+    and every problem found. A model with problems has no spec. Imports each
+    ``MODEL`` given as a path; starts nothing."""
+    if streamer is _UNSET:
+        streamer = getattr(settings, "STREAMER", _UNSET)
+    problems: List[SettingProblem] = []
+    if streamer is _UNSET:
+        problems.append(SettingProblem("django_streamer.E001",
+                                       "settings.STREAMER is not set, but django_streamer is in INSTALLED_APPS"))
+        return {}, problems
+    if not isinstance(streamer, Mapping):
+        problems.append(SettingProblem("django_streamer.E001", f"settings.STREAMER must be a dict, got {streamer!r}"))
+        return {}, problems
+    problems.extend(_unknown_keys(streamer, TOP_LEVEL_KEYS, ()))
+    prefix = streamer.get("PREFIX", DEFAULT_PREFIX)
+    if not isinstance(prefix, str) or not prefix:
+        problems.append(SettingProblem("django_streamer.E009",
+                                       f"{setting_path('PREFIX')} must be a non-empty string, got {prefix!r}"))
+        prefix = DEFAULT_PREFIX
+    models = streamer.get("MODELS", _UNSET)
+    if not isinstance(models, Mapping) or not models:
+        got = "it is not set" if models is _UNSET else f"got {models!r}"
+        problems.append(SettingProblem(
+            "django_streamer.E001",
+            f"{setting_path('MODELS')} must be a dict of at least one model, name to settings; {got}",
+        ))
+        return {}, problems
+    specs: Dict[str, ModelSpec] = {}
+    for name, entry in models.items():
+        spec, found = _read_model(streamer, prefix, name, entry)
+        problems.extend(found)
+        if spec is not None and not found:
+            specs[name] = spec
+    return specs, list(dict.fromkeys(problems))  # a bad top-level default is reported once, not per model
+
+
+def model_specs() -> Dict[str, ModelSpec]:
+    """Every model of ``settings.STREAMER``, by name. Raises
+    :class:`ImproperlyConfigured` listing every problem (what
+    ``manage.py check`` reports) when there is any."""
+    specs, problems = read_settings()
+    if problems:
+        lines = "\n  ".join(f"({problem.id}) {problem.message}" for problem in problems)
+        raise ImproperlyConfigured(f"bad settings.STREAMER (run `manage.py check` for hints):\n  {lines}")
+    return specs
+
+
+def _read_model(
+    streamer: Mapping[str, Any], prefix: str, name: Any, entry: Any
+) -> Tuple[Optional[ModelSpec], List[SettingProblem]]:
+    if not isinstance(name, str) or not name or ":" in name:
+        return None, [SettingProblem(
+            "django_streamer.E001",
+            f"{setting_path('MODELS')} has the key {name!r}: name each model with a non-empty string without ':'",
+        )]
+    if not isinstance(entry, Mapping):
+        return None, [SettingProblem(
+            "django_streamer.E001",
+            f"{setting_path('MODELS', name)} must be a dict such as {{'MODEL': 'myapp.ml.Model'}}, got {entry!r}",
+        )]
+    problems = list(_unknown_keys(entry, MODEL_KEYS, ("MODELS", name)))
+    if "MODEL" not in entry:
+        problems.append(SettingProblem(
+            "django_streamer.E003",
+            f"{setting_path('MODELS', name, 'MODEL')} is not set: give the import path of a ManagedModel "
+            "subclass or of a batch function, e.g. 'myapp.ml.EmbeddingModel'",
+        ))
+        model: Any = _placeholder
+    else:
+        model, problem = _import_model(entry["MODEL"], setting_path("MODELS", name, "MODEL"))
+        if problem is not None:
+            problems.append(problem)
+            model = _placeholder
+
+    values: Dict[str, Any] = {}
+    where: Dict[str, str] = {"model": setting_path("MODELS", name, "MODEL")}
+    for key, (field, default) in DEFAULTS.items():
+        if key in entry:
+            values[field], where[field] = entry[key], setting_path("MODELS", name, key)
+        else:
+            values[field], where[field] = streamer.get(key, default), setting_path(key)
+    for key in ("INIT_ARGS", "INIT_KWARGS"):
+        field = MODEL_ONLY[key]
+        where[field] = setting_path("MODELS", name, key)
+        if key in entry:
+            values[field] = entry[key]
+    values["prefix"] = f"{prefix}:{name}"
+    spec = ModelSpec(name=name, model=model, **values)
+    problems.extend(SettingProblem(KIND_IDS.get(p.kind, "django_streamer.E009"), p.message)
+                    for p in spec.problems(lambda field: where.get(field, field)))
+    return spec, problems
+
+
+def _import_model(value: Any, path: str) -> Tuple[Any, Optional[SettingProblem]]:
+    """``MODEL`` as an object: an import path is imported, an object is taken as it is."""
+    if not isinstance(value, str):
+        return value, None  # ModelSpec.problems says whether it is a model
+    try:
+        return import_target(value), None
+    except ValueError as exc:
+        return None, SettingProblem("django_streamer.E003", f"{path} is {value!r}, which does not import: {exc}")
+    except Exception as exc:  # the module itself raised while importing
+        return None, SettingProblem(
+            "django_streamer.E003",
+            f"{path} is {value!r}, whose module raised {type(exc).__name__} while importing: {exc}",
+        )
+
+
+def _unknown_keys(given: Mapping[str, Any], known: Tuple[str, ...], where: Tuple[str, ...]) -> List[SettingProblem]:
+    found = []
+    for key in given:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1) if isinstance(key, str) else []
+        advice = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(known)}"
+        if where == () and key in MODEL_ONLY:
+            advice = f"{key} belongs in each model's entry, {setting_path('MODELS', '<name>', key)}"
+        found.append(SettingProblem(
+            "django_streamer.E008",
+            f"{setting_path(*where) if where else 'STREAMER'} has the unknown key {key!r}: {advice}",
+        ))
+    return found
+
+
+def _placeholder(batch: Any) -> Any:  # stands for a model that could not be imported, to check the rest
+    return batch

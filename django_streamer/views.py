@@ -1,0 +1,255 @@
+"""Batched views: parse the request into one model input, run it through the
+model's streamer with other requests' inputs, answer the output as JSON.
+
+The function form, a decorator on the parse step::
+
+    @batched_view("embed")
+    def stream(request):                  # -> the model input; raise InvalidInput for a 400
+        return request_item(request, "s")
+
+    @batched_view("embed")
+    async def astream(request):           # an async view (ASGI): awaits its result
+        return request_item(request, "s")
+
+The class form, for when the default parsing does::
+
+    path("stream", BatchedView.as_view(model="embed", field="s"))
+    path("astream", AsyncBatchedView.as_view(model="embed", field="s"))
+
+Errors are answered as the Flask extension answers them
+(:mod:`streamer_core.http`): 400 for input that cannot be parsed, 500 when
+the model raised for this input, 504 on timeout, 503 with ``Retry-After``
+when the queue is full, no worker can start or Redis does not answer; every
+body is JSON, with the traceback only under ``DEBUG``.
+
+The views are exempt from CSRF checks by default (``csrf_exempt=False`` to
+keep them): they are JSON APIs called by programs, as the Flask extension's
+routes are. Sync views block their thread while they wait; under an ASGI
+server use the async forms, which await without blocking the event loop
+(Django runs every sync view of an ASGI server on one thread, so sync views
+there are served one at a time and never batched together).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.utils.decorators import classonlymethod
+from django.views import View
+
+from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
+
+from .registry import aget_streamer, get_streamer
+
+__all__ = ["batched_view", "BatchedView", "AsyncBatchedView", "request_item", "json_body", "json_error"]
+
+logger = logging.getLogger("django_streamer")
+
+ParseFunction = Callable[..., Any]
+Respond = Callable[[Any], Union[HttpResponse, Awaitable[HttpResponse]]]
+
+
+def json_body(request: HttpRequest) -> Any:
+    """The request's JSON body, or :data:`~streamer_core.http.MISSING` when it
+    is not a JSON request (``application/json`` or ``application/*+json``).
+    Raises :class:`InvalidInput` (400) for a body that is not valid JSON."""
+    content_type = (request.content_type or "").lower()
+    if not (content_type == "application/json" or
+            (content_type.startswith("application/") and content_type.endswith("+json"))):
+        return MISSING
+    try:
+        return json.loads(request.body)
+    except ValueError as exc:
+        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+
+
+def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
+    """The model input of ``request`` by the default rule: the JSON body (its
+    key ``field`` when given), else the form field ``field``. Raises
+    :class:`InvalidInput` (400) saying what to send."""
+    form = request.POST if request.method == "POST" else None
+    return item_from_request(json_body(request), form, field)
+
+
+def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
+    """The JSON error response for ``exc`` (status by
+    :func:`streamer_core.http.status_for`, ``Retry-After`` with a 503), logged
+    when it is the server's fault."""
+    status, body, headers = error_response(exc, debug=settings.DEBUG)
+    if status == 500:
+        logger.error("the batched view of %s failed", model or "?", exc_info=exc)
+    elif status > 500:
+        logger.warning("the batched view of %s answered %d: %s", model or "?", status, exc)
+    response = JsonResponse(body, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+def _default_respond(output: Any) -> HttpResponse:
+    return JsonResponse(to_jsonable(output), safe=False)
+
+
+def _parse_error(exc: Exception) -> InvalidInput:
+    """A parse step's ValueError, TypeError or KeyError, as a 400."""
+    if isinstance(exc, InvalidInput):
+        return exc
+    error = InvalidInput(f"the request could not be parsed: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str]) -> Sequence[str]:
+    if not isinstance(model, str) or not model:
+        raise TypeError(f"name the model of a batched view as in STREAMER['MODELS'], e.g. 'embed'; got {model!r}")
+    if respond is not None and not callable(respond):
+        raise TypeError(f"respond of the batched view of {model!r} must be callable (output -> response), "
+                        f"got {respond!r}")
+    allowed = [methods.upper()] if isinstance(methods, str) else [method.upper() for method in methods]
+    if not allowed:
+        raise TypeError(f"the batched view of {model!r} needs at least one HTTP method, e.g. methods=['POST']")
+    return allowed
+
+
+def batched_view(
+    model: str,
+    *,
+    respond: Optional[Respond] = None,
+    methods: Iterable[str] = ("POST",),
+    csrf_exempt: bool = True,
+) -> Callable[[ParseFunction], Callable[..., Any]]:
+    """Make a view of a parse function ``parse(request, *url_args, **url_kwargs)
+    -> model input`` serving the model ``model`` (a key of
+    ``STREAMER["MODELS"]``). An ``async def`` parse function makes an async
+    view. ``respond(output) -> HttpResponse`` replaces the default JSON
+    answer. Other methods than ``methods`` are answered 405.
+
+    The parse function raises :class:`InvalidInput` for a 400 with its
+    message; ``ValueError``, ``TypeError`` and ``KeyError`` are 400s too."""
+    allowed = _check_options(model, respond, methods)
+    answer = respond or _default_respond
+
+    def decorator(parse: ParseFunction) -> Callable[..., Any]:
+        if not callable(parse):
+            raise TypeError(f"@batched_view({model!r}) decorates a function taking the request, got {parse!r}")
+        view: Callable[..., Any]
+        if inspect.iscoroutinefunction(parse):
+            @functools.wraps(parse)
+            async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                if request.method not in allowed:
+                    return HttpResponseNotAllowed(allowed)
+                try:
+                    item = await parse(request, *args, **kwargs)
+                except (ValueError, TypeError, KeyError) as exc:
+                    return json_error(_parse_error(exc), model)
+                return await _apredict_and_respond(model, item, answer)
+
+            view = async_view
+        else:
+            @functools.wraps(parse)
+            def sync_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                if request.method not in allowed:
+                    return HttpResponseNotAllowed(allowed)
+                try:
+                    item = parse(request, *args, **kwargs)
+                except (ValueError, TypeError, KeyError) as exc:
+                    return json_error(_parse_error(exc), model)
+                return _predict_and_respond(model, item, answer)
+
+            view = sync_view
+        view.streamer_model = model  # type: ignore[attr-defined]  # read by the E010 check
+        if csrf_exempt:
+            view.csrf_exempt = True  # type: ignore[attr-defined]  # as django.views.decorators.csrf.csrf_exempt does
+        return view
+
+    return decorator
+
+
+def _predict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
+    try:
+        output = get_streamer(model).predict([item])[0]
+    except ImproperlyConfigured:
+        raise  # a wrong setting or name is the developer's to fix, not a client's error
+    except Exception as exc:
+        return json_error(exc, model)
+    return respond(output)  # type: ignore[return-value]
+
+
+async def _apredict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
+    try:
+        streamer = await aget_streamer(model)
+        output = (await streamer.apredict([item]))[0]
+    except ImproperlyConfigured:
+        raise
+    except Exception as exc:
+        return json_error(exc, model)
+    response = respond(output)
+    if inspect.isawaitable(response):
+        response = await response
+    return response  # type: ignore[return-value]
+
+
+class BatchedView(View):
+    """A class-based batched view: ``POST`` parses the request with
+    :meth:`parse`, runs the input through the model ``model`` and answers
+    :meth:`respond`'s response. Configure it in ``as_view(model="embed",
+    field="s")`` or in a subclass, overriding :meth:`parse` and
+    :meth:`respond` as needed."""
+
+    #: The key of ``STREAMER["MODELS"]`` this view serves.
+    model: Optional[str] = None
+    #: The JSON key or form field holding the input; None: the whole JSON body.
+    field: Optional[str] = None
+    #: Whether the view skips Django's CSRF check (it is an API for programs).
+    csrf_exempt: bool = True
+
+    def parse(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """The model input of ``request``; raise :class:`InvalidInput` for a 400."""
+        return request_item(request, self.field)
+
+    def respond(self, output: Any) -> HttpResponse:
+        """The response for the model's ``output`` (default: it as JSON)."""
+        return _default_respond(output)
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        assert self.model is not None  # as_view checked it
+        try:
+            item = self.parse(request, *args, **kwargs)
+        except (ValueError, TypeError, KeyError) as exc:
+            return json_error(_parse_error(exc), self.model)
+        return _predict_and_respond(self.model, item, self.respond)
+
+    @classonlymethod
+    def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
+        model = initkwargs.get("model", cls.model)
+        _check_options(model, None, ("POST",))
+        view = super().as_view(**initkwargs)
+        view.streamer_model = model  # type: ignore[attr-defined]
+        if initkwargs.get("csrf_exempt", cls.csrf_exempt):
+            view.csrf_exempt = True  # type: ignore[attr-defined]
+        return view
+
+
+class AsyncBatchedView(BatchedView):
+    """:class:`BatchedView` as an async view, for ASGI servers: it awaits the
+    result without blocking the event loop. :meth:`parse` and :meth:`respond`
+    may be plain or ``async`` methods."""
+
+    async def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:  # type: ignore[override]
+        assert self.model is not None
+        try:
+            item = self.parse(request, *args, **kwargs)
+            if inspect.isawaitable(item):
+                item = await item
+        except (ValueError, TypeError, KeyError) as exc:
+            return json_error(_parse_error(exc), self.model)
+        return await _apredict_and_respond(self.model, item, self.respond)
+
+

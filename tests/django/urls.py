@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("double", views.double),
+    path("adouble", views.adouble),
+    path("wrapped/<int:x>", views.wrapped),
+    path("asizes", views.asizes),
+    path("sizes-cbv", views.Sizes.as_view()),
+    path("direct", views.direct),
+    path("double-cbv", views.double_cbv),
+    path("double-guarded", views.double_guarded),
+    path("pid", views.pid),
+    path("hold", views.hold),
+]

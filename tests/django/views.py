@@ -1,0 +1,52 @@
+"""The test project's views, one of each form of batched view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from django_streamer import AsyncBatchedView, BatchedView, InvalidInput, batched_view, get_streamer, request_item
+
+
+@batched_view("double")
+def double(request: HttpRequest) -> Any:
+    """The JSON body or form field "x"; a number, or a string the model may refuse."""
+    x = request_item(request, "x")
+    if isinstance(x, str) and x.isdigit():
+        return int(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise InvalidInput('"x" must be a number or a string')
+    return x
+
+
+@batched_view("double")
+async def adouble(request: HttpRequest) -> Any:
+    return request_item(request, "x")
+
+
+@batched_view("double", respond=lambda output: JsonResponse({"doubled": output}), methods=["POST", "PUT"])
+def wrapped(request: HttpRequest, x: int) -> Any:
+    """The input from the URL; answered in an object of our own."""
+    return x
+
+
+@batched_view("sizes")
+async def asizes(request: HttpRequest) -> Any:
+    return request_item(request, "x")
+
+
+class Sizes(AsyncBatchedView):
+    model = "sizes"
+    field = "x"
+
+
+def direct(request: HttpRequest) -> HttpResponse:
+    """A view of our own calling the streamer."""
+    return JsonResponse({"outputs": get_streamer("double").predict([1, 2, 3])})
+
+
+double_cbv = BatchedView.as_view(model="double", field="x")
+double_guarded = BatchedView.as_view(model="double", field="x", csrf_exempt=False)
+pid = BatchedView.as_view(model="pid", field="x")
+hold = BatchedView.as_view(model="hold", field="x")
