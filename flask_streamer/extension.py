@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from flask import Blueprint, Flask, Request, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, HTTPException
 
+from streamer_core.errors import SerializationError
 from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
 from streamer_core.model_spec import LazyStreamer, ModelSpec
 from streamer_core.streamer import BaseStreamer
@@ -67,12 +68,13 @@ class BatchedRoute:
     def spec(self, settings: Dict[str, Any]) -> ModelSpec:
         """This route's model spec under an app's settings, checked."""
         values = dict(settings, **self.overrides)
-        values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
+        if "prefix" not in self.overrides:
+            values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
         spec = ModelSpec(name=self.name, model=self.model, init_args=self.init_args, init_kwargs=self.init_kwargs,
                          **values)
 
         def where(field: str) -> str:
-            if field in self.overrides:
+            if field in self.overrides or field == "model":
                 return f"{field} of the batched route {self.rule!r}"
             return setting_name(field)
 
@@ -220,17 +222,20 @@ class FlaskStreamer:
         methods = [method.upper() for method in ([methods] if isinstance(methods, str) else methods)]
         route = BatchedRoute(self, rule, endpoint, model, blueprint, field, parse, respond, init_args,
                              dict(init_kwargs or {}), overrides, methods)
+        with self._lock:
+            apps = [app for app in (ref() for ref in self._apps) if app is not None]
+        # Check the route against every app first: a refused route leaves no trace.
+        specs = [(app, route.spec(app.extensions[EXTENSION_KEY].settings)) for app in apps]
         if blueprint is not None:
             blueprint.add_url_rule(rule, endpoint, route.view, methods=methods)
         with self._lock:
             self._routes.append(route)
-            apps = [app for app in (ref() for ref in self._apps) if app is not None]
-        for app in apps:
-            self._attach(app, app.extensions[EXTENSION_KEY], route)
+        for app, spec in specs:
+            self._attach(app, app.extensions[EXTENSION_KEY], route, spec)
         return route
 
-    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute) -> None:
-        state.handles[route] = LazyStreamer(route.spec(state.settings))
+    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute, spec: Optional[ModelSpec] = None) -> None:
+        state.handles[route] = LazyStreamer(spec or route.spec(state.settings))
         if route.blueprint is None:
             app.add_url_rule(route.rule, route.endpoint, route.view, methods=route.methods)
 
@@ -282,13 +287,20 @@ class FlaskStreamer:
             item = _parse(route)
         except InvalidInput as exc:
             return _error(exc, app)
+        except HTTPException as exc:  # 413 and the like, raised by Flask while reading the body
+            body = {"error": {"status": exc.code, "type": type(exc).__name__, "message": exc.description}}
+            return jsonify(body), exc.code or 400
         try:
             output = handle.get().predict([item])[0]
         except Exception as exc:
             return _error(exc, app, route)
         if route.respond is not None:
             return route.respond(output)
-        return jsonify(to_jsonable(output))
+        try:
+            return jsonify(to_jsonable(output))
+        except (TypeError, ValueError) as exc:
+            problem = SerializationError(f"the model's output for this input cannot be sent as JSON: {exc}")
+            return _error(problem, app, route)
 
 
 def _state(app: Flask) -> _AppState:
@@ -324,7 +336,7 @@ def _parse(route: BatchedRoute) -> Any:
     except BadRequest as exc:
         raise InvalidInput(exc.description or "the request could not be parsed") from exc
     except HTTPException:
-        raise  # 413, 415 and the like: Flask answers them
+        raise  # 413 and the like: answered as JSON by the view, with their own status
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidInput(f"the request could not be parsed: {exc}") from exc
 

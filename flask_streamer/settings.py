@@ -15,8 +15,11 @@ setting                     default         meaning
 ``STREAMER_CODEC``          ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
 ==========================  ==============  ==============================================
 
-Every route may override the batching ones (``batch_size``, ``max_latency``,
-``worker_num``, ``cuda_devices``, ``timeout``, ``max_queue``, ``backend``).
+Every route may override any of them by the keyword of the same name
+(``batch_size=8``, ``redis_url=...``). The Redis keys of a route are
+``streamer:<STREAMER_PREFIX>:<endpoint>:*``, or ``streamer:<prefix>:*`` when
+the route sets ``prefix`` itself (to share a queue with ``streamer-worker
+--prefix``).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ DEFAULTS: Dict[str, Any] = {
     "codec": "msgpack",
 }
 
-#: The settings a route may override.
-ROUTE_OPTIONS = ("backend", "batch_size", "max_latency", "worker_num", "cuda_devices", "timeout", "max_queue")
+#: The settings a route may override (every one): a route's ``prefix`` is
+#: used as it is, where the app's is followed by ``:<endpoint>``.
+ROUTE_OPTIONS = tuple(DEFAULTS)
 
 
 def setting_name(field: str) -> str:
@@ -61,8 +65,9 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
         settings["prefix"] = app_name
     messages = []
     for key in unknown:
-        close = difflib.get_close_matches(key, sorted(known), n=1)
-        hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(sorted(known))}"
+        # Compare what follows STREAMER_, or every key would look close.
+        close = difflib.get_close_matches(key[len("STREAMER_"):], [field.upper() for field in DEFAULTS], n=1)
+        hint = f"; did you mean STREAMER_{close[0]}?" if close else f"; the settings are {', '.join(sorted(known))}"
         messages.append(f"{key} is not a setting of flask_streamer{hint}")
     probe = ModelSpec(name="", model=_placeholder, **settings)
     messages.extend(problem.message for problem in probe.problems(setting_name))

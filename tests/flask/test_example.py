@@ -1,0 +1,146 @@
+"""example_flask with its real model (all-MiniLM-L6-v2, loaded offline from
+its PyPI package): /stream and /naive answer 384-float sentence embeddings
+that mean something, batched answers match unbatched ones, and the issue's
+``flask --app example_flask streamer run-workers`` serves /stream over Redis.
+
+The model is loaded once for the module (the first load imports torch and
+takes seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator, List
+
+import numpy as np
+import pytest
+import redis
+from flask import Flask
+
+if importlib.util.find_spec("sentence_transformers") is None:  # found, not imported: torch loads on first use
+    pytest.skip("the example needs sentence-transformers (the 'example' extra)", allow_module_level=True)
+
+from example_flask import create_app  # noqa: E402
+from tests.flask.conftest import close_streamers, error_of  # noqa: E402
+from tests.helpers import alive, wait_for  # noqa: E402
+from tests.servers import worker_children  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAPHRASES = ("A man is playing a guitar.", "Someone plays the guitar.")
+UNRELATED = "The stock market fell sharply today."
+SENTENCES = [
+    "Happy birthday to you.",
+    "The cat sat on the mat.",
+    "Dynamic batching groups requests into one model call.",
+    "It rains.",
+    "Paris is the capital of France, a country in western Europe.",
+    "Two dogs run across a field of tall green grass at noon.",
+]
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[Flask]:
+    app = create_app({"STREAMER_BACKEND": "thread", "STREAMER_MAX_LATENCY": 0.05})
+    yield app
+    close_streamers(app)
+
+
+def embedding(app: Flask, sentence: str, path: str = "/stream", form: bool = False) -> np.ndarray:
+    client = app.test_client()
+    response = client.post(path, data={"s": sentence}) if form else client.post(path, json={"s": sentence})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    vector = response.get_json()
+    assert isinstance(vector, list) and len(vector) == 384 and all(isinstance(v, float) for v in vector)
+    return np.asarray(vector)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("path", ["/stream", "/naive"])
+def test_json_and_form_requests_get_a_unit_384_float_embedding(app, path):
+    as_json = embedding(app, "Happy birthday to you.", path)
+    as_form = embedding(app, "Happy birthday to you.", path, form=True)
+    assert abs(np.linalg.norm(as_json) - 1.0) < 1e-4, "embeddings are normalised"
+    assert cosine(as_json, as_form) > 0.9999, "the same sentence as JSON or as a form field"
+
+
+@pytest.mark.parametrize("path", ["/stream", "/naive"])
+def test_paraphrases_are_closer_than_unrelated_sentences(app, path):
+    first, second = (embedding(app, s, path) for s in PARAPHRASES)
+    unrelated = embedding(app, UNRELATED, path)
+    close, far = cosine(first, second), max(cosine(first, unrelated), cosine(second, unrelated))
+    assert close > far + 0.3, f"paraphrases {close:.3f}, unrelated {far:.3f}"
+    assert close > 0.6
+
+
+def test_stream_and_naive_agree_even_for_requests_batched_together(app):
+    naive = [embedding(app, s, "/naive") for s in SENTENCES]
+    with ThreadPoolExecutor(len(SENTENCES)) as pool:
+        batched = list(pool.map(lambda s: embedding(app, s, "/stream"), SENTENCES))
+    for sentence, a, b in zip(SENTENCES, naive, batched):
+        assert cosine(a, b) > 0.9999, f"{sentence!r}: batched and single embeddings differ"
+        assert np.abs(a - b).max() < 1e-3
+    # Each answer is its own sentence's: they are not all alike.
+    assert cosine(batched[0], batched[4]) < 0.9
+
+
+@pytest.mark.parametrize("path", ["/stream", "/naive"])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(json={"s": ""}), '"s" must be a non-empty string'),
+        (dict(json={"s": 3}), '"s" must be a non-empty string'),
+        (dict(json={"text": "hi"}), 'the JSON body has no key "s"'),
+        (dict(json=["hi"]), 'send a JSON object with the key "s"'),
+        (dict(data={"text": "hi"}), 'send the input as JSON {"s": ...} or as the form field "s"'),
+        (dict(data="{", content_type="application/json"), "the body is not valid JSON"),
+    ],
+)
+def test_bad_input_is_a_400_on_both_endpoints(app, path, kwargs, message):
+    error = error_of(app.test_client().post(path, **kwargs), 400)
+    assert message in error["message"]
+
+
+def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
+    """The issue's command, for real: ``flask --app example_flask streamer
+    run-workers`` loads the model in a worker; a web app on the Redis
+    backend only enqueues, and gets the same embedding as the thread one."""
+    prefix = f"flask-example-{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "FLASK_STREAMER_BACKEND": "redis",
+           "FLASK_STREAMER_REDIS_URL": redis_url, "FLASK_STREAMER_PREFIX": prefix}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    log = tmp_path / "run-workers.log"
+    with open(log, "wb") as out:
+        cli = subprocess.Popen([sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"],
+                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    web = create_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": redis_url, "STREAMER_PREFIX": prefix,
+                      "STREAMER_TIMEOUT": 90})
+    try:
+        remote = embedding(web, PARAPHRASES[0])
+        assert cosine(remote, embedding(app, PARAPHRASES[0])) > 0.9999
+        workers: List[int] = worker_children(cli.pid)
+        assert len(workers) == 1, log.read_text(errors="replace")
+        assert web.extensions["streamer"].extension.get_streamer("stream", web).__class__.__name__ == "RedisStreamer"
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(20) == 0, log.read_text(errors="replace")
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "the worker outlived the command"
+    finally:
+        close_streamers(web)
+        try:
+            os.killpg(cli.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        cli.wait(10)
+        conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+        keys = list(conn.scan_iter(match=f"streamer:{prefix}:*", count=1000))
+        if keys:
+            conn.delete(*keys)
+        conn.close()

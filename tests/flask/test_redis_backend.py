@@ -1,0 +1,256 @@
+"""The Redis backend behind Flask: the web process only enqueues, and
+``flask --app ... streamer run-workers`` (a real subprocess) runs the workers
+of every batched route of the app, or of the routes picked with ``--route``,
+until SIGTERM.
+
+Each test has its own STREAMER_PREFIX on the session's Redis and deletes
+its keys at the end (never FLUSHALL); every program it starts is killed,
+process group and all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, List
+
+import pytest
+import redis
+from flask import Flask
+
+from tests.flask.apps import create_redis_app
+from tests.flask.conftest import close_streamers, error_of
+from tests.helpers import alive, wait_for
+from tests.servers import worker_children
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.flask.apps:create_redis_app()"
+
+
+class Cli:
+    """One ``flask ... streamer run-workers`` program and its output."""
+
+    def __init__(self, process: subprocess.Popen, log: Path) -> None:
+        self.process = process
+        self.log_path = log
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def workers(self) -> List[int]:
+        return worker_children(self.pid)
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A STREAMER_PREFIX of this test's own; its keys are deleted at the end."""
+    name = f"flask-test-{uuid.uuid4().hex[:10]}"
+    yield name
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        keys = list(conn.scan_iter(match=f"streamer:{name}:*", count=1000))
+        if keys:
+            conn.delete(*keys)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def run_workers(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[Callable[..., Cli]]:
+    """``run_workers(*options, app=APP)``: start ``flask --app <app> streamer
+    run-workers <options>`` with the test's Redis URL and prefix in its
+    environment (``FLASK_STREAMER_*``, read by ``from_prefixed_env``)."""
+    started: List[Cli] = []
+
+    def start(*options: str, app: str = APP) -> Cli:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+               "FLASK_STREAMER_REDIS_URL": redis_url, "FLASK_STREAMER_PREFIX": prefix}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("FLASK_APP", None)
+        log = tmp_path / f"run-workers-{len(started)}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flask", "--app", app, "streamer", "run-workers", *options],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        cli = Cli(process, log)
+        started.append(cli)
+        return cli
+
+    yield start
+    for cli in started:
+        try:
+            os.killpg(cli.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        cli.process.wait(10)
+
+
+@pytest.fixture
+def web(redis_url: str, prefix: str) -> Iterator[Callable[..., Flask]]:
+    """``web(**config)``: the app as a web process makes it, on the test's
+    Redis and prefix; its streamers are closed at the end."""
+    made: List[Flask] = []
+
+    def make(**config: Any) -> Flask:
+        app = create_redis_app({"STREAMER_REDIS_URL": redis_url, "STREAMER_PREFIX": prefix, **config})
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        close_streamers(app)
+
+
+def requests_key(prefix: str, route: str) -> str:
+    return f"streamer:{prefix}:{route}:requests"
+
+
+def test_the_web_process_enqueues_and_the_cli_workers_answer(web, run_workers, redis_url, prefix):
+    app = web()
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+    threads_before = set(threading.enumerate())
+    results: dict = {}
+
+    def call(key: str, path: str, body: Any) -> None:
+        results[key] = app.test_client().post(path, json=body)
+
+    # No worker yet: the request waits in Redis, and nothing runs the model here.
+    early = threading.Thread(target=call, args=("early", "/double", 21))
+    early.start()
+    try:
+        assert wait_for(lambda: conn.xlen(requests_key(prefix, "double")) == 1, 10), "the request never reached Redis"
+        assert early.is_alive() and "early" not in results
+        assert worker_children(os.getpid()) == [], "the web process must not start workers"
+        assert not any(t.name == "streamer-thread-model" for t in set(threading.enumerate()) - threads_before)
+
+        cli = run_workers()
+        early.join(30)
+        assert not early.is_alive(), f"the workers never answered:\n{cli.log()}"
+        assert results["early"].status_code == 200 and results["early"].get_json() == 42
+    finally:
+        early.join(30)
+        conn.close()
+
+    client = app.test_client()
+    assert client.post("/sized", json="s").get_json() == {"x": "s", "n": 1}
+    error = error_of(client.post("/boom", json="boom"), 500)
+    assert (error["type"], error["message"]) == ("ValueError", "the model cannot take 'boom'")
+    assert client.post("/boom", json="fine").get_json() == "ok:fine"
+
+    # One worker per batched route, each listed with its keys.
+    assert len(cli.workers()) == 3, cli.log()
+    for route in ("double", "sized", "boom"):
+        assert f"{route}: 1 worker(s) on {redis_url} (keys streamer:{prefix}:{route}:*)" in cli.log()
+
+    # SIGTERM: the workers finish and the command exits 0, soon.
+    workers = cli.workers()
+    cli.process.send_signal(signal.SIGTERM)
+    assert cli.process.wait(20) == 0, cli.log()
+    assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "workers outlived the command"
+
+
+def test_route_picks_the_routes_and_workers_and_devices_are_options(web, run_workers, redis_url, prefix):
+    cli = run_workers("--route", "double", "--workers", "2", "--devices", "0,1")
+    app = web()
+    assert app.test_client().post("/double", json="ab").get_json() == "abab", cli.log()
+    assert wait_for(lambda: len(cli.workers()) == 2, 10), cli.log()
+    log = cli.log()
+    assert f"double: 2 worker(s) on {redis_url}" in log and "sized:" not in log and "boom:" not in log
+    assert "double worker 0 (pid" in log and "started on device 0" in log
+    assert "double worker 1 (pid" in log and "started on device 1" in log
+    # Nothing serves /sized: its request is never answered (it times out in
+    # Redis; a 503 for "no worker" would do as well).
+    impatient = web(STREAMER_TIMEOUT=1.0)
+    response = impatient.test_client().post("/sized", json=1)
+    assert response.status_code in (503, 504), response.get_data(as_text=True)
+    error_of(response, response.status_code)
+    cli.process.send_signal(signal.SIGTERM)
+    assert cli.process.wait(20) == 0, cli.log()
+
+
+def test_run_workers_waits_for_redis_and_stops_on_sigterm(tmp_path, run_workers):
+    """Pointed at a Redis that does not answer, the command logs it once and
+    waits rather than failing, never printing the URL's password; SIGTERM
+    still stops it with 0."""
+    from tests.servers import free_port
+
+    url = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
+    cli = run_workers(app=f"tests.flask.apps:create_redis_app({{'STREAMER_REDIS_URL': '{url}'}})")
+    assert wait_for(lambda: "does not answer" in cli.log(), 20), cli.log()
+    assert cli.workers() == [], "no worker should start before Redis answers"
+    assert "s3cret-pw" not in cli.log(), "the Redis password was printed"
+    assert "double: 1 worker(s) on redis://***@127.0.0.1" in cli.log()
+    cli.process.send_signal(signal.SIGTERM)
+    assert cli.process.wait(10) == 0, cli.log()
+
+
+def test_only_the_test_s_keys_are_left_and_none_of_them_holds_work(web, run_workers, redis_url, prefix):
+    """After the calls are answered and everything has stopped, no request is
+    left queued or pending, and every other key (the answers' streams)
+    expires on its own."""
+    cli = run_workers("--route", "double")
+    app = web()
+    for x in range(5):
+        assert app.test_client().post("/double", json=x).get_json() == 2 * x, cli.log()
+    cli.process.send_signal(signal.SIGTERM)
+    assert cli.process.wait(20) == 0
+    close_streamers(app)
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
+    try:
+        for key in conn.scan_iter(match=f"streamer:{prefix}:*", count=1000):
+            if key.endswith(":requests"):
+                assert conn.xlen(key) == 0, f"{key} still holds requests"
+                for group in conn.xinfo_groups(key):
+                    assert group["pending"] == 0, f"{key} has unacknowledged requests"
+            else:
+                assert conn.ttl(key) > 0, f"{key} never expires"
+    finally:
+        conn.close()
+
+
+def test_run_workers_refuses_an_app_whose_routes_are_not_on_redis():
+    """``flask --app example_flask streamer run-workers`` with the example's
+    default thread backend: a usage error (exit code 2) saying what to set."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in [key for key in env if key.startswith("FLASK_")]:
+        env.pop(name)
+    done = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "run-workers runs Redis workers, but stream use another backend" in done.stderr
+    assert "STREAMER_BACKEND = 'redis'" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "config, args, message",
+    [
+        ({}, ["--route", "nope"], "no batched route named nope; the app has double, sized, boom"),
+        ({"STREAMER_BACKEND": "thread"}, [], "but double, sized, boom use another backend: set STREAMER_BACKEND"),
+        ({}, ["--workers", "0"], "Invalid value for '--workers'"),
+    ],
+)
+def test_run_workers_usage_errors(config, args, message):
+    app = create_redis_app({"STREAMER_REDIS_URL": "redis://127.0.0.1:1/0", **config})
+    result = app.test_cli_runner().invoke(args=["streamer", "run-workers", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_run_workers_needs_the_extension():
+    app = Flask("no_streamer")
+    from flask_streamer.cli import streamer_cli
+
+    app.cli.add_command(streamer_cli)
+    result = app.test_cli_runner().invoke(args=["streamer", "run-workers"])
+    assert result.exit_code == 2 and "flask_streamer is not set up on this app" in result.output

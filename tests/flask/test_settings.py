@@ -1,0 +1,323 @@
+"""The ``STREAMER_*`` settings: documented defaults, checks at ``init_app``
+with messages that say how to fix each wrong value, per-route overrides,
+``FLASK_*`` environment variables, and the application-factory pattern."""
+
+from __future__ import annotations
+
+import ast
+import re
+import time
+
+import pytest
+from flask import Flask
+
+import flask_streamer.settings
+from flask_streamer import DEFAULTS, ConfigurationError, FlaskStreamer
+from streamer_core import ThreadedStreamer
+from tests.flask.apps import double, sized
+from tests.flask.conftest import error_of, queue_behind_hold, spec_of
+
+#: The settings the issue asks for, each with a default and a per-route override.
+ISSUE_SETTINGS = [
+    "STREAMER_BACKEND", "STREAMER_BATCH_SIZE", "STREAMER_MAX_LATENCY", "STREAMER_WORKER_NUM",
+    "STREAMER_CUDA_DEVICES", "STREAMER_REDIS_URL", "STREAMER_PREFIX", "STREAMER_TIMEOUT", "STREAMER_MAX_QUEUE",
+]
+
+
+def documented_defaults() -> dict:
+    """The settings table of :mod:`flask_streamer.settings`, as ``{setting: default text}``."""
+    rows = re.findall(r"^``(STREAMER_\w+)``\s+``(.+?)``\s", flask_streamer.settings.__doc__, re.MULTILINE)
+    return dict(rows)
+
+
+def test_every_setting_has_a_documented_default_that_is_the_real_one():
+    documented = documented_defaults()
+    for name in ISSUE_SETTINGS:
+        assert name in documented, f"{name} is not in the settings table"
+    assert set(documented) == {f"STREAMER_{field.upper()}" for field in DEFAULTS}, "table and DEFAULTS disagree"
+    for field, default in DEFAULTS.items():
+        text = documented[f"STREAMER_{field.upper()}"]
+        if field == "prefix":
+            assert default is None and text == "app.name", "the prefix defaults to the app's name"
+        else:
+            name = f"STREAMER_{field.upper()}"
+            assert ast.literal_eval(text) == default, f"{name} is documented as {text}, but defaults to {default!r}"
+
+
+def test_an_app_without_settings_runs_with_the_defaults(make_app):
+    app, streamer = make_app()
+    streamer.add_batched_route("/sized", model=sized)
+    spec = spec_of(app, "sized")
+    assert (spec.backend, spec.batch_size, spec.max_latency, spec.worker_num) == ("thread", 64, 0.1, 1)
+    assert (spec.cuda_devices, spec.redis_url, spec.timeout, spec.max_queue) == (None, None, 20.0, None)
+    assert spec.prefix == f"{app.name}:sized", "keys are named after the app, then the route"
+    response = app.test_client().post("/sized", json=3)
+    assert response.status_code == 200 and response.get_json() == {"x": 3, "n": 1}
+    running = streamer.get_streamer("sized", app)
+    assert isinstance(running, ThreadedStreamer)
+    assert (running.config.batch_size, running.config.max_latency, running.config.timeout) == (64, 0.1, 20.0)
+    assert running.config.max_queue is None
+
+
+@pytest.mark.parametrize(
+    "config, setting, hint",
+    [
+        ({"STREAMER_BATCH_SIZE": 0}, "STREAMER_BATCH_SIZE", "whole number >= 1, got 0"),
+        ({"STREAMER_BATCH_SIZE": "x"}, "STREAMER_BATCH_SIZE", "whole number >= 1, got 'x'"),
+        ({"STREAMER_BATCH_SIZE": True}, "STREAMER_BATCH_SIZE", "whole number >= 1"),
+        ({"STREAMER_BACKEND": "gpu"}, "STREAMER_BACKEND", "use one of 'thread', 'process', 'redis'"),
+        ({"STREAMER_MAX_LATENCY": -1}, "STREAMER_MAX_LATENCY", "in seconds and must be a finite number >= 0"),
+        ({"STREAMER_MAX_LATENCY": float("inf")}, "STREAMER_MAX_LATENCY", "finite number"),
+        ({"STREAMER_WORKER_NUM": 0}, "STREAMER_WORKER_NUM", "whole number >= 1"),
+        ({"STREAMER_WORKER_NUM": 1.5}, "STREAMER_WORKER_NUM", "whole number >= 1"),
+        ({"STREAMER_CUDA_DEVICES": [-1]}, "STREAMER_CUDA_DEVICES", "device indexes start at 0"),
+        ({"STREAMER_CUDA_DEVICES": []}, "STREAMER_CUDA_DEVICES", "at least one device"),
+        ({"STREAMER_CUDA_DEVICES": 1}, "STREAMER_CUDA_DEVICES", "list of device indexes such as [0, 1]"),
+        ({"STREAMER_CUDA_DEVICES": [0.5]}, "STREAMER_CUDA_DEVICES", "int index"),
+        ({"STREAMER_BACKEND": "redis"}, "STREAMER_REDIS_URL", "must be set for the redis backend"),
+        ({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "nowhere"}, "STREAMER_REDIS_URL", "redis:// URL"),
+        ({"STREAMER_PREFIX": 3}, "STREAMER_PREFIX", "must be a string"),
+        ({"STREAMER_TIMEOUT": 0}, "STREAMER_TIMEOUT", "finite number > 0"),
+        ({"STREAMER_TIMEOUT": "20"}, "STREAMER_TIMEOUT", "in seconds"),
+        ({"STREAMER_MAX_QUEUE": 0}, "STREAMER_MAX_QUEUE", "or None for no limit"),
+        ({"STREAMER_CODEC": "json"}, "STREAMER_CODEC", "'msgpack' or 'pickle'"),
+    ],
+)
+def test_a_bad_setting_fails_init_app_naming_it_and_the_fix(make_app, config, setting, hint):
+    app, streamer = make_app(config, init=False)
+    streamer.add_batched_route("/double", model=double)
+    with pytest.raises(ConfigurationError) as info:
+        streamer.init_app(app)
+    message = str(info.value)
+    assert setting in message and hint in message, message
+    assert isinstance(info.value, ValueError)
+    assert "streamer" not in app.extensions, "a failed init_app must not leave the extension half set up"
+    assert "double" not in app.view_functions
+
+
+def test_a_negative_device_in_the_string_form_is_refused_like_in_the_list_form(make_app):
+    """``"0,1"`` is how an environment variable (or ``--devices``) gives
+    devices; ``"0,-1"`` holds the index -1 just as ``[0, -1]`` does, and
+    must be refused the same way rather than taken for a GPU UUID ``"-1"``."""
+    for devices in ([0, -1], "0,-1"):
+        app, streamer = make_app({"STREAMER_CUDA_DEVICES": devices}, init=False)
+        with pytest.raises(ConfigurationError, match="STREAMER_CUDA_DEVICES holds -1: device indexes start at 0"):
+            streamer.init_app(app)
+
+
+def test_every_wrong_setting_is_reported_at_once(make_app):
+    app, streamer = make_app({"STREAMER_BATCH_SIZE": 0, "STREAMER_TIMEOUT": -2, "STREAMER_BACKEND": "gpu"}, init=False)
+    with pytest.raises(ConfigurationError) as info:
+        streamer.init_app(app)
+    for setting in ("STREAMER_BATCH_SIZE", "STREAMER_TIMEOUT", "STREAMER_BACKEND"):
+        assert setting in str(info.value)
+
+
+def test_a_misspelt_setting_is_refused_with_a_did_you_mean(make_app):
+    app, streamer = make_app({"STREAMER_BATCHSIZE": 8}, init=False)
+    hint = "STREAMER_BATCHSIZE is not a setting.*did you mean STREAMER_BATCH_SIZE"
+    with pytest.raises(ConfigurationError, match=hint):
+        streamer.init_app(app)
+
+
+def test_settings_of_other_extensions_are_left_alone(make_app):
+    """Only ``STREAMER_*`` keys are the extension's: others are never refused."""
+    app, streamer = make_app({"STREAM_SIZE": 1, "MY_STREAMER_BATCH": "x"})
+    streamer.add_batched_route("/double", model=double)
+    assert app.test_client().post("/double", json=2).get_json() == 4
+
+
+def test_init_app_starts_nothing_and_does_not_reach_for_redis(make_app, closing_app):
+    """Checking the settings is all init_app does: a Redis backend pointing
+    nowhere sets up at once, and no streamer is started before a request."""
+    from tests.servers import free_port
+
+    started = time.monotonic()
+    app, streamer = make_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    streamer.add_batched_route("/double", model=double)
+    assert time.monotonic() - started < 1.0
+    state = app.extensions["streamer"]
+    assert state.handles and not any(handle.started for handle in state.handles.values())
+
+
+def test_app_settings_and_route_overrides_shape_the_batches(make_app, gated, pool):
+    """The app's STREAMER_BATCH_SIZE caps one route's batches; another route
+    overriding it with ``batch_size=2`` gets batches of at most 2."""
+    app, streamer = make_app({"STREAMER_BATCH_SIZE": 5, "STREAMER_MAX_LATENCY": 0.01})
+    other = type(gated)()
+    streamer.add_batched_route("/app-wide", "app_wide", gated)
+    streamer.add_batched_route("/pairs", "pairs", other, batch_size=2)
+    try:
+        for path, endpoint, model in (("/app-wide", "app_wide", gated), ("/pairs", "pairs", other)):
+            inputs = [f"{endpoint}-{i}" for i in range(12)]
+            held, futures = queue_behind_hold(pool, app, path, endpoint, model, inputs)
+            model.release()
+            assert held.result(10).get_json() == "ok:hold"
+            assert [f.result(10).get_json() for f in futures] == [f"ok:{x}" for x in inputs]
+            sizes = [len(batch) for batch in model.batches[1:]]
+            assert sum(sizes) == 12
+            limit = 5 if endpoint == "app_wide" else 2
+            assert max(sizes) == limit, f"{endpoint}: batches of {sizes}, expected at most (and once exactly) {limit}"
+    finally:
+        other.release()
+
+
+def test_timeout_and_max_queue_can_be_overridden_per_route(make_app, gated, pool):
+    app, streamer = make_app({"STREAMER_TIMEOUT": 30})
+    streamer.add_batched_route("/quick", "quick", gated, timeout=0.3, max_queue=1, batch_size=8)
+    streamer.add_batched_route("/double", model=double)
+    held = app.test_client().post("/quick", json="hold")  # held by the model past the route's timeout
+    assert error_of(held, 504)["type"] == "StreamerTimeoutError"
+    spec = spec_of(app, "quick")
+    assert (spec.timeout, spec.max_queue, spec.batch_size) == (0.3, 1, 8)
+    assert (spec_of(app, "double").timeout, spec_of(app, "double").max_queue) == (30, None)
+    assert app.test_client().post("/double", json=4).get_json() == 8
+
+
+def test_backend_can_be_overridden_per_route(make_app):
+    app, streamer = make_app({"STREAMER_REDIS_URL": "redis://127.0.0.1:1/0"})
+    streamer.add_batched_route("/local", "local", double)
+    streamer.add_batched_route("/remote", "remote", double, backend="redis")
+    streamer.add_batched_route("/spawned", "spawned", double, backend="process", worker_num=3, cuda_devices="0,1")
+    assert spec_of(app, "local").backend == "thread"
+    assert spec_of(app, "remote").backend == "redis"
+    spawned = spec_of(app, "spawned")
+    assert (spawned.backend, spawned.worker_num) == ("process", 3)
+    assert spawned.worker_group().devices == (0, 1), "a route's '0,1' means devices 0 and 1"
+
+
+def test_redis_url_and_prefix_can_be_overridden_per_route(make_app):
+    """The issue: every setting, STREAMER_REDIS_URL and STREAMER_PREFIX
+    included, is overridable per route (one route's model on another Redis)."""
+    app, streamer = make_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis://127.0.0.1:1/0"})
+    streamer.add_batched_route("/elsewhere", "elsewhere", double, redis_url="redis://127.0.0.1:2/0", prefix="other")
+    spec = spec_of(app, "elsewhere")
+    assert spec.redis_url == "redis://127.0.0.1:2/0"
+    assert spec.prefix.startswith("other")
+
+
+@pytest.mark.parametrize(
+    "option, hint",
+    [
+        ({"batch_size": 0}, "batch_size of the batched route '/bad' must be a whole number >= 1"),
+        ({"max_latency": -0.5}, "max_latency of the batched route '/bad' is in seconds"),
+        ({"timeout": 0}, "timeout of the batched route '/bad'"),
+        ({"max_queue": 0}, "max_queue of the batched route '/bad'"),
+        ({"worker_num": 0}, "worker_num of the batched route '/bad'"),
+        ({"cuda_devices": [-1]}, "cuda_devices of the batched route '/bad' holds -1"),
+        ({"backend": "gpu"}, "backend of the batched route '/bad' is 'gpu'"),
+    ],
+)
+def test_a_bad_route_option_names_the_route(make_app, option, hint):
+    # Declared on a FlaskStreamer already set up on an app: refused at once.
+    app, streamer = make_app()
+    with pytest.raises(ConfigurationError) as info:
+        streamer.add_batched_route("/bad", model=double, **option)
+    assert hint in str(info.value)
+    assert "double" not in app.view_functions
+    # Declared first: refused by init_app.
+    late, late_streamer = make_app(init=False)
+    late_streamer.add_batched_route("/bad", model=double, **option)
+    with pytest.raises(ConfigurationError) as info:
+        late_streamer.init_app(late)
+    assert hint in str(info.value)
+
+
+def test_a_refused_route_is_not_kept_by_the_extension(make_app):
+    """A route refused for a bad option is not declared: it must not make
+    every later ``init_app`` of the extension fail, nor be listed."""
+    app, streamer = make_app()
+    with pytest.raises(ConfigurationError):
+        streamer.add_batched_route("/bad", model=double, batch_size=0)
+    assert streamer.routes(app) == []
+    other, _ = make_app(init=False)
+    streamer.init_app(other)  # raises today: the refused route is still in the extension's list
+    assert streamer.routes(other) == []
+
+
+def test_a_model_that_is_neither_a_function_nor_a_managed_model_is_refused_naming_the_route(make_app):
+    """The message names what to change: the route's model (there is no
+    STREAMER_MODEL setting to look for)."""
+
+    class NotManaged:
+        pass
+
+    app, streamer = make_app()
+    for model in (NotManaged, 5):
+        with pytest.raises(ConfigurationError) as info:
+            streamer.add_batched_route("/x", "x", model)
+        message = str(info.value)
+        assert "model of the batched route '/x'" in message and "ManagedModel subclass" in message, message
+        assert "STREAMER_MODEL" not in message, message
+
+
+def test_an_unknown_route_option_is_a_type_error_listing_the_known_ones(make_app):
+    app, streamer = make_app()
+    with pytest.raises(TypeError, match="unknown option.*batchsize.*'/x'.*batch_size"):
+        streamer.add_batched_route("/x", model=double, batchsize=4)
+    with pytest.raises(TypeError, match="needs a model"):
+        streamer.add_batched_route("/y")
+    with pytest.raises(TypeError, match="parse of the batched route '/z' must be callable"):
+        streamer.add_batched_route("/z", model=double, parse="json")
+    with pytest.raises(TypeError, match="batch_size"):
+        streamer.batched_route("/w", batchsize=4)(double)
+
+
+def test_settings_from_flask_environment_variables(make_app, monkeypatch):
+    """``app.config.from_prefixed_env()`` gives strings and JSON values:
+    ``FLASK_STREAMER_CUDA_DEVICES=0,1`` is devices 0 and 1."""
+    monkeypatch.setenv("FLASK_STREAMER_BACKEND", "redis")
+    monkeypatch.setenv("FLASK_STREAMER_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("FLASK_STREAMER_CUDA_DEVICES", "0,1")
+    monkeypatch.setenv("FLASK_STREAMER_WORKER_NUM", "4")
+    monkeypatch.setenv("FLASK_STREAMER_BATCH_SIZE", "8")
+    monkeypatch.setenv("FLASK_STREAMER_MAX_LATENCY", "0.02")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    streamer.add_batched_route("/double", model=double)
+    streamer.init_app(app)
+    spec = spec_of(app, "double")
+    assert (spec.backend, spec.redis_url) == ("redis", "redis://127.0.0.1:1/0")
+    assert (spec.batch_size, spec.max_latency) == (8, 0.02)
+    group = spec.worker_group()
+    assert (group.worker_num, group.devices) == (4, (0, 1))
+    assert group.options["batch_size"] == 8
+
+
+def test_a_bad_environment_variable_fails_init_app(make_app, monkeypatch):
+    monkeypatch.setenv("FLASK_STREAMER_BATCH_SIZE", "many")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    with pytest.raises(ConfigurationError, match="STREAMER_BATCH_SIZE must be a whole number >= 1, got 'many'"):
+        streamer.init_app(app)
+
+
+def test_one_extension_serves_several_apps_each_with_its_own_settings_and_streamers(closing_app):
+    """The application-factory pattern: routes declared on a FlaskStreamer
+    made without an app, then ``init_app`` on two apps."""
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/sized", model=sized)
+
+    def create(batch_size: int, timeout: float) -> Flask:
+        app = closing_app(Flask(f"factory_{batch_size}"))
+        app.config.update(STREAMER_BATCH_SIZE=batch_size, STREAMER_TIMEOUT=timeout)
+        streamer.init_app(app)
+        return app
+
+    first, second = create(2, 5.0), create(5, 7.0)
+    # A route declared after both apps were set up reaches both.
+    streamer.add_batched_route("/double", model=double)
+    for app in (first, second):
+        client = app.test_client()
+        assert client.post("/sized", json="a").get_json() == {"x": "a", "n": 1}
+        assert client.post("/double", json=21).get_json() == 42
+    a, b = streamer.get_streamer("sized", first), streamer.get_streamer("sized", second)
+    assert a is not b
+    assert (a.config.batch_size, a.config.timeout) == (2, 5.0)
+    assert (b.config.batch_size, b.config.timeout) == (5, 7.0)
+    assert spec_of(first, "sized").prefix == "factory_2:sized" and spec_of(second, "sized").prefix == "factory_5:sized"
+    streamer.close(first)
+    assert a.closed and not b.closed, "closing one app's streamers leaves the other's running"
+    assert second.test_client().post("/sized", json="b").get_json() == {"x": "b", "n": 1}
+    with first.app_context():
+        assert [route.name for route in streamer.routes()] == ["sized", "double"]
