@@ -22,6 +22,7 @@ from .config import BatchingConfig
 from .errors import (
     BatchLengthError,
     BrokerUnavailableError,
+    NoWorkerError,
     QueueFullError,
     RemoteError,
     RemoteTraceback,
@@ -55,6 +56,7 @@ __all__ = [
     "QueueFullError",
     "WorkerStartError",
     "BrokerUnavailableError",
+    "NoWorkerError",
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",

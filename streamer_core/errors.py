@@ -17,6 +17,7 @@ __all__ = [
     "QueueFullError",
     "WorkerStartError",
     "BrokerUnavailableError",
+    "NoWorkerError",
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",
@@ -57,6 +58,12 @@ class WorkerStartError(UnavailableError):
 class BrokerUnavailableError(UnavailableError):
     """The broker (Redis) cannot be reached; the call was not queued, or its
     answer could not be read back."""
+
+
+class NoWorkerError(UnavailableError):
+    """No worker has been alive to serve the queue lately (the Redis backend,
+    with ``require_workers``): the call was refused rather than left to wait
+    for its timeout."""
 
 
 class WorkerDiedError(StreamerError):

@@ -158,7 +158,9 @@ class ModelSpec:
         if self.backend == "redis":
             from .backends.redis import RedisStreamer
 
-            return RedisStreamer(self.redis_url or "", self.prefix, codec=self.codec, **common)
+            # A web service answers 503 at once when no worker is alive, rather
+            # than letting requests wait out their timeout.
+            return RedisStreamer(self.redis_url or "", self.prefix, codec=self.codec, require_workers=True, **common)
         raise ConfigurationError(f"unknown backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
 
     def worker_group(self, worker_num: Optional[int] = None, cuda_devices: Optional[Sequence[DeviceId]] = None) -> Any:

@@ -51,7 +51,14 @@ from ..config import (
     _check_seconds,
     check_devices,
 )
-from ..errors import BrokerUnavailableError, QueueFullError, SerializationError, WorkerDiedError, WorkerStartError
+from ..errors import (
+    BrokerUnavailableError,
+    NoWorkerError,
+    QueueFullError,
+    SerializationError,
+    WorkerDiedError,
+    WorkerStartError,
+)
 from ..managed_model import check_model, load_predict
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name
@@ -80,6 +87,31 @@ _RESULTS_MAXLEN = 100_000
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
 _MAX_BACKOFF_S = 2.0
+# Workers beat into the workers set at least this often (seconds); a worker
+# whose last beat is older than _PRESENCE_MS is taken for dead.
+_BEAT_S = 1.0
+_PRESENCE_MS = 3000
+_PRESENCE_TTL_MS = 60_000
+# With require_workers, a web process refuses calls once it has seen no live
+# worker for this long (seconds); its check runs every _CHECK_SERVER_S.
+_NO_WORKER_S = 2.5
+# Record this worker's beat, by the server's clock.
+_BEAT_SCRIPT = """
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], ms, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return ms
+"""
+# How many workers beat within the last ARGV[1] ms, by the server's clock;
+# forgets workers silent for ten times that.
+_LIVE_WORKERS_SCRIPT = """
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 10 * window)
+return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
+"""
 # Exit code of a worker process whose model could not load: not restarted.
 EXIT_INIT_FAILED = 3
 
@@ -122,6 +154,7 @@ class Keys:
             raise TypeError(f"prefix must be a str, got {prefix!r}")
         self.namespace = f"streamer:{prefix}" if prefix else "streamer"
         self.requests = f"{self.namespace}:requests"
+        self.workers = f"{self.namespace}:workers"  # a sorted set: worker -> its last beat, server ms
 
     def results(self, client_id: str) -> str:
         return f"{self.namespace}:results:{client_id}"
@@ -141,7 +174,10 @@ class _RedisClientBackend(Backend):
     name = "redis"
     copies_inputs = True
 
-    def __init__(self, redis_broker: str, prefix: str, codec: str) -> None:
+    def __init__(self, redis_broker: str, prefix: str, codec: str, require_workers: bool = False) -> None:
+        self._require_workers = require_workers
+        self._workers_seen = float("-inf")  # monotonic time a live worker was last seen
+        self._workers_checked = False
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
         self._keys = Keys(prefix)
@@ -165,6 +201,8 @@ class _RedisClientBackend(Backend):
         self._scheduler = scheduler
         try:
             self._server_id = self._server_run_id(self._send_conn)
+            if self._require_workers:
+                self._check_workers()  # now, so that the first calls are judged as the later ones
         except _broker_errors() as exc:
             logger.warning("Redis is not reachable yet (%s); calls fail until it is", exc)
         scheduler.add_slot()
@@ -267,6 +305,8 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = "0-0"
                     self._read_conn.expire(self._results_key, _RESULTS_TTL_S)
+                    if self._require_workers:
+                        self._check_workers()
                 reply = self._read_conn.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
                 if failing_since is not None:
                     logger.warning("Redis is reachable again")
@@ -312,6 +352,39 @@ class _RedisClientBackend(Backend):
         if fields.get(b"ok") == b"1":
             return True, value
         return False, decode_error(value)
+
+    def _check_workers(self, conn: Any = None) -> int:
+        live = self.live_workers(conn or self._read_conn)
+        self._workers_checked = True
+        return live
+
+    def live_workers(self, conn: Any = None) -> int:
+        """How many workers serve this prefix now (beat within the last
+        ``_PRESENCE_MS``), by asking Redis."""
+        live = int((conn or self._send_conn).eval(_LIVE_WORKERS_SCRIPT, 1, self._keys.workers, _PRESENCE_MS))
+        if live:
+            self._workers_seen = time.monotonic()
+        return live
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until a worker serves this prefix; whether one did in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.live_workers():
+                    return True
+            except _broker_errors():
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def workers_missing(self) -> bool:
+        """With ``require_workers``: whether no worker has been alive for
+        ``_NO_WORKER_S`` seconds (or at all since this process started)."""
+        if not (self._require_workers and self._workers_checked):
+            return False
+        return time.monotonic() - self._workers_seen > _NO_WORKER_S
 
     def _server_run_id(self, conn: Any) -> str:
         return str(conn.info("server")["run_id"])
@@ -372,7 +445,10 @@ class RedisStreamer(BaseStreamer):
     ``max_queue`` (the most inputs of this web process waiting for an answer,
     sent or not; past it calls fail at once with ``QueueFullError``), and
     ``codec`` (``"msgpack"``, the default, or ``"pickle"``, which the workers
-    must be started with too). Same signature as service_streamer's
+    must be started with too), and ``require_workers`` (default False: calls
+    wait in Redis for a worker to come; True: while no worker has been alive
+    for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
+    web service wants). Same signature as service_streamer's
     ``RedisStreamer``.
     """
 
@@ -384,12 +460,21 @@ class RedisStreamer(BaseStreamer):
         timeout: float = DEFAULT_TIMEOUT,
         max_queue: Optional[int] = None,
         codec: str = "msgpack",
+        require_workers: bool = False,
     ) -> None:
         config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
-        self._backend = _RedisClientBackend(redis_broker, prefix, codec)
+        if not isinstance(require_workers, bool):
+            raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
+        self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers)
         super().__init__(config, self._backend)
 
     def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:
+        if self._backend.workers_missing():
+            raise NoWorkerError(
+                f"no worker serves {self._backend._keys.requests} (none has been alive for {_NO_WORKER_S:g}s): "
+                "start workers (streamer-worker, flask streamer run-workers or manage.py run_gpu_workers), "
+                "then retry"
+            )
         limit = self._config.max_queue
         if limit is not None and not isinstance(batch, (str, bytes)):
             batch = list(batch)
@@ -402,6 +487,20 @@ class RedisStreamer(BaseStreamer):
         return super().submit(batch, timeout)
 
     submit.__doc__ = BaseStreamer.submit.__doc__
+
+    def live_workers(self) -> int:
+        """How many workers serve this prefix right now (a health check);
+        raises :class:`BrokerUnavailableError` when Redis cannot be reached."""
+        try:
+            return self._backend.live_workers()
+        except _broker_errors() as exc:
+            raise BrokerUnavailableError(f"Redis cannot be reached: {exc}") from exc
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until at least one worker serves this prefix (workers load
+        their model before they announce themselves); return whether one
+        did within ``timeout`` seconds."""
+        return self._backend.wait_ready(timeout)
 
 
 # -- the worker side -------------------------------------------------------------
@@ -626,6 +725,7 @@ class RedisWorker:
         a blip leaves some this worker never saw): removing the consumer would
         drop them, while left pending, another worker takes them over."""
         try:
+            self._conn.zrem(self._keys.workers, self.consumer)
             if self._conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self.consumer):
                 return
             self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
@@ -682,7 +782,9 @@ class RedisWorker:
     def _heartbeat(self) -> None:
         """Keep the requests in hand from looking abandoned while the model runs."""
         conn = connect(self._broker)
-        while not self._stopping.wait(self._claim_after / 3):
+        self._beat(conn)
+        while not self._stopping.wait(min(_BEAT_S, self._claim_after / 3)):
+            self._beat(conn)
             with self._held_lock:
                 in_hand = list(self._held)
             if in_hand:
@@ -691,6 +793,13 @@ class RedisWorker:
                 except Exception as exc:  # a blip: the next beat tries again
                     logger.debug("heartbeat failed: %s", exc)
         conn.close()
+
+    def _beat(self, conn: Any) -> None:
+        """Tell web processes this worker is alive (see ``require_workers``)."""
+        try:
+            conn.eval(_BEAT_SCRIPT, 1, self._keys.workers, self.consumer, _PRESENCE_TTL_MS)
+        except Exception as exc:  # a blip: the next beat tries again
+            logger.debug("presence beat failed: %s", exc)
 
     # running and answering
 

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 import pytest
+
+from django_streamer import get_streamer
 import redis
 from django.test import AsyncClient, Client
 
@@ -128,10 +130,11 @@ def _manage(*args: str, env: Dict[str, str], cwd: Any) -> Any:
 def test_the_redis_backend_with_run_gpu_workers(example, client, commands, redis_url, redis_prefix, tmp_path):
     env = commands.env(STREAMER_BACKEND="redis", STREAMER_REDIS_URL=redis_url, STREAMER_PREFIX=redis_prefix)
     env.pop("DJANGO_SETTINGS_MODULE")
-    # The first request waits while the worker loads the model.
     example(timeout_seconds=90, STREAMER_BACKEND="redis", STREAMER_REDIS_URL=redis_url, STREAMER_PREFIX=redis_prefix)
     workers = commands.start("run_gpu_workers", env=env, script=MANAGE)
     try:
+        # Until the worker has loaded the model, /stream answers 503 (no worker).
+        assert get_streamer("embed").wait_ready(90), commands.log(workers)
         response = post(client, "/stream", {"s": "A man is playing a guitar."})
         assert response.status_code == 200, (response.content, commands.log(workers))
         assert is_embedding(response.json())

@@ -51,6 +51,7 @@ def test_serves_requests_and_restarts_a_killed_worker(commands, broker, redis_pr
                             "--devices", "0,1")
     assert wait_for(lambda: len(worker_children(workers.pid)) == 3, 30), commands.log(workers)
     first = worker_children(workers.pid)
+    assert get_streamer("double").wait_ready(30) and get_streamer("pid").wait_ready(30), commands.log(workers)
     response = post("/double", 21)
     assert (response.status_code, response.json()) == (200, 42), commands.log(workers)
     with ThreadPoolExecutor(8) as pool:
@@ -81,6 +82,7 @@ def test_sigterm_lets_the_batch_in_hand_finish_then_exits_0(commands, broker, re
                                        "INIT_KWARGS": {"folder": str(tmp_path)}}})
     workers = start_workers(commands, broker, redis_prefix, "--model", "hold", "--workers", "2", "-v", "0",
                             TEST_STREAMER_FOLDER=str(tmp_path))
+    assert get_streamer("hold").wait_ready(30), commands.log(workers)
     future = get_streamer("hold").submit([5])
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 30), commands.log(workers)
     children = worker_children(workers.pid)

@@ -114,30 +114,34 @@ def requests_key(prefix: str, route: str) -> str:
     return f"streamer:{prefix}:{route}:requests"
 
 
+def until_served(app: Flask, path: str, body: Any, seconds: float = 30.0) -> Any:
+    """POST until the answer is not "no worker yet" (503), for up to ``seconds``."""
+    client = app.test_client()
+    response = wait_for(lambda: (lambda r: r if r.status_code != 503 else None)(client.post(path, json=body)), seconds, 0.1)
+    assert response is not None, f"{path} still had no worker after {seconds}s"
+    return response
+
+
 def test_the_web_process_enqueues_and_the_cli_workers_answer(web, run_workers, redis_url, prefix):
     app = web()
     conn = redis.Redis.from_url(redis_url, socket_timeout=5)
     threads_before = set(threading.enumerate())
-    results: dict = {}
-
-    def call(key: str, path: str, body: Any) -> None:
-        results[key] = app.test_client().post(path, json=body)
-
-    # No worker yet: the request waits in Redis, and nothing runs the model here.
-    early = threading.Thread(target=call, args=("early", "/double", 21))
-    early.start()
     try:
-        assert wait_for(lambda: conn.xlen(requests_key(prefix, "double")) == 1, 10), "the request never reached Redis"
-        assert early.is_alive() and "early" not in results
+        # No worker yet: a 503 at once, saying so, and nothing left in Redis
+        # or running the model here.
+        assert wait_for(lambda: app.test_client().post("/double", json=21).status_code == 503, 5)
+        response = app.test_client().post("/double", json=21)
+        error = error_of(response, 503)
+        assert error["type"] == "NoWorkerError" and "start workers" in error["message"], error
+        assert response.headers["Retry-After"] == "5"
+        assert conn.xlen(requests_key(prefix, "double")) == 0
         assert worker_children(os.getpid()) == [], "the web process must not start workers"
         assert not any(t.name == "streamer-thread-model" for t in set(threading.enumerate()) - threads_before)
 
         cli = run_workers()
-        early.join(30)
-        assert not early.is_alive(), f"the workers never answered:\n{cli.log()}"
-        assert results["early"].status_code == 200 and results["early"].get_json() == 42
+        early = until_served(app, "/double", 21)
+        assert early.status_code == 200 and early.get_json() == 42, cli.log()
     finally:
-        early.join(30)
         conn.close()
 
     client = app.test_client()
@@ -161,18 +165,17 @@ def test_the_web_process_enqueues_and_the_cli_workers_answer(web, run_workers, r
 def test_route_picks_the_routes_and_workers_and_devices_are_options(web, run_workers, redis_url, prefix):
     cli = run_workers("--route", "double", "--workers", "2", "--devices", "0,1")
     app = web()
-    assert app.test_client().post("/double", json="ab").get_json() == "abab", cli.log()
+    assert until_served(app, "/double", "ab").get_json() == "abab", cli.log()
     assert wait_for(lambda: len(cli.workers()) == 2, 10), cli.log()
     log = cli.log()
     assert f"double: 2 worker(s) on {redis_url}" in log and "sized:" not in log and "boom:" not in log
     assert "double worker 0 (pid" in log and "started on device 0" in log
     assert "double worker 1 (pid" in log and "started on device 1" in log
-    # Nothing serves /sized: its request is never answered (it times out in
-    # Redis; a 503 for "no worker" would do as well).
-    impatient = web(STREAMER_TIMEOUT=1.0)
-    response = impatient.test_client().post("/sized", json=1)
-    assert response.status_code in (503, 504), response.get_data(as_text=True)
-    error_of(response, response.status_code)
+    # Nothing serves /sized: a 503 at once, not a wait for the timeout.
+    impatient = web(STREAMER_TIMEOUT=10.0)
+    response = wait_for(lambda: (lambda r: r if r.status_code == 503 else None)(impatient.test_client().post("/sized", json=1)), 5)
+    assert response is not None, "a route with no worker was not refused"
+    assert error_of(response, 503)["type"] == "NoWorkerError"
     cli.process.send_signal(signal.SIGTERM)
     assert cli.process.wait(20) == 0, cli.log()
 
@@ -199,6 +202,7 @@ def test_only_the_test_s_keys_are_left_and_none_of_them_holds_work(web, run_work
     expires on its own."""
     cli = run_workers("--route", "double")
     app = web()
+    until_served(app, "/double", 0)
     for x in range(5):
         assert app.test_client().post("/double", json=x).get_json() == 2 * x, cli.log()
     cli.process.send_signal(signal.SIGTERM)
