@@ -124,11 +124,14 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
     web = create_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": redis_url, "STREAMER_PREFIX": prefix,
                       "STREAMER_TIMEOUT": 90})
     try:
+        # Until the worker has loaded the model, /stream answers 503 (no worker).
+        streamer = web.extensions["streamer"].extension.get_streamer("stream", web)
+        assert streamer.wait_ready(90), log.read_text(errors="replace")
         remote = embedding(web, PARAPHRASES[0])
         assert cosine(remote, embedding(app, PARAPHRASES[0])) > 0.9999
         workers: List[int] = worker_children(cli.pid)
         assert len(workers) == 1, log.read_text(errors="replace")
-        assert web.extensions["streamer"].extension.get_streamer("stream", web).__class__.__name__ == "RedisStreamer"
+        assert type(streamer).__name__ == "RedisStreamer"
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(20) == 0, log.read_text(errors="replace")
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "the worker outlived the command"
