@@ -21,7 +21,9 @@ from __future__ import annotations
 import concurrent.futures
 import sys
 import threading
-from typing import Optional
+import weakref
+from collections import deque
+from typing import Deque, Optional
 
 __all__ = ["in_unpatched_greenlet", "wait_in_greenlet"]
 
@@ -61,24 +63,48 @@ def wait_in_greenlet(future: concurrent.futures.Future, timeout: Optional[float]
     from gevent.hub import Waiter
 
     hub = gevent.get_hub()
-    watcher = hub.loop.async_()
+    waker = _waker_of(hub)
     waiter = Waiter(hub)
-    guard = threading.Lock()  # a real lock: threading is not patched on this path
-    open_ = [True]
-
-    def wake(_done: concurrent.futures.Future) -> None:  # on the thread that completed the future
-        with guard:
-            if open_[0]:
-                watcher.send()
-
-    watcher.start(waiter.switch, None)
-    try:
-        future.add_done_callback(wake)
-        with gevent.Timeout(timeout, False):
-            waiter.get()
-    finally:
-        with guard:
-            open_[0] = False
-        watcher.stop()
-        watcher.close()
+    future.add_done_callback(lambda _done: waker.wake(waiter))  # runs on the completing thread
+    with gevent.Timeout(timeout, False):
+        waiter.get()
+    # On a timeout the callback may still fire: switching a Waiter nobody
+    # waits on only stores the value, so it is harmless.
     return future.done()
+
+
+class _Waker:
+    """One async watcher per hub, shared by every waiting greenlet: a thread
+    that completes a future queues the greenlet's waiter and signals the
+    watcher; the hub then switches to each queued waiter. Signals sent
+    before the hub runs coalesce, so a batch of 64 results wakes the hub
+    once, not 64 times."""
+
+    def __init__(self, hub: object) -> None:
+        self._ready: Deque[object] = deque()
+        self._watcher = hub.loop.async_()  # type: ignore[attr-defined]
+        self._watcher.ref = False  # waiting greenlets keep the hub running, not this watcher
+        self._watcher.start(self._switch_ready)
+
+    def wake(self, waiter: object) -> None:  # any thread
+        self._ready.append(waiter)
+        self._watcher.send()
+
+    def _switch_ready(self) -> None:  # in the hub
+        ready = self._ready
+        while ready:
+            ready.popleft().switch(None)  # type: ignore[attr-defined]
+
+
+_wakers: "weakref.WeakKeyDictionary[object, _Waker]" = weakref.WeakKeyDictionary()
+_wakers_lock = threading.Lock()
+
+
+def _waker_of(hub: object) -> _Waker:
+    waker = _wakers.get(hub)
+    if waker is None:
+        with _wakers_lock:
+            waker = _wakers.get(hub)
+            if waker is None:
+                waker = _wakers[hub] = _Waker(hub)
+    return waker

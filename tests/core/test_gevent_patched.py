@@ -23,4 +23,4 @@ def test_a_computing_model_does_not_stop_the_hub() -> None:
     assert report["results"] == [[2 * i] for i in range(10)]
     assert max(report["sizes"]) > 1, "callers waiting together were not batched"
     # Each model call computes for 0.3 s; on the hub, one tick would wait that long.
-    assert report["max_gap"] < 0.15, f"the hub stopped for {report['max_gap']:.3f} s during a model call"
+    assert report["max_gap"] < 0.2, f"the hub stopped for {report['max_gap']:.3f} s during a model call"
