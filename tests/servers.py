@@ -116,3 +116,15 @@ class RedisServer:
         return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(self.folder.glob("redis-*.log")))
 
 
+
+
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``streamer:<prefix>:`` (a test's own keys on a
+    shared server; never FLUSHALL)."""
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        keys = list(conn.scan_iter(match=f"streamer:{prefix}:*", count=1000))
+        if keys:
+            conn.delete(*keys)
+    finally:
+        conn.close()

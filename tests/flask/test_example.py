@@ -20,7 +20,6 @@ from typing import Iterator, List
 
 import numpy as np
 import pytest
-import redis
 from flask import Flask
 
 if importlib.util.find_spec("sentence_transformers") is None:  # found, not imported: torch loads on first use
@@ -29,7 +28,7 @@ if importlib.util.find_spec("sentence_transformers") is None:  # found, not impo
 from example_flask import create_app  # noqa: E402
 from tests.flask.conftest import close_streamers, error_of  # noqa: E402
 from tests.helpers import alive, wait_for  # noqa: E402
-from tests.servers import worker_children  # noqa: E402
+from tests.servers import delete_prefix, worker_children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAPHRASES = ("A man is playing a guitar.", "Someone plays the guitar.")
@@ -142,8 +141,4 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         except ProcessLookupError:
             pass
         cli.wait(10)
-        conn = redis.Redis.from_url(redis_url, socket_timeout=5)
-        keys = list(conn.scan_iter(match=f"streamer:{prefix}:*", count=1000))
-        if keys:
-            conn.delete(*keys)
-        conn.close()
+        delete_prefix(redis_url, prefix)

@@ -25,7 +25,7 @@ from flask import Flask
 from tests.flask.apps import create_redis_app
 from tests.flask.conftest import close_streamers, error_of
 from tests.helpers import alive, wait_for
-from tests.servers import worker_children
+from tests.servers import delete_prefix, worker_children
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.flask.apps:create_redis_app()"
@@ -54,13 +54,7 @@ def prefix(redis_url: str) -> Iterator[str]:
     """A STREAMER_PREFIX of this test's own; its keys are deleted at the end."""
     name = f"flask-test-{uuid.uuid4().hex[:10]}"
     yield name
-    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
-    try:
-        keys = list(conn.scan_iter(match=f"streamer:{name}:*", count=1000))
-        if keys:
-            conn.delete(*keys)
-    finally:
-        conn.close()
+    delete_prefix(redis_url, name)
 
 
 @pytest.fixture
