@@ -17,13 +17,12 @@ streamer's threads do not survive a fork.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, DeviceId
+from .config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, DeviceId, _check_int, _check_seconds
 from .errors import StreamerError, WorkerStartError
 from .managed_model import ManagedModel, load_predict
 from .streamer import BaseStreamer, callable_name
@@ -103,9 +102,9 @@ class ModelSpec:
             add("model", "model", f"is {self.model!r}; give a function taking a list or a ManagedModel subclass")
         for name, minimum in (("batch_size", 1), ("worker_num", 1)):
             value = getattr(self, name)
-            if not _is_int(value) or value < minimum:
+            if not _is_int(value, minimum):
                 add(name, "size", f"must be a whole number >= {minimum}, got {value!r}")
-        if self.max_queue is not None and (not _is_int(self.max_queue) or self.max_queue < 1):
+        if self.max_queue is not None and not _is_int(self.max_queue, 1):
             add("max_queue", "size", f"must be a whole number >= 1, or None for no limit; got {self.max_queue!r}")
         for name, allow_zero in (("max_latency", True), ("timeout", False)):
             value = getattr(self, name)
@@ -227,14 +226,23 @@ class LazyStreamer:
             streamer.close(timeout)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_int(value: Any, minimum: int) -> bool:
+    """Whether ``value`` passes :func:`~streamer_core.config._check_int`, the
+    rule every streamer applies (the message here names the setting)."""
+    try:
+        _check_int("", value, minimum)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _is_seconds(value: Any, allow_zero: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Whether ``value`` passes :func:`~streamer_core.config._check_seconds`."""
+    try:
+        _check_seconds("", value, allow_zero=allow_zero)
+    except (TypeError, ValueError):
         return False
-    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+    return True
 
 
 def _device_problems(devices: Any) -> List[str]:
