@@ -61,13 +61,36 @@ SCENARIOS = (
     Scenario("redis1w-64c", "redis", clients=64, workers=1),
     Scenario("redis1w-128c", "redis", clients=128, workers=1),
     Scenario("redis2w-128c", "redis", clients=128, workers=2),
+    # Large inputs: each client sends a (3, 224, 224) float32 image (588 KB);
+    # the device takes 5 ms + 1 ms per image, batches of 32.
+    Scenario(
+        "redis1w-64c-image",
+        "redis",
+        clients=64,
+        workers=1,
+        batch_size=32,
+        fixed_ms=5.0,
+        per_item_ms=1.0,
+        payload="image",
+    ),
 )
 
 REDIS_TARGETS: Sequence[Target] = (
-    ("redis 1 worker, 64 clients: >= 0.85 of ideal", lambda m, lib: _verdict(m.of_ideal(lib, "redis1w-64c"), 0.85, True)),
+    (
+        "redis 1 worker, 64 clients: >= 0.85 of ideal",
+        lambda m, lib: _verdict(m.of_ideal(lib, "redis1w-64c"), 0.85, True),
+    ),
     (
         "redis, 128 clients: 2 workers >= 1.7x 1 worker",
         lambda m, lib: _verdict(m.scaling(lib, "redis1w-128c", "redis2w-128c"), 1.7, True),
+    ),
+    (
+        "588 KB images, 1 worker, 64 clients: >= 0.85 of ideal",
+        lambda m, lib: _verdict(m.of_ideal(lib, "redis1w-64c-image"), 0.85, True),
+    ),
+    (
+        "588 KB images: >= 1.3x service_streamer in the same run",
+        lambda m, lib: _verdict(m.versus(lib, "theirs", "redis1w-64c-image"), 1.3, True),
     ),
 )
 
@@ -76,8 +99,8 @@ SERVER_START_LIMIT_S = 10.0
 SERVER_STOP_LIMIT_S = 5.0
 WORKERS_LOAD_LIMIT_S = 60.0  # spawned interpreters importing the libraries on a busy machine
 WORKERS_STOP_LIMIT_S = 15.0  # streamer_core's workers, after SIGTERM, before the group is killed
-WARM_UP_LIMIT_S = 30.0
-LEFTOVER_GRACE_S = 3.0  # for processes of streamer_core's worker group to exit after its supervisor returned  # the child's first request, until it is answered
+WARM_UP_LIMIT_S = 30.0  # the child's first request, until it is answered
+LEFTOVER_GRACE_S = 3.0  # for processes of streamer_core's worker group to exit after its supervisor returned
 
 # Every process group this process started and has not seen end (Popen objects).
 _LIVE: Set[subprocess.Popen] = set()
@@ -377,14 +400,15 @@ def warm_up(streamer: Any, spec: RunSpec, timeout_s: float) -> None:
     """Send one request until the workers answer it (they may still be
     connecting); then it must be the right answer."""
     deadline = time.monotonic() + min(timeout_s, WARM_UP_LIMIT_S)
+    value, expected = core_bench.make_payload(spec.scenario.payload, spec.scenario.clients)(0)
     while True:
         try:
-            output = streamer.submit([-1]).result(timeout=1.0)
+            output = streamer.submit([value]).result(timeout=1.0)
         except TimeoutError:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the workers did not answer within {WARM_UP_LIMIT_S:.0f}s") from None
             continue
-        if output != [-1]:
+        if len(output) != 1 or not expected(output[0]):
             raise RuntimeError(f"the warm-up request got a wrong answer: {output!r}")
         return
 
@@ -438,7 +462,9 @@ def _stop_text(outcomes: List[Dict[str, Any]]) -> str:
         text = f"SIGTERM: exit 0 in {max(o['seconds'] for o in outcomes):.1f} s"
     else:
         text = ", ".join(
-            f"{o['how']}" + (f" code {o['code']}" if "code" in o else "") + (f" {o['seconds']:.1f} s" if "seconds" in o else "")
+            f"{o['how']}"
+            + (f" code {o['code']}" if "code" in o else "")
+            + (f" {o['seconds']:.1f} s" if "seconds" in o else "")
             for o in outcomes
         )
     return text + (f", {left} process(es) left and killed" if left else "")
@@ -470,7 +496,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     core_bench.add_common_args(parser, SCENARIOS)
     parser.add_argument(
         "--launcher", choices=["api", "cli"], default="api",
-        help="how streamer_core's workers start: run_redis_workers_forever (api, default) or the streamer-worker command",
+        help="how streamer_core's workers start: run_redis_workers_forever (api, default) or streamer-worker (cli)",
     )  # fmt: skip
     parser.add_argument("--redis-server", default=shutil.which("redis-server"), help="the redis-server binary")
     parser.add_argument("--workers-process", metavar="SPEC_JSON", help=argparse.SUPPRESS)
@@ -486,14 +512,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.redis_server:
         raise SystemExit("redis-server not found: install it or pass --redis-server PATH")
     cost, scenarios, specs = core_bench.plan(args, SCENARIOS)
-    header = core_bench.header_line(cost, args) + f"; private redis-server per run, streamer_core workers via {args.launcher}"
+    header = (
+        core_bench.header_line(cost, args)
+        + f"; private redis-server per run, streamer_core workers via {args.launcher}"
+    )
     print(header, file=sys.stderr)
 
     # Ctrl-C and SIGTERM unwind through the finally blocks, which stop every process started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     try:
-        runs = core_bench.run_all(specs, args.repeat, lambda spec: run_one(spec, args.redis_server, args.launcher), _note)
+        runs = core_bench.run_all(
+            specs, args.repeat, lambda spec: run_one(spec, args.redis_server, args.launcher), _note
+        )
     finally:
         _kill_everything_left()
     results = []
@@ -501,7 +532,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pair_runs = runs[(spec.library, spec.scenario.name)]
         summary = core_bench.summarize(pair_runs)
         summary.extra = dict(summary.extra)
-        summary.extra["stop_text"] = _stop_text([r.extra["workers_stop"] for r in pair_runs if "workers_stop" in r.extra])
+        summary.extra["stop_text"] = _stop_text(
+            [r.extra["workers_stop"] for r in pair_runs if "workers_stop" in r.extra]
+        )
         summary.extra["left_text"] = _left_text([r.extra.get("left_in_redis", "") for r in pair_runs])
         results.append(summary)
 

@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from . import __version__
 from .backends.redis import run_redis_workers_forever
+from .config import LOG_FORMAT
 
 __all__ = ["main", "import_target"]
 
@@ -44,7 +45,7 @@ def _devices(text: str) -> List[Any]:
     return [int(d) if d.strip().isdigit() else d.strip() for d in text.split(",") if d.strip()]
 
 
-def _json(kind: type):
+def _json(kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = json.loads(text)
         if not isinstance(value, kind):
@@ -55,20 +56,37 @@ def _json(kind: type):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamer-worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="streamer-worker",
+        description="Run Redis workers for a model named by import path: a ManagedModel subclass or a batch function.",
+        epilog="example, with the model of the Flask and Django examples:\n"
+        "  streamer-worker example_flask.embedding:SentenceEmbedder --workers 1 --prefix embed "
+        "--redis redis://127.0.0.1:6379/0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("model", help="the model, module:attribute: a ManagedModel subclass or a batch function")
-    parser.add_argument("--redis", default=os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                        help="Redis URL or host:port (default: $STREAMER_REDIS_URL or redis://127.0.0.1:6379/0)")
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="Redis URL or host:port (default: $STREAMER_REDIS_URL or redis://127.0.0.1:6379/0)",
+    )
     parser.add_argument("--prefix", default="", help="keeps models apart on one Redis; the web side uses the same")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--devices", type=_devices, default=None, help="CUDA devices, e.g. 0,1: worker i gets devices[i %% n]")
+    parser.add_argument(
+        "--devices", type=_devices, default=None, help="CUDA devices, e.g. 0,1: worker i gets devices[i %% n]"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="most inputs per model call (default 64)")
-    parser.add_argument("--max-latency", type=float, default=0.1,
-                        help="seconds the oldest input may wait for companions (default 0.1)")
+    parser.add_argument(
+        "--max-latency", type=float, default=0.1, help="seconds the oldest input may wait for companions (default 0.1)"
+    )
     parser.add_argument("--init-args", type=_json(list), default=None, help="JSON list passed to init_model")
     parser.add_argument("--init-kwargs", type=_json(dict), default=None, help="JSON object passed to init_model")
-    parser.add_argument("--codec", default="msgpack", choices=["msgpack", "pickle"],
-                        help="wire format; pickle only with a trusted broker (default msgpack)")
+    parser.add_argument(
+        "--codec",
+        default="msgpack",
+        choices=["msgpack", "pickle"],
+        help="wire format; pickle only with a trusted broker (default msgpack)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -76,14 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     sys.path.insert(0, os.getcwd())  # find the model's module from where the command runs, as flask and gunicorn do
     try:
         model = import_target(args.model)
         return run_redis_workers_forever(
-            model, args.batch_size, args.max_latency, worker_num=args.workers, cuda_devices=args.devices,
-            redis_broker=args.redis, prefix=args.prefix, model_init_args=args.init_args,
-            model_init_kwargs=args.init_kwargs, codec=args.codec,
+            model,
+            args.batch_size,
+            args.max_latency,
+            worker_num=args.workers,
+            cuda_devices=args.devices,
+            redis_broker=args.redis,
+            prefix=args.prefix,
+            model_init_args=args.init_args,
+            model_init_kwargs=args.init_kwargs,
+            codec=args.codec,
         )
     except (ValueError, TypeError) as exc:
         print(f"streamer-worker: error: {exc}", file=sys.stderr)

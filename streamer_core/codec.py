@@ -7,6 +7,13 @@ extension type (dtype, shape and raw bytes; object arrays are refused). Tuples
 come back as lists. ``"pickle"`` carries any Python object but runs code when
 read; it is used only when both the web side and the workers ask for it.
 
+Large arrays travel out of band (:meth:`Codec.dumps`): the payload holds
+their dtype and shape, and their raw bytes go beside it as separate buffers,
+which Redis stores as fields of their own. An array is then copied once when
+it is written (so that a caller changing it afterwards changes nothing sent)
+and once when it is read (into a writable array), and never inside the
+encoding.
+
 Errors cross as plain data too (type name, message, formatted traceback) and
 are re-created as the same built-in or ``streamer_core`` exception type where
 there is one, as :class:`RemoteError` otherwise.
@@ -17,14 +24,20 @@ from __future__ import annotations
 import builtins
 import pickle
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, List, Sequence, Tuple, Type
 
 from . import errors as _errors
 from .errors import RemoteError, RemoteTraceback, SerializationError
 
 __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]
 
-_NUMPY_EXT = 1
+_NUMPY_EXT = 1  # an array in the payload: [dtype, shape] then its bytes
+_NUMPY_OOB_EXT = 2  # an array out of band: [dtype, shape, index of its buffer]
+#: Arrays (and pickle buffers) of at least this many bytes travel out of band.
+OUT_OF_BAND_BYTES = 64 * 1024
+
+#: The raw bytes of large values, sent beside a payload.
+Buffers = Tuple[bytes, ...]
 
 
 class Codec:
@@ -34,10 +47,19 @@ class Codec:
     name = ""
 
     def encode(self, value: Any) -> bytes:
+        """``value`` as one payload (large arrays inside it)."""
         raise NotImplementedError
 
     def decode(self, data: bytes) -> Any:
         raise NotImplementedError
+
+    def dumps(self, value: Any) -> Tuple[bytes, Buffers]:
+        """``value`` as a payload and the buffers of its large arrays."""
+        return self.encode(value), ()
+
+    def loads(self, data: bytes, buffers: Sequence[bytes] = ()) -> Any:
+        """The value of :meth:`dumps`."""
+        return self.decode(data)
 
 
 class MsgpackCodec(Codec):
@@ -55,8 +77,29 @@ class MsgpackCodec(Codec):
         self._msgpack = msgpack
 
     def encode(self, value: Any) -> bytes:
+        return self._pack(value, None)
+
+    def decode(self, data: bytes) -> Any:
+        return self.loads(data)
+
+    def dumps(self, value: Any) -> Tuple[bytes, Buffers]:
+        buffers: List[bytes] = []
+        return self._pack(value, buffers), tuple(buffers)
+
+    def loads(self, data: bytes, buffers: Sequence[bytes] = ()) -> Any:
         try:
-            return self._msgpack.packb(value, default=self._encode_ext, use_bin_type=True)
+            return self._msgpack.unpackb(
+                data, ext_hook=lambda code, ext: self._decode_ext(code, ext, buffers), raw=False, strict_map_key=False
+            )
+        except Exception as exc:
+            raise SerializationError(f"not a valid msgpack payload ({exc})") from exc
+
+    def _pack(self, value: Any, buffers: Any) -> bytes:
+        try:
+            packed: bytes = self._msgpack.packb(
+                value, default=lambda item: self._encode_ext(item, buffers), use_bin_type=True
+            )
+            return packed
         except (TypeError, ValueError, OverflowError) as exc:
             raise SerializationError(
                 f"{type(value).__name__} cannot be written with the msgpack codec ({exc}): send plain data "
@@ -64,36 +107,40 @@ class MsgpackCodec(Codec):
                 "on both the web side and the workers if the broker is trusted"
             ) from exc
 
-    def decode(self, data: bytes) -> Any:
-        try:
-            return self._msgpack.unpackb(data, ext_hook=self._decode_ext, raw=False, strict_map_key=False)
-        except Exception as exc:
-            raise SerializationError(f"not a valid msgpack payload ({exc})") from exc
-
-    def _encode_ext(self, value: Any) -> Any:
+    def _encode_ext(self, value: Any, buffers: Any) -> Any:
         module = type(value).__module__
         if module == "numpy" and type(value).__name__ == "ndarray":
             if value.dtype.hasobject:
                 raise TypeError("numpy arrays of Python objects cannot be sent")
+            if buffers is not None and value.nbytes >= OUT_OF_BAND_BYTES:
+                buffers.append(value.tobytes(order="C"))  # the one copy on this side
+                header = self._msgpack.packb([value.dtype.str, list(value.shape), len(buffers) - 1])
+                return self._msgpack.ExtType(_NUMPY_OOB_EXT, header)
             header = self._msgpack.packb([value.dtype.str, list(value.shape)])
             return self._msgpack.ExtType(_NUMPY_EXT, header + value.tobytes(order="C"))
         if module == "numpy" and hasattr(value, "item"):  # a numpy scalar
             return value.item()
         raise TypeError(f"cannot encode {type(value).__name__}")
 
-    def _decode_ext(self, code: int, data: bytes) -> Any:
-        if code != _NUMPY_EXT:
-            raise ValueError(f"unknown msgpack extension type {code}")
+    def _decode_ext(self, code: int, data: bytes, buffers: Sequence[bytes]) -> Any:
         import numpy
 
         unpacker = self._msgpack.Unpacker(raw=False)
         unpacker.feed(data)
-        dtype, shape = next(unpacker)
-        offset = unpacker.tell()
+        if code == _NUMPY_EXT:
+            dtype, shape = next(unpacker)
+            raw, offset = data, unpacker.tell()
+        elif code == _NUMPY_OOB_EXT:
+            dtype, shape, index = next(unpacker)
+            if not isinstance(index, int) or not 0 <= index < len(buffers):
+                raise ValueError("an array names a buffer that was not sent")
+            raw, offset = buffers[index], 0
+        else:
+            raise ValueError(f"unknown msgpack extension type {code}")
         dtype = numpy.dtype(dtype)
         if dtype.hasobject:
             raise ValueError("refusing a numpy array of Python objects")
-        return numpy.frombuffer(data, dtype=dtype, offset=offset).reshape(shape).copy()
+        return numpy.frombuffer(raw, dtype=dtype, offset=offset).reshape(shape).copy()  # the one copy on this side
 
 
 class PickleCodec(Codec):
@@ -110,8 +157,30 @@ class PickleCodec(Codec):
     def decode(self, data: bytes) -> Any:
         return pickle.loads(data)
 
+    def dumps(self, value: Any) -> Tuple[bytes, Buffers]:
+        buffers: List[bytes] = []
 
-CODECS: Dict[str, type] = {"msgpack": MsgpackCodec, "pickle": PickleCodec}
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            try:
+                view = buffer.raw()
+            except BufferError:  # not contiguous: in the payload
+                return True
+            if view.nbytes < OUT_OF_BAND_BYTES:
+                return True
+            buffers.append(view.tobytes())  # the one copy on this side
+            return False
+
+        try:
+            return pickle.dumps(value, 5, buffer_callback=out_of_band), tuple(buffers)
+        except Exception as exc:
+            raise SerializationError(f"{type(value).__name__} cannot be pickled: {exc}") from exc
+
+    def loads(self, data: bytes, buffers: Sequence[bytes] = ()) -> Any:
+        # Writable copies, so that arrays built on them are writable too.
+        return pickle.loads(data, buffers=[bytearray(buffer) for buffer in buffers])
+
+
+CODECS: Dict[str, Type[Codec]] = {"msgpack": MsgpackCodec, "pickle": PickleCodec}
 
 
 def get_codec(name: str) -> Codec:
@@ -122,10 +191,15 @@ def get_codec(name: str) -> Codec:
 
 
 def encode_error(exc: BaseException) -> Dict[str, str]:
-    """An exception as plain data: its type name, message and traceback."""
+    """An exception as plain data: its type name, message and traceback.
+
+    The message is the exception's one string argument where it has one, so
+    that the type re-created from it reads the same (``str(KeyError("k"))``
+    is ``"'k'"``, and a ``KeyError`` made from that would read ``"\"'k'\""``)."""
+    args = exc.args
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": args[0] if len(args) == 1 and isinstance(args[0], str) else str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
 
@@ -148,4 +222,3 @@ def decode_error(data: Any) -> BaseException:
         exc = RemoteError(name, message)
     exc.__cause__ = RemoteTraceback(str(data.get("traceback", "")))
     return exc
-

@@ -57,7 +57,15 @@ class Broker:
         return f"streamer:{self.prefix}:results:{client_id}"
 
     def keys(self) -> List[str]:
-        return sorted(k.decode() for k in self.conn.scan_iter(match=f"streamer:{self.prefix}*", count=1000))
+        """The test's keys, but those whose names are not UTF-8 (a test may
+        write such keys on purpose)."""
+        names = []
+        for key in self.conn.scan_iter(match=f"streamer:{self.prefix}*", count=1000):
+            try:
+                names.append(key.decode())
+            except UnicodeDecodeError:
+                continue
+        return sorted(names)
 
     def result_keys(self) -> List[str]:
         return [k for k in self.keys() if ":results:" in k]
@@ -94,11 +102,11 @@ class Running:
     out a blocking read, so doing them together keeps teardown short."""
 
     def __init__(self) -> None:
-        self.processes: List["Processes"] = []
+        self.processes: List[Processes] = []
         self.streamers: List[RedisStreamer] = []
-        self.workers: List["ThreadWorker"] = []
+        self.workers: List[ThreadWorker] = []
         self.finalizers: List[Callable[[], None]] = []  # after everything has stopped, in order
-        self.brokers: List["Broker"] = []
+        self.brokers: List[Broker] = []
 
     def stop_all(self) -> None:
         try:
@@ -244,7 +252,9 @@ def start_worker(running: Running) -> Callable[..., ThreadWorker]:
     """``start_worker(broker, model, batch_size, max_latency=0.01, **options)``:
     a RedisWorker in a background thread, stopped at the end of the test."""
 
-    def start(broker: Broker, model: Any, batch_size: int = 8, max_latency: float = 0.01, **options: Any) -> ThreadWorker:
+    def start(
+        broker: Broker, model: Any, batch_size: int = 8, max_latency: float = 0.01, **options: Any
+    ) -> ThreadWorker:
         options.setdefault("claim_after", 0.5)
         worker = RedisWorker(model, batch_size, max_latency, redis_broker=broker.url, prefix=broker.prefix, **options)
         handle = ThreadWorker(worker)
@@ -270,8 +280,12 @@ class Processes:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                args, cwd=ROOT, env=env, start_new_session=True,
-                stdout=subprocess.PIPE if capture_stdout else log, stderr=log,
+                args,
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.PIPE if capture_stdout else log,
+                stderr=log,
             )
         self.started.append(process)
         self.logs[process.pid] = log_path
@@ -280,20 +294,36 @@ class Processes:
     def python(self, spec: Dict[str, Any], **kwargs: Any) -> subprocess.Popen:
         return self.popen([sys.executable, "-m", "tests.redis.models", json.dumps(spec)], **kwargs)
 
-    def worker(self, broker: Broker, model: str, batch_size: int = 8, max_latency: float = 0.01,
-               **options: Any) -> subprocess.Popen:
+    def worker(
+        self, broker: Broker, model: str, batch_size: int = 8, max_latency: float = 0.01, **options: Any
+    ) -> subprocess.Popen:
         """One RedisWorker process (no supervisor: nothing restarts it)."""
         options.setdefault("claim_after", 0.5)
-        spec = dict(mode="worker", model=model, batch_size=batch_size, max_latency=max_latency,
-                    redis_broker=broker.url, prefix=broker.prefix, **options)
+        spec = dict(
+            mode="worker",
+            model=model,
+            batch_size=batch_size,
+            max_latency=max_latency,
+            redis_broker=broker.url,
+            prefix=broker.prefix,
+            **options,
+        )
         return self.python(spec, name="worker")
 
-    def supervisor(self, broker: Broker, model: str, batch_size: int = 8, max_latency: float = 0.01,
-                   **options: Any) -> subprocess.Popen:
+    def supervisor(
+        self, broker: Broker, model: str, batch_size: int = 8, max_latency: float = 0.01, **options: Any
+    ) -> subprocess.Popen:
         """``run_redis_workers_forever`` in a process of its own."""
         options.setdefault("claim_after", 0.5)
-        spec = dict(mode="supervise", model=model, batch_size=batch_size, max_latency=max_latency,
-                    redis_broker=broker.url, prefix=broker.prefix, **options)
+        spec = dict(
+            mode="supervise",
+            model=model,
+            batch_size=batch_size,
+            max_latency=max_latency,
+            redis_broker=broker.url,
+            prefix=broker.prefix,
+            **options,
+        )
         return self.python(spec, name="supervisor")
 
     def cli(self, broker: Broker, *args: str) -> subprocess.Popen:
@@ -304,7 +334,9 @@ class Processes:
         return text if tail is None else text[-tail:]
 
     def all_logs(self) -> str:
-        return "\n".join(f"--- pid {pid} ---\n{path.read_text(errors='replace')[-3000:]}" for pid, path in self.logs.items())
+        return "\n".join(
+            f"--- pid {pid} ---\n{path.read_text(errors='replace')[-3000:]}" for pid, path in self.logs.items()
+        )
 
     def kill_all(self) -> None:
         for process in self.started:

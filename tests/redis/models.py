@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -139,12 +138,28 @@ def _web(spec: Dict[str, Any]) -> int:
     return 0
 
 
+def _daemon(spec: Dict[str, Any]) -> int:
+    """As service_streamer's own tests do: run the workers on a daemon
+    thread, and end the program (here, once the file ``end`` appears)."""
+    from streamer_core import run_redis_workers_forever
+
+    model = getattr(sys.modules[__name__], spec.pop("model"))
+    end = Path(spec.pop("end"))
+    threading.Thread(target=run_redis_workers_forever, args=(model,), kwargs=spec, daemon=True).start()
+    while not end.exists():
+        time.sleep(0.02)
+    print("the program ends", flush=True)
+    return 0
+
+
 def _main(argv: List[str]) -> int:
     spec = json.loads(argv[1])
     mode = spec.pop("mode")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     if mode == "web":
         return _web(spec)
+    if mode == "daemon":
+        return _daemon(spec)
     from streamer_core import RedisWorker, run_redis_workers_forever
 
     model = getattr(sys.modules[__name__], spec.pop("model"))

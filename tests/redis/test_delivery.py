@@ -13,38 +13,37 @@ import pytest
 import redis
 
 from streamer_core import WorkerDiedError
+from tests.conftest import Gate
+from tests.redis import models
 from tests.redis.conftest import GROUP, alive, wait_for, wait_serving, worker_children
 
 
-def test_a_worker_takes_only_the_batch_it_is_about_to_run(broker, make_streamer, start_worker):
+def test_a_worker_holds_the_batch_it_runs_and_at_most_one_more(broker, make_streamer, start_worker):
+    """A worker reads its next batch while the model runs the current one,
+    and no further: what it holds pending under its name (and would leave
+    to others if killed) is never more than two batches."""
     streamer = make_streamer(broker)
-    futures = [streamer.submit([x]) for x in range(20)]
-    broker.wait_queued(20)
+    futures = [streamer.submit([x]) for x in range(40)]
+    broker.wait_queued(40)
     looker = redis.Redis.from_url(broker.url)
     held = []
 
     def model(batch: list) -> list:
-        # While this batch runs, what does Redis say the worker holds? (The
-        # previous batch's answers may still be being written and acknowledged
-        # on the worker's writer thread: give that a moment. A worker that
-        # took more than it runs would hold them all along.)
-        deadline = time.monotonic() + 3
-        pending = int(looker.xpending(broker.requests, GROUP)["pending"])
-        while pending > len(batch) and time.monotonic() < deadline:
-            time.sleep(0.005)
-            pending = int(looker.xpending(broker.requests, GROUP)["pending"])
-        held.append((len(batch), pending))
-        time.sleep(0.02)
+        # While this batch runs, what does Redis say the worker holds? Give the
+        # reader a moment to take the next batch, and the writer to finish
+        # acknowledging the previous one.
+        time.sleep(0.03)
+        held.append((len(batch), int(looker.xpending(broker.requests, GROUP)["pending"])))
         return [x * 2 for x in batch]
 
     try:
         start_worker(broker, model, batch_size=4, max_latency=0.05)
-        assert [f.result(10) for f in futures] == [[x * 2] for x in range(20)]
+        assert [f.result(10) for f in futures] == [[x * 2] for x in range(40)]
     finally:
         looker.close()
-    assert held and all(pending <= 4 for _, pending in held), f"(batch, pending) while running: {held}"
-    assert all(pending == size for size, pending in held), "a worker should hold exactly the batch it runs"
-    assert [size for size, _ in held] == [4] * 5
+    assert [size for size, _ in held] == [4] * 10
+    assert all(pending <= 8 for _, pending in held), f"(batch, pending) while running: {held}"
+    assert any(pending == 8 for _, pending in held[:-1]), f"the next batch should be read while one runs: {held}"
     assert broker.pending() == 0 and broker.xlen() == 0
 
 
@@ -53,30 +52,44 @@ def _inside(folder) -> list:
 
 
 def test_a_worker_killed_mid_batch_loses_nothing(fault_broker, make_streamer, procs, tmp_path):
+    """Killed while its model runs, a worker holds its batch and the next
+    one, read ahead: the other worker takes both over and answers them all."""
     (tmp_path / "hold").write_text("")
     streamer = make_streamer(fault_broker, timeout=20)
-    futures = [streamer.submit([x]) for x in range(8)]
-    fault_broker.wait_queued(8)
-    # Two workers started on a full queue each take a batch of 4 and hold it.
-    workers = [procs.worker(fault_broker, "HoldModel", batch_size=4, max_latency=0.05, claim_after=0.5,
-                            model_init_kwargs={"folder": str(tmp_path)}) for _ in range(2)]
-    assert wait_for(lambda: len(_inside(tmp_path)) == 2, 15), procs.all_logs()
-    assert sorted(x for m in _inside(tmp_path) for x in json.loads(m.read_text())) == list(range(8))
-    assert fault_broker.pending() == 8
+    futures = [streamer.submit([x]) for x in range(16)]
+    fault_broker.wait_queued(16)
+    # Two workers started on a full queue each run a batch of 4 and read 4 more.
+    workers = [
+        procs.worker(
+            fault_broker,
+            "HoldModel",
+            batch_size=4,
+            max_latency=0.05,
+            claim_after=0.5,
+            model_init_kwargs={"folder": str(tmp_path)},
+        )
+        for _ in range(2)
+    ]
+    assert wait_for(lambda: len(_inside(tmp_path)) == 2 and fault_broker.pending() == 16, 15), procs.all_logs()
+    running = [x for m in _inside(tmp_path) for x in json.loads(m.read_text())]
+    assert len(running) == 8 and len(set(running)) == 8
     victim = int(_inside(tmp_path)[0].name.split("-")[1])
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     (tmp_path / "hold").unlink()
-    assert [f.result(10) for f in futures] == [[x * 2] for x in range(8)]
-    assert time.monotonic() - killed_at < 6.0, "the dead worker's requests should be taken over after claim_after"
-    assert wait_for(lambda: fault_broker.pending() == 0 and fault_broker.xlen() == 0, 3), \
+    assert [f.result(15) for f in futures] == [[x * 2] for x in range(16)]
+    assert time.monotonic() - killed_at < 10.0, "the dead worker's requests should be taken over after claim_after"
+    assert wait_for(lambda: fault_broker.pending() == 0 and fault_broker.xlen() == 0, 3), (
         "requests taken over must be acknowledged and deleted"
+    )
     survivor = next(w for w in workers if w.pid != victim)
-    assert "took over" in procs.log(survivor), "the survivor should log that it took the requests over"
+    assert procs.log(survivor).count("took over") == 8, "the survivor should take over the batch run and the one read"
     assert streamer.predict([100, 101]) == [200, 202], "the survivor keeps serving"
 
 
-def test_requests_taken_over_by_a_slow_worker_are_not_failed(fault_broker, make_streamer, start_worker, procs, tmp_path):
+def test_requests_taken_over_by_a_slow_worker_are_not_failed(
+    fault_broker, make_streamer, start_worker, procs, tmp_path
+):
     """A worker dies holding a batch; the one taking it over runs each request
     alone and slowly (longer than claim_after). Requests waiting their turn
     must not be claimed again meanwhile: every caller gets its result, and
@@ -85,8 +98,14 @@ def test_requests_taken_over_by_a_slow_worker_are_not_failed(fault_broker, make_
     streamer = make_streamer(fault_broker, timeout=20)
     futures = [streamer.submit([x]) for x in range(4)]
     fault_broker.wait_queued(4)
-    dying = procs.worker(fault_broker, "HoldModel", batch_size=4, max_latency=0.05, claim_after=0.5,
-                         model_init_kwargs={"folder": str(tmp_path)})
+    dying = procs.worker(
+        fault_broker,
+        "HoldModel",
+        batch_size=4,
+        max_latency=0.05,
+        claim_after=0.5,
+        model_init_kwargs={"folder": str(tmp_path)},
+    )
     assert wait_for(lambda: _inside(tmp_path), 15), procs.log(dying)
     assert json.loads(_inside(tmp_path)[0].read_text()) == [0, 1, 2, 3]
     os.kill(dying.pid, signal.SIGKILL)
@@ -109,8 +128,15 @@ def test_requests_taken_over_by_a_slow_worker_are_not_failed(fault_broker, make_
 
 
 def test_an_input_that_kills_every_worker_fails_with_worker_died_error(fault_broker, make_streamer, procs):
-    supervisor = procs.supervisor(fault_broker, "kill_self_on_poison", batch_size=1, max_latency=0.0,
-                                  worker_num=2, claim_after=0.5, max_item_crashes=2)
+    supervisor = procs.supervisor(
+        fault_broker,
+        "kill_self_on_poison",
+        batch_size=1,
+        max_latency=0.0,
+        worker_num=2,
+        claim_after=0.5,
+        max_item_crashes=2,
+    )
     assert wait_for(lambda: len(worker_children(supervisor.pid)) == 2, 20)
     wait_serving(procs, supervisor, worker_children(supervisor.pid))
     streamer = make_streamer(fault_broker, timeout=30)
@@ -140,8 +166,15 @@ def test_inputs_batched_with_a_poison_input_are_not_failed_with_it(fault_broker,
     futures = [streamer.submit([text]) for text in inputs]
     fault_broker.wait_queued(len(inputs))
     # Started after the calls are queued, a worker takes all five as one batch.
-    supervisor = procs.supervisor(fault_broker, "kill_self_on_poison", batch_size=8, max_latency=0.05,
-                                  worker_num=2, claim_after=0.5, max_item_crashes=2)
+    supervisor = procs.supervisor(
+        fault_broker,
+        "kill_self_on_poison",
+        batch_size=8,
+        max_latency=0.05,
+        worker_num=2,
+        claim_after=0.5,
+        max_item_crashes=2,
+    )
     outcomes = []
     for future in futures:
         try:
@@ -170,12 +203,14 @@ def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broke
     """Used to fail: a stopping worker removed its consumer when it held
     nothing it knew of, dropping requests pending under its name that it
     never saw (a read whose reply was lost), so nobody took them over."""
-    first = start_worker(broker, gate, batch_size=4, claim_after=0.5)
+    first = start_worker(broker, gate, batch_size=1, claim_after=0.5)
     streamer = make_streamer(broker, timeout=8)
     held = streamer.submit(["hold"])
     assert gate.entered.wait(5)
+    ahead = streamer.submit(["ahead"])  # the worker reads it as its next batch, and reads no more
+    assert wait_for(lambda: broker.pending() == 2, 3)
     lost = streamer.submit(["lost"])
-    broker.wait_queued(2)
+    broker.wait_queued(3)
     # A read by this worker whose reply never reached it (a connection blip):
     # the request is pending under the worker's name, unknown to the worker.
     reply = broker.conn.xreadgroup(GROUP, first.worker.consumer, {broker.requests: ">"}, count=1)
@@ -183,6 +218,31 @@ def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broke
     first.worker.stop()
     gate.release()
     assert held.result(5) == ["ok:hold"]
+    assert ahead.result(5) == ["ok:ahead"], "a stopping worker finishes the batch it read ahead"
     first.thread.join(5)
     start_worker(broker, gate, batch_size=4, claim_after=0.5)
     assert lost.result(4) == ["ok:lost"], "a request pending under a stopped worker was never run"
+
+
+def test_while_one_worker_is_busy_requests_go_to_a_free_one(broker, make_streamer, start_worker):
+    """A busy worker reads ahead only a full batch: fewer requests than that
+    are for a free worker to run now, not to wait behind the busy one's
+    model, as in-process workers are handed batches."""
+    gate = Gate()
+    busy = start_worker(broker, gate, batch_size=8, claim_after=0.3)
+    free = start_worker(broker, models.with_pid, batch_size=8, claim_after=0.3)
+    streamer = make_streamer(broker, timeout=10)
+    # Both workers beat a few times, so that neither takes itself for the only one.
+    assert wait_for(lambda: streamer.live_workers() == 2, 5)
+    time.sleep(0.3)
+    held = streamer.submit(["hold"])
+    while not gate.entered.wait(0.05):
+        if held.done():  # the free worker ran it: send it again until the gated one does
+            held = streamer.submit(["hold"])
+    for round_ in range(5):
+        answers = [f.result(3) for f in [streamer.submit([n]) for n in range(3)]]
+        assert all(isinstance(a[0], list) for a in answers), f"round {round_}: run by the busy worker: {answers}"
+    assert not held.done()
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert busy.alive() and free.alive()

@@ -129,8 +129,10 @@ def test_calls_fail_fast_and_clearly_while_redis_is_down(fault_broker, make_stre
     assert time.monotonic() - started < 5, "an unreachable Redis must not make a call wait out its timeout"
     fault_broker.server.start()
     errors: list = []
-    assert wait_for(lambda: _answers(streamer, errors), 20), \
-        f"calls should succeed again once Redis is back; got {errors}; worker alive: {worker.alive()} ({worker.error!r})"
+    assert wait_for(lambda: _answers(streamer, errors), 20), (
+        f"calls should succeed again once Redis is back; got {errors}; "
+        f"worker alive: {worker.alive()} ({worker.error!r})"
+    )
 
 
 def _answers(streamer: RedisStreamer, errors: list) -> bool:

@@ -53,16 +53,24 @@ def test_two_web_processes_and_two_workers_answer_every_call_exactly_once(broker
     records = tmp_path / "records"
     records.mkdir()
     workers = [
-        procs.worker(broker, "RecordModel", batch_size=4, max_latency=0.005,
-                     model_init_kwargs={"folder": str(records), "delay": 0.005})
+        procs.worker(
+            broker,
+            "RecordModel",
+            batch_size=4,
+            max_latency=0.005,
+            model_init_kwargs={"folder": str(records), "delay": 0.005},
+        )
         for _ in range(2)
     ]
     for w in workers:
         wait_serving(procs, w, [w.pid])
     threads, calls = 4, 25
     webs = [
-        procs.python(dict(mode="web", url=broker.url, prefix=broker.prefix, name=name, threads=threads, calls=calls),
-                     name=f"web-{name}", capture_stdout=True)
+        procs.python(
+            dict(mode="web", url=broker.url, prefix=broker.prefix, name=name, threads=threads, calls=calls),
+            name=f"web-{name}",
+            capture_stdout=True,
+        )
         for name in ("w1", "w2")
     ]
     reports = []
@@ -82,8 +90,9 @@ def test_two_web_processes_and_two_workers_answer_every_call_exactly_once(broker
         by_worker[int(log.stem)] = len(lines)
         ran.update(lines)
     sent = Counter(x for report in reports for x in report["sent"])
-    assert ran == sent, f"inputs run twice: {[x for x, n in ran.items() if n > 1][:5]}; " \
-                        f"never run: {list((sent - ran).keys())[:5]}"
+    assert ran == sent, (
+        f"inputs run twice: {[x for x, n in ran.items() if n > 1][:5]}; never run: {list((sent - ran).keys())[:5]}"
+    )
     assert set(by_worker) == {w.pid for w in workers}, f"not every worker ran inputs: {by_worker}"
     answered_by = {pid for report in reports for pid in report["pids"]}
     assert answered_by == {w.pid for w in workers}

@@ -5,7 +5,11 @@ rather than leaving them to wait out their timeout."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
+from typing import Any, List
 
 import pytest
 
@@ -38,15 +42,80 @@ def test_a_worker_is_seen_and_its_exit_is_noticed(broker, make_streamer, start_w
     assert wait_for(lambda: _refused(streamer), 8), "calls still queued with no worker alive"
 
 
-def test_a_killed_worker_is_taken_for_dead_after_its_beats_stop(broker, make_streamer):
-    """A worker that dies without leaving stays in the set, but its beat gets
-    old: after the presence window it no longer counts."""
+def test_a_killed_worker_is_taken_for_dead_after_its_beats_stop(broker, make_streamer, procs):
+    """A worker process SIGKILLed cannot leave the set; its beat gets old, and
+    within the presence window (3 s) it no longer counts: calls are refused."""
+    worker = procs.worker(broker, "identity")
+    streamer = make_streamer(broker, require_workers=True, timeout=10)
+    assert streamer.wait_ready(30), procs.log(worker)
+    assert streamer.predict([1]) == [1]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(5)
+    killed = time.monotonic()
+    assert wait_for(lambda: streamer.live_workers() == 0, 6), "a dead worker kept counting as alive"
+    assert time.monotonic() - killed < 5.0
+    assert wait_for(lambda: _refused(streamer), 6), "calls still accepted with no worker alive"
+
+
+def test_a_beat_older_than_the_presence_window_does_not_count(broker, make_streamer):
     conn = broker.conn
     seconds, micros = conn.time()
     now_ms = seconds * 1000 + micros // 1000
     conn.zadd(f"streamer:{broker.prefix}:workers", {"gone-worker": now_ms - 10_000, "fresh-worker": now_ms})
     streamer = make_streamer(broker, require_workers=True)
     assert streamer.live_workers() == 1
+
+
+def test_when_the_last_worker_stops_under_load_waiting_calls_fail_as_new_ones_do(broker, make_streamer, start_worker):
+    """The last worker stops (SIGTERM: it finishes the batches in hand) with
+    calls still queued. Those calls do not wait out their 20 s timeout: once
+    no worker has been alive for the grace period, they fail as a new call
+    does, with NoWorkerError (a 503), and what they queued is deleted, so a
+    worker that starts later runs none of it."""
+    ran: List[Any] = []
+    first_batch = threading.Event()
+
+    def slow(batch: List[Any]) -> List[Any]:
+        ran.extend(batch)
+        first_batch.set()
+        time.sleep(0.2)
+        return [x * 2 for x in batch]
+
+    worker = start_worker(broker, slow, batch_size=2, claim_after=0.5)
+    streamer = make_streamer(broker, require_workers=True, timeout=20)
+    assert streamer.wait_ready(10)
+    futures = [streamer.submit([n]) for n in range(40)]
+    assert first_batch.wait(5)
+    worker.worker.stop()
+    stopped = time.monotonic()
+    outcomes = []
+    for n, future in enumerate(futures):
+        try:
+            outcomes.append(future.result(15) == [n * 2])
+        except NoWorkerError as exc:
+            outcomes.append(str(exc))
+    waited = time.monotonic() - stopped
+    answered = [n for n, outcome in enumerate(outcomes) if outcome is True]
+    failed = [outcome for outcome in outcomes if outcome is not True]
+    assert answered and failed, f"the test should stop the worker mid-load: {outcomes}"
+    assert answered == list(range(len(answered))), "the batches in hand are finished, in order"
+    assert waited < 10.0, f"waiting calls took {waited:.1f}s to fail: they waited for their timeout"
+    with pytest.raises(NoWorkerError) as new_call:
+        streamer.predict([99])
+    assert set(failed) == {str(new_call.value)}, "a waiting call and a new one fail alike"
+    assert wait_for(lambda: broker.xlen() == 0, 3), "the failed calls' requests must be deleted"
+    ran_before = list(ran)
+    start_worker(broker, slow, batch_size=2, claim_after=0.5)
+    assert wait_for(lambda: streamer.live_workers() == 1, 10)
+    assert wait_for(lambda: _served_value(streamer, 7) == [14], 10)
+    assert ran[len(ran_before) :] == [7], f"a new worker ran calls given up on: {ran[len(ran_before) :]}"
+
+
+def _served_value(streamer: Any, x: int) -> Any:
+    try:
+        return streamer.predict([x])
+    except NoWorkerError:
+        return None
 
 
 def test_by_default_calls_wait_for_a_worker_to_come(broker, make_streamer, start_worker):

@@ -5,6 +5,7 @@ wrong-length results, per-call timeouts, closing, and a bounded queue."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -223,6 +224,17 @@ def test_a_full_queue_refuses_calls_at_once(broker, make_streamer, start_worker)
     assert streamer.predict([4]) == [8], "answered calls must free their place"
 
 
+def test_a_call_of_several_inputs_that_would_overflow_a_queue_with_room_is_refused_whole(broker, make_streamer):
+    streamer = make_streamer(broker, max_queue=4)  # no worker: nothing is answered
+    streamer.submit([1, 2])
+    broker.wait_queued(2)
+    with pytest.raises(QueueFullError, match="max_queue is 4"):
+        streamer.submit([3, 4, 5])
+    assert broker.xlen() == 2, "no input of a refused call may be queued in Redis"
+    streamer.submit([6, 7])
+    broker.wait_queued(4)
+
+
 def test_given_up_calls_free_their_place_in_the_queue(broker, make_streamer):
     streamer = make_streamer(broker, max_queue=2)
     for _ in range(2):
@@ -270,8 +282,14 @@ def test_a_model_that_cannot_load_raises_worker_start_error(broker):
 
 def test_model_init_args_reach_init_model_and_gpu_id_sets_the_device(broker, make_streamer, start_worker, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # restored after the test; the worker sets its own
-    worker = RedisWorker(models.EnvModel, 4, redis_broker=broker.url, prefix=broker.prefix,
-                         model_init_args=["emb"], model_init_kwargs={"delay": 0.0})
+    worker = RedisWorker(
+        models.EnvModel,
+        4,
+        redis_broker=broker.url,
+        prefix=broker.prefix,
+        model_init_args=["emb"],
+        model_init_kwargs={"delay": 0.0},
+    )
     from tests.redis.conftest import ThreadWorker
 
     handle = ThreadWorker(worker, gpu_id=1)
@@ -323,8 +341,15 @@ def test_service_streamer_positional_signatures_still_work(broker, running):
     from tests.redis.conftest import ThreadWorker
 
     assert list(inspect.signature(run_redis_workers_forever).parameters)[:9] == [
-        "model_class", "batch_size", "max_latency", "worker_num", "cuda_devices", "redis_broker", "prefix",
-        "model_init_args", "model_init_kwargs",
+        "model_class",
+        "batch_size",
+        "max_latency",
+        "worker_num",
+        "cuda_devices",
+        "redis_broker",
+        "prefix",
+        "model_init_args",
+        "model_init_kwargs",
     ]
     worker = ThreadWorker(RedisWorker(models.EnvModel, 4, 0.01, broker.url, broker.prefix, ["emb"], {"delay": 0.0}))
     worker.thread.start()
@@ -351,13 +376,33 @@ def test_a_url_with_password_and_database_is_honoured(new_server):
         assert streamer.predict([4]) == [8]
         assert admin.exists("streamer:auth:requests"), "the keys should be in database 3"
         with RedisStreamer(f"redis://:wrong@127.0.0.1:{server.port}/3", "auth", timeout=5) as wrong:
-            with pytest.raises(BrokerUnavailableError):
+            with pytest.raises(BrokerUnavailableError, match="refused the credentials.*check the password"):
                 wrong.predict([1])
+            with pytest.raises(BrokerUnavailableError, match="refused the credentials"):
+                wrong.live_workers()
     finally:
         worker.worker.stop()
         streamer.close(timeout=2)
         worker.thread.join(10)
         admin.close()
+
+
+def test_workers_waiting_for_redis_say_when_it_refuses_their_password(new_server, caplog):
+    from streamer_core.backends.redis import wait_for_broker
+
+    server = new_server(extra_args=["--requirepass", "s3cret"])
+    server.start()
+    stopping = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="streamer_core.redis"):
+        waiter = threading.Thread(
+            target=wait_for_broker, args=(f"redis://:hunter2@127.0.0.1:{server.port}/0", stopping), daemon=True
+        )
+        waiter.start()
+        assert wait_for(lambda: caplog.records, 5)
+        stopping.set()
+        waiter.join(5)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "refused the credentials" in line and "hunter2" not in line, line
 
 
 def test_prefixes_keep_models_apart(broker, redis_url, make_streamer, start_worker):

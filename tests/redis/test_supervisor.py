@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -58,8 +59,18 @@ def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything(
 
 def test_cli_sigterm_lets_the_batch_in_hand_finish_then_exits_0(fault_broker, make_streamer, procs, tmp_path):
     (tmp_path / "hold").write_text("")
-    cli = procs.cli(fault_broker, "tests.redis.models:HoldModel", "--workers", "2", "--batch-size", "4",
-                    "--max-latency", "0.01", "--init-kwargs", json.dumps({"folder": str(tmp_path)}))
+    cli = procs.cli(
+        fault_broker,
+        "tests.redis.models:HoldModel",
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+        "--max-latency",
+        "0.01",
+        "--init-kwargs",
+        json.dumps({"folder": str(tmp_path)}),
+    )
     streamer = make_streamer(fault_broker, timeout=20)
     future = streamer.submit([5])
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 20), procs.log(cli)
@@ -101,8 +112,20 @@ def test_cli_refuses_a_model_it_cannot_import(fault_broker, procs):
 
 
 def test_cli_gives_each_worker_its_cuda_device(fault_broker, make_streamer, procs):
-    cli = procs.cli(fault_broker, "tests.redis.models:EnvModel", "--workers", "4", "--devices", "0,1",
-                    "--batch-size", "2", "--max-latency", "0.01", "--init-kwargs", '{"tag": "emb", "delay": 0.05}')
+    cli = procs.cli(
+        fault_broker,
+        "tests.redis.models:EnvModel",
+        "--workers",
+        "4",
+        "--devices",
+        "0,1",
+        "--batch-size",
+        "2",
+        "--max-latency",
+        "0.01",
+        "--init-kwargs",
+        '{"tag": "emb", "delay": 0.05}',
+    )
     assert wait_for(lambda: len(worker_children(cli.pid)) == 4, 30), procs.log(cli)
     pids = worker_children(cli.pid)
     wait_serving(procs, cli, pids)
@@ -118,3 +141,50 @@ def test_cli_gives_each_worker_its_cuda_device(fault_broker, make_streamer, proc
         assert answer["cvd"] == str(answer["gpu_id"]), "CUDA_VISIBLE_DEVICES must be the worker's device"
         assert answer["tag"] == "emb", "--init-kwargs must reach init_model"
     assert Counter(a["cvd"] for a in by_pid.values()) == {"0": 2, "1": 2}
+
+
+def test_workers_started_on_a_daemon_thread_stop_when_the_program_ends(broker, make_streamer, procs, tmp_path):
+    """A program runs run_redis_workers_forever on a daemon thread and then
+    ends, as service_streamer's own tests do. Its workers finish the batch in
+    hand (its caller is answered), stop, and the program exits: no hang, no
+    orphan. (Once, multiprocessing's exit handler joined the workers forever.)"""
+    (tmp_path / "hold").write_text("")
+    end = tmp_path / "end"
+    program = procs.python(
+        dict(mode="daemon", model="HoldModel", batch_size=4, max_latency=0.01, redis_broker=broker.url,
+             prefix=broker.prefix, claim_after=0.5, model_init_kwargs={"folder": str(tmp_path)}, end=str(end)),
+        name="daemon",
+    )  # fmt: skip
+    assert wait_for(lambda: len(worker_children(program.pid)) == 1, 20), procs.log(program)
+    [worker] = worker_children(program.pid)
+    streamer = make_streamer(broker, timeout=30)
+    in_hand = streamer.submit([21])
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 20), procs.log(program)
+    end.write_text("")
+    assert wait_for(lambda: "the program ends" in procs.log(program), 5), procs.log(program)
+    time.sleep(0.5)
+    assert program.poll() is None, "the program should wait for the batch in hand"
+    (tmp_path / "hold").unlink()
+    assert in_hand.result(10) == [42], "the batch in hand at exit is finished and answered"
+    assert program.wait(15) == 0, procs.log(program)
+    assert wait_for(lambda: not alive(worker), 5), "a worker outlived the program"
+
+
+def test_worker_log_lines_carry_their_level_and_say_when_the_model_is_ready(broker, procs):
+    supervisor = procs.supervisor(broker, "with_pid", batch_size=4, worker_num=1)
+    line = re.compile(
+        r"streamer_core\.redis\[\d+\] INFO worker \S+ serving \S+: "
+        r"model with_pid ready on cpu in \d+\.\d s \(batch size 4, max latency 0.01 s\)"
+    )
+    assert wait_for(lambda: line.search(procs.log(supervisor, tail=None)), 30), procs.log(supervisor)
+
+
+def test_workers_do_not_outlive_a_killed_streamer_worker_command(broker, procs):
+    """SIGKILL leaves the command no time to stop its workers: they notice
+    their parent is gone and exit by themselves, within a second or two."""
+    cli = procs.cli(broker, "tests.redis.models:double", "--workers", "2")
+    assert wait_for(lambda: len(worker_children(cli.pid)) == 2, 30), procs.log(cli)
+    pids = worker_children(cli.pid)
+    os.kill(cli.pid, signal.SIGKILL)
+    cli.wait(5)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 2), "workers outlived their killed command"

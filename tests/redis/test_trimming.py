@@ -84,8 +84,9 @@ def test_streams_and_memory_stay_bounded_over_thousands_of_calls(fault_broker, m
     after = info("memory")["used_memory"]
     assert all(requests <= 64 for requests, _ in samples), f"the request stream grew: {samples}"
     # Read answers are trimmed away, a whole stream node (100 entries) at a time.
-    assert all(len(results) == 1 and results[0] <= 250 for _, results in samples), \
+    assert all(len(results) == 1 and results[0] <= 250 for _, results in samples), (
         f"the result stream should be trimmed as it is read: {samples}"
+    )
     assert wait_for(lambda: fault_broker.xlen() == 0 and fault_broker.pending() == 0, 3)
     assert after - before < 250_000, f"Redis memory grew by {after - before} bytes over 3000 calls"
     # The request stream, this web process's result stream, and the set of
@@ -135,6 +136,7 @@ def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_stre
             future.result(timeout=0.1)
         assert future.cancelled()
     else:
+
         async def client_disconnects() -> None:
             task = asyncio.ensure_future(streamer.apredict(["abandoned"]))
             await asyncio.sleep(0.1)

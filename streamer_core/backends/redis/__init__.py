@@ -1,0 +1,58 @@
+"""The Redis backend: web processes enqueue, model workers anywhere consume.
+
+How a request and its answer move, for a prefix ``P`` (keys under ``streamer:P``)::
+
+    web process (RedisStreamer, client.py)   Redis                        worker (RedisWorker, worker.py)
+    --------------------------------------   -----                        -------------------------------
+    submit(batch): encode each input
+      (large arrays out of band: codec.py)
+    dispatcher: XADD one entry per input ->  P:requests  (a stream;  ->  reader: XREADGROUP the next batch
+      with a random request id               consumer group               while the model runs the current
+                                             "workers")                   one; parse (wire.py), decode
+                                                                         main: take the batch when the
+                                                                           hold rule says so; run the model
+    collector: XREAD from its last id,   <-  P:results:<client>      <-  writer: MULTI: XADD one entry per
+      hand each answer to its call;          (a stream per web            web process with all its answers,
+      trim what was read                     process)                     XACK and XDEL the requests; EXEC
+
+    Anything that does not parse goes to P:dead (capped), logged once.
+    Workers beat into P:workers (a sorted set) so web processes know
+    whether any is alive.
+
+The reader holds at most one batch beyond the one running; a busy worker
+reads ahead only a full batch, so callers reach a free worker first. A
+worker's heartbeat (XCLAIM ... JUSTID) keeps what it holds from going idle;
+entries idle longer than ``claim_after`` belong to a worker that died and
+are XAUTOCLAIMed by another, which runs them one at a time (and fails one
+that has already been in ``max_item_crashes`` dead workers' hands). Results
+go to a stream, not PUBLISH: a web process that loses its connection reads
+on from its last id when it is back. When the Redis server restarts empty,
+each web process sends again what it has not been answered for, and
+workers recreate the consumer group.
+
+The modules, in the order data meets them: :mod:`.connection` (addresses,
+errors), :mod:`.wire` (every key and field, and what is done with entries
+that do not parse), :mod:`.client` (the web side), :mod:`.worker`,
+:mod:`.supervisor` (running several workers).
+
+Nothing read from Redis is unpickled unless both sides chose ``codec="pickle"``:
+see :mod:`streamer_core.codec`.
+"""
+
+from .client import RedisStreamer
+from .connection import connect, redact_url, wait_for_broker
+from .supervisor import WorkerGroup, run_redis_workers_forever, run_worker_groups
+from .wire import Keys
+from .worker import RedisWorker
+
+__all__ = [
+    "RedisStreamer",
+    "RedisWorker",
+    "run_redis_workers_forever",
+    "run_worker_groups",
+    "WorkerGroup",
+    "wait_for_broker",
+    "redact_url",
+    "connect",
+    "Keys",
+]

@@ -1,0 +1,461 @@
+"""The web side of the Redis backend: :class:`RedisStreamer` queues inputs
+on the requests stream and reads the answers from a results stream of its own."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ...batching import Scheduler, _Item, deliver
+from ...codec import Buffers, decode_error, get_codec
+from ...config import DEFAULT_TIMEOUT, BatchingConfig
+from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
+from ...streamer import Backend, BaseStreamer
+from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
+from .wire import (
+    LIVE_WORKERS_SCRIPT,
+    PRESENCE_MS,
+    RESULTS_TTL_S,
+    WIRE_VERSION,
+    DeadLetters,
+    Keys,
+    MalformedEntry,
+    Result,
+    is_wrong_type,
+    new_client_id,
+    new_request_id,
+    parse_results,
+    repair_key,
+    request_fields,
+)
+
+__all__ = ["RedisStreamer"]
+
+logger = logging.getLogger("streamer_core.redis")
+
+# Items sent to Redis in one pipeline by a web process.
+_SEND_BATCH = 256
+# How often a web process checks the server is the same one (a restart empties it).
+_CHECK_SERVER_S = 1.0
+_BLOCK_MS = 500
+# With require_workers, a web process refuses calls once it has seen no live
+# worker for this long (seconds); its check runs every _CHECK_SERVER_S.
+_NO_WORKER_S = 2.5
+
+
+def _next_id(entry_id: bytes) -> bytes:
+    """The stream id just after ``entry_id``."""
+    ms, _, seq = entry_id.partition(b"-")
+    return b"%s-%d" % (ms, int(seq) + 1)
+
+
+class _RedisClientBackend(Backend):
+    name = "redis"
+    copies_inputs = True
+
+    def __init__(self, redis_broker: str, prefix: str, codec: str, require_workers: bool = False) -> None:
+        self._require_workers = require_workers
+        self._workers_seen = float("-inf")  # monotonic time a live worker was last seen
+        self._workers_checked = False
+        self._codec = get_codec(codec)
+        self._errors_codec = get_codec("msgpack")
+        self._keys = Keys(prefix)
+        self._dead = DeadLetters(self._keys)
+        self._client_id = new_client_id()
+        self._results_key = self._keys.results(self._client_id)
+        self._send_conn = connect(redis_broker)
+        self._read_conn = connect(redis_broker)
+        self._pending: Dict[bytes, _Item] = {}  # sent, not answered yet; by request id
+        self._entries: Dict[bytes, bytes] = {}  # their stream entry ids
+        self._abandoned: List[bytes] = []  # entries of calls that ended unanswered: to delete
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server_id: Optional[str] = None
+        self._scheduler: Optional[Scheduler] = None
+        self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
+        self._abandon = threading.Event()
+        self._deleter = threading.Thread(target=self._delete_abandoned, name="streamer-redis-delete", daemon=True)
+
+    def start(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        try:
+            self._server_id = self._server_run_id(self._send_conn)
+            if self._require_workers:
+                self._check_workers()  # now, so that the first calls are judged as the later ones
+        except broker_errors() as exc:
+            logger.warning("%s; calls fail until it answers", broker_problem(exc))
+        scheduler.add_slot()
+        self._collector.start()
+        self._deleter.start()
+
+    def encode(self, value: Any, index: int) -> Tuple[bytes, Buffers]:
+        try:
+            return self._codec.dumps(value)
+        except SerializationError as exc:
+            raise SerializationError(f"input {index}: {exc}") from exc
+
+    # sending
+
+    def run(self, items: List[_Item], held: int) -> None:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        sent = []
+        with self._lock:
+            for item in items:
+                if item.task.live():
+                    request_id = new_request_id()
+                    self._pending[request_id] = item
+                    sent.append((request_id, item))
+        # The items are Redis's now: this side only waits for their answers.
+        scheduler.batch_done(0, 0.0, held)
+        failure = self._send(sent) if sent else None
+        if failure is not None:
+            error = BrokerUnavailableError(f"{broker_problem(failure)}: the call was not queued; retry later")
+            with self._lock:
+                for request_id, item in sent:
+                    self._pending.pop(request_id, None)
+                    item.task.fail(error)
+            return
+        for request_id, item in sent:
+            future = item.task.future
+            if future is not None:
+                future.add_done_callback(functools.partial(self._call_ended, request_id))
+
+    def _call_ended(self, request_id: bytes, _future: Any = None) -> None:
+        """A call is over. If this input is still unanswered (its caller gave
+        up, or it timed out), delete its request, so that a worker that has
+        not read it yet never runs it."""
+        with self._lock:
+            entry_id = self._entries.pop(request_id, None)
+            if self._pending.pop(request_id, None) is not None and entry_id is not None:
+                self._abandoned.append(entry_id)
+                self._abandon.set()
+
+    def _delete_abandoned(self) -> None:
+        """Delete the requests of calls that ended unanswered, as soon as they
+        end (a thread of its own: the caller giving up must not wait on Redis)."""
+        errors = LoopErrors("the Redis request deleter")
+        while not self._stopping.is_set():
+            self._abandon.wait(0.5)
+            self._abandon.clear()
+            with self._lock:
+                abandoned, self._abandoned = self._abandoned, []
+            if abandoned:
+                try:
+                    self._send_conn.xdel(self._keys.requests, *abandoned)
+                except broker_errors():
+                    pass  # gone with Redis, or workers skip them when their deadline passes
+                except Exception as exc:  # e.g. the key holds another type: workers skip them too
+                    errors.log(exc)
+
+    def _send(self, entries: Sequence[Tuple[bytes, _Item]]) -> Optional[BaseException]:
+        """XADD the entries, retrying briefly through a blip; ``None`` once
+        sent, else the last error."""
+        import redis
+
+        failure: Optional[BaseException] = None
+        for attempt in range(4):
+            try:
+                pipe = self._send_conn.pipeline(transaction=False)
+                now = time.monotonic()
+                sent = []
+                for request_id, item in entries:
+                    future = item.task.future
+                    if future is None:
+                        continue
+                    remaining_ms = max(1, int((future._deadline - now) * 1000))
+                    payload, buffers = item.value
+                    fields = request_fields(
+                        self._client_id, request_id, remaining_ms, self._codec.name, payload, buffers
+                    )
+                    pipe.xadd(self._keys.requests, fields)
+                    sent.append(request_id)
+                entry_ids = pipe.execute()
+                with self._lock:
+                    for request_id, entry_id in zip(sent, entry_ids):
+                        if request_id in self._pending:
+                            self._entries[request_id] = entry_id
+                return None
+            except broker_errors() as exc:
+                failure = exc
+                logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
+            except redis.ResponseError as exc:
+                if not is_wrong_type(exc):
+                    raise
+                failure = exc
+                repair_key(self._send_conn, self._keys.requests, "stream")
+            time.sleep(0.1 * 2**attempt)
+        return failure
+
+    # receiving
+
+    def _collect(self) -> None:
+        """Read answers as they come and hand them to their calls. The
+        trimming of what was read (and any dead letters) rides in the same
+        round trip as the next read, so answers wait on nothing else."""
+        import redis
+
+        last_id = b"0-0"
+        next_check = 0.0
+        failing_since: Optional[float] = None
+        errors = LoopErrors("the Redis result collector")
+        pipe = self._read_conn.pipeline(transaction=False)
+        while not self._stopping.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + _CHECK_SERVER_S
+                    if self._server_restarted():
+                        last_id = b"0-0"
+                    pipe.expire(self._results_key, RESULTS_TTL_S)
+                    if self._require_workers:
+                        self._check_workers()
+                        if self.workers_missing():
+                            self._fail_waiting(self.no_worker_error)
+                pipe.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
+                replies = pipe.execute(raise_on_error=False)
+                reply = replies[-1]
+                if isinstance(reply, Exception):
+                    raise reply
+                if failing_since is not None:
+                    logger.warning("Redis is reachable again")
+                    failing_since = None
+                if reply:
+                    entries = reply[0][1]
+                    last_id = entries[-1][0]
+                    self._on_results(entries, pipe)
+                    pipe.xtrim(self._results_key, minid=_next_id(last_id))  # everything read, that one too
+            except broker_errors() as exc:
+                pipe.reset()
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc))
+                next_check = 0.0
+                self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
+            except redis.ResponseError as exc:
+                pipe.reset()
+                if is_wrong_type(exc) and repair_key(self._read_conn, self._results_key, "stream"):
+                    # What it held instead of our stream replaced any answers in it.
+                    last_id = b"0-0"
+                    self._send_again("its results stream was overwritten")
+                    continue
+                errors.log(exc)
+                self._stopping.wait(0.1)
+            except Exception as exc:
+                pipe.reset()
+                errors.log(exc)
+                self._stopping.wait(0.1)
+
+    def _on_results(self, entries: List[Tuple[Any, Any]], pipe: Any) -> None:
+        """Hand each answer to its call; drop answers of calls no longer
+        waiting; queue on ``pipe`` the move of entries that are not answers
+        to the dead-letter stream."""
+        items, answers = [], []
+        with self._lock:
+            for entry_id, fields in entries:
+                try:
+                    parsed = parse_results(fields)
+                except MalformedEntry as exc:
+                    self._dead.add(pipe, self._results_key, entry_id, fields, str(exc))
+                    continue
+                for answer in parsed:
+                    item = self._pending.pop(answer.item_id, None)
+                    if item is not None:  # else answered already (sent twice after a restart) or given up
+                        items.append(item)
+                        answers.append(answer)
+        if items:
+            deliver(items, [self._decode_result(answer) for answer in answers])
+
+    def _decode_result(self, answer: Result) -> Tuple[bool, Any]:
+        """An answer as an outcome: ``(True, output)`` or ``(False, error)``."""
+        try:
+            if answer.version > WIRE_VERSION:
+                raise SerializationError(
+                    f"it was written by a newer version of streamer_core (wire format {answer.version}; this "
+                    f"side reads up to {WIRE_VERSION}): upgrade the web processes"
+                )
+            if answer.codec == self._codec.name:
+                value = self._codec.loads(answer.payload, answer.buffers)
+            elif answer.codec == "msgpack":  # plain data: safe to read whatever this side's codec
+                value = self._errors_codec.loads(answer.payload, answer.buffers)
+            else:
+                raise SerializationError(f"refusing a {answer.codec!r} answer: this side reads {self._codec.name!r}")
+        except Exception as exc:
+            logger.warning("refused a result from Redis: %s", exc)
+            return False, SerializationError(f"the worker's answer could not be read: {exc}")
+        if answer.ok:
+            return True, value
+        return False, decode_error(value)
+
+    def _check_workers(self, conn: Any = None) -> int:
+        live = self.live_workers(conn or self._read_conn)
+        self._workers_checked = True
+        return live
+
+    def live_workers(self, conn: Any = None) -> int:
+        """How many workers serve this prefix now (beat within the last
+        ``PRESENCE_MS``), by asking Redis."""
+        live = int((conn or self._send_conn).eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS))
+        if live:
+            self._workers_seen = time.monotonic()
+        return live
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until a worker serves this prefix; whether one did in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.live_workers():
+                    return True
+            except broker_errors():
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def no_worker_error(self) -> NoWorkerError:
+        """What a call gets while no worker serves this prefix: the same
+        whether it is new or was waiting already."""
+        return NoWorkerError(
+            f"no worker serves {self._keys.requests} (none has been alive for {_NO_WORKER_S:g}s): "
+            "start workers (streamer-worker, flask streamer run-workers or manage.py run_gpu_workers), "
+            "then retry"
+        )
+
+    def _fail_waiting(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail every call waiting for an answer. Their requests are deleted
+        as each call ends (see :meth:`_call_ended`), so a worker that starts
+        later does not run them for nobody."""
+        with self._lock:
+            waiting = [item for item in self._pending.values() if item.task.live()]
+        if waiting:
+            logger.warning("no worker has been alive for %gs: failing %d waiting calls", _NO_WORKER_S, len(waiting))
+        for item in waiting:
+            item.task.fail(make_error())
+
+    def workers_missing(self) -> bool:
+        """With ``require_workers``: whether no worker has been alive for
+        ``_NO_WORKER_S`` seconds (or at all since this process started)."""
+        if not (self._require_workers and self._workers_checked):
+            return False
+        return time.monotonic() - self._workers_seen > _NO_WORKER_S
+
+    def _server_run_id(self, conn: Any) -> str:
+        return str(conn.info("server")["run_id"])
+
+    def _server_restarted(self) -> bool:
+        """Whether the server is not the one the pending items were sent to; if
+        so, send them again (a restarted server has lost them)."""
+        run_id = self._server_run_id(self._read_conn)
+        if run_id == self._server_id:
+            return False
+        first = self._server_id is None
+        self._server_id = run_id
+        if first:
+            return False
+        self._send_again("the Redis server restarted")
+        return True
+
+    def _send_again(self, reason: str) -> None:
+        """Send every unanswered request again: Redis lost them, or their
+        answers. A request that ran already runs twice; its first answer wins."""
+        with self._lock:
+            unanswered = [(request_id, item) for request_id, item in self._pending.items() if item.task.live()]
+        logger.warning("%s; sending %d unanswered requests again", reason, len(unanswered))
+        if unanswered and self._send(unanswered) is not None:
+            raise ConnectionError(f"could not send again after {reason}")
+
+    # closing
+
+    def drain(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(item.task.live() for item in self._pending.values()):
+                    return
+            time.sleep(0.01)
+
+    def stop(self, deadline: float) -> None:
+        self._stopping.set()
+        self._abandon.set()
+        if threading.current_thread() is not self._collector:
+            self._collector.join(max(0.0, deadline - time.monotonic()) + _BLOCK_MS / 1000 + 1.0)
+            self._deleter.join(1.0)
+        try:
+            self._read_conn.delete(self._results_key)
+        except broker_errors():
+            pass
+        self._send_conn.close()
+        self._read_conn.close()
+
+    def unanswered(self) -> int:
+        """Inputs sent and not answered yet, of calls still running."""
+        with self._lock:
+            return len(self._pending)  # each call's end removes its inputs (_call_ended)
+
+
+class RedisStreamer(BaseStreamer):
+    """The web side of the Redis backend: queue inputs for workers that run
+    elsewhere (:class:`RedisWorker`, ``run_redis_workers_forever`` or the
+    ``streamer-worker`` command) and wait for their answers.
+
+    ``redis_broker`` is ``"host:port"`` or a ``redis://`` / ``rediss://`` URL;
+    ``prefix`` keeps models apart on one Redis (workers use the same one).
+    Keyword-only: ``timeout`` (seconds a call may take, default 20),
+    ``max_queue`` (the most inputs of this web process waiting for an answer,
+    sent or not; past it calls fail at once with ``QueueFullError``), and
+    ``codec`` (``"msgpack"``, the default, or ``"pickle"``, which the workers
+    must be started with too), and ``require_workers`` (default False: calls
+    wait in Redis for a worker to come; True: while no worker has been alive
+    for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
+    web service wants). Same signature as service_streamer's
+    ``RedisStreamer``.
+    """
+
+    def __init__(
+        self,
+        redis_broker: str = "localhost:6379",
+        prefix: str = "",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_queue: Optional[int] = None,
+        codec: str = "msgpack",
+        require_workers: bool = False,
+    ) -> None:
+        config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
+        if not isinstance(require_workers, bool):
+            raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
+        self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers)
+        super().__init__(config, self._backend)
+
+    def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:
+        if self._backend.workers_missing():
+            raise self._backend.no_worker_error()
+        limit = self._config.max_queue
+        if limit is not None and not isinstance(batch, (str, bytes)):
+            batch = list(batch)
+            waiting = self._backend.unanswered() + self.queued()
+            if waiting + len(batch) > limit:
+                raise QueueFullError(
+                    f"{waiting} inputs of this process wait for an answer and max_queue is {limit}: "
+                    "retry later, add workers, or raise max_queue"
+                )
+        return super().submit(batch, timeout)
+
+    submit.__doc__ = BaseStreamer.submit.__doc__
+
+    def live_workers(self) -> int:
+        """How many workers serve this prefix right now (a health check);
+        raises :class:`BrokerUnavailableError` when Redis cannot be reached."""
+        try:
+            return self._backend.live_workers()
+        except broker_errors() as exc:
+            raise BrokerUnavailableError(broker_problem(exc)) from exc
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until at least one worker serves this prefix (workers load
+        their model before they announce themselves); return whether one
+        did within ``timeout`` seconds."""
+        return self._backend.wait_ready(timeout)

@@ -1,0 +1,157 @@
+"""Connecting to Redis: addresses, the errors that mean "Redis is not
+there", waiting for it to answer, and URLs safe to print."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple, Type
+
+__all__ = ["connect", "redact_url", "wait_for_broker", "broker_errors", "broker_problem", "LoopErrors", "MAX_BACKOFF_S"]
+
+logger = logging.getLogger("streamer_core.redis")
+
+#: The longest pause between two tries while Redis does not answer, seconds.
+MAX_BACKOFF_S = 2.0
+
+
+def connect(redis_broker: str) -> Any:
+    """A client for ``redis_broker``: ``"host:port"`` (service_streamer's
+    form) or a URL, ``redis://[:password@]host:port/db``, ``rediss://`` for
+    TLS, ``unix:///path``."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # One immediate retry (a pooled connection that went stale); the callers'
+    # own loops do the rest, so an unreachable server is reported in seconds.
+    options: Dict[str, Any] = {
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 10.0,
+        "health_check_interval": 15,
+        "retry": Retry(NoBackoff(), 1),
+    }
+    packer = _large_value_packer()
+    if packer is not None:
+        options["command_packer"] = packer
+    if "://" not in redis_broker:
+        host, _, port = redis_broker.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"redis_broker must be 'host:port' or a redis:// URL, got {redis_broker!r}")
+        redis_broker = f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
+    return redis.Redis.from_url(redis_broker, **options)
+
+
+# Arguments at least this long are handed to the socket as they are.
+_LARGE_ARGUMENT = 64 * 1024
+
+
+def _large_value_packer() -> Any:
+    """A command packer for redis-py that hands large arguments (arrays'
+    bytes) to the socket as they are: with hiredis installed, redis-py copies
+    every argument into one buffer per command, an extra copy of each array.
+    Commands without one are packed by hiredis as before. ``None`` where
+    redis-py lacks the pieces (it then packs as it always does)."""
+    try:  # redis-py's internals, untyped: Any
+        import redis._parsers.encoders as encoders
+        import redis.connection as connection
+        import redis.utils as utils
+    except ImportError:  # pragma: no cover - another redis-py layout
+        return None
+    internals: Any = (encoders, connection, utils)
+    encoding, packing, flags = internals
+    if not getattr(flags, "HIREDIS_AVAILABLE", False) or not hasattr(packing, "PythonRespSerializer"):
+        return None  # redis-py's own Python packer already passes large values through
+    python = packing.PythonRespSerializer(6000, encoding.Encoder("utf-8", "strict", False).encode)
+    fast = packing.HiredisRespSerializer()
+
+    class _Packer:
+        def pack(self, *args: Any) -> List[Any]:
+            for arg in args:
+                if isinstance(arg, (bytes, bytearray, memoryview)) and len(arg) >= _LARGE_ARGUMENT:
+                    chunks: List[Any] = python.pack(*args)
+                    return chunks
+            packed: List[Any] = fast.pack(*args)
+            return packed
+
+    return _Packer()
+
+
+def broker_problem(exc: BaseException) -> str:
+    """What went wrong talking to Redis, in words for a log line or an
+    error: a refused password is not an unreachable server."""
+    if is_auth_error(exc):
+        return f"Redis refused the credentials ({exc}): check the password (and user) in the Redis URL"
+    return f"Redis cannot be reached ({exc})"
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """Whether Redis refused this client's password (or wanted one)."""
+    import redis
+
+    return isinstance(exc, redis.AuthenticationError) or str(exc).startswith(("NOAUTH", "WRONGPASS"))
+
+
+def broker_errors() -> Tuple[Type[BaseException], ...]:
+    import redis
+
+    return (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (and user) hidden, for log lines."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: float = 30.0) -> bool:
+    """Block until ``redis_broker`` answers PING (return True) or ``stopping``
+    is set (False), logging one clear line when it does not answer and again
+    every ``log_every`` seconds, rather than a traceback per attempt."""
+    conn = connect(redis_broker)
+    failing_since: Optional[float] = None
+    next_log = 0.0
+    try:
+        while not stopping.is_set():
+            try:
+                conn.ping()
+                if failing_since is not None:
+                    logger.warning("Redis at %s answers now; starting workers", redact_url(redis_broker))
+                return True
+            except broker_errors() as exc:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                if now >= next_log:
+                    next_log = now + log_every
+                    problem = broker_problem(exc) if is_auth_error(exc) else f"Redis does not answer ({exc})"
+                    logger.error("%s at %s; retrying (Ctrl-C to stop)", problem, redact_url(redis_broker))
+                stopping.wait(min(MAX_BACKOFF_S, 0.25 + (now - failing_since) / 4))
+        return False
+    finally:
+        conn.close()
+
+
+class LoopErrors:
+    """For a thread whose loop must keep running: logs an unexpected error
+    with its traceback the first time, and the same error again at most once
+    a minute while it repeats, so that a lasting fault is seen without
+    flooding the log."""
+
+    def __init__(self, what: str, every_s: float = 60.0) -> None:
+        self._what = what
+        self._every_s = every_s
+        self._last: Dict[str, float] = {}
+
+    def log(self, exc: BaseException) -> None:
+        key = f"{type(exc).__name__}: {exc}"[:200]
+        now = time.monotonic()
+        if now - self._last.get(key, float("-inf")) < self._every_s:
+            return
+        if len(self._last) > 100:
+            self._last.clear()
+        self._last[key] = now
+        logger.error("error in %s; it keeps running", self._what, exc_info=exc)

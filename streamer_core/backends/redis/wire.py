@@ -1,0 +1,417 @@
+"""Everything the Redis backend keeps in Redis: the keys of a prefix, the
+fields of each entry, and what happens to an entry that does not parse.
+
+Keys, for a prefix ``P`` (``streamer`` alone when the prefix is empty)::
+
+    streamer:P:requests          stream; consumer group "workers"
+    streamer:P:results:<client>  stream per web process, expires when unread
+    streamer:P:workers           sorted set: worker name -> its last beat (server ms)
+    streamer:P:dead              stream, capped: entries that did not parse
+
+A request entry (written by :func:`request_fields`, read by :func:`parse_request`):
+
+    v   wire version, "1" (entries of 0.1.0 have none: same fields otherwise)
+    c   the web process's client id (names its results stream)
+    i   the request id: random, so that nobody can answer a call without it
+    t   the call's remaining timeout when sent, ms
+    k   the codec of the payload ("msgpack", "pickle")
+    p   the payload
+    b0, b1, ...  the payload's out-of-band buffers (raw bytes of large arrays)
+
+A result entry holds every answer of one batch for one web process
+(written by :func:`result_entry`, read by :func:`parse_results`)::
+
+    v   wire version, "1"
+    i   the request ids, comma-separated
+    ok  one character per answer: "1", its payload is the output; "0", an error
+    k   the codec of the outputs (errors are always msgpack: plain data)
+    p0, p1, ...        the answers' payloads
+    b0_0, b0_1, ...    the out-of-band buffers of answer 0, and so on
+
+A web process of 0.1.0 (its requests have no ``v``) is answered as it
+expects, one entry per answer: ``i``, ``ok``, ``k``, ``p``
+(:func:`legacy_result_entry`).
+
+Anyone with access to the Redis server can write anything under these keys.
+So parsing never trusts a field: an entry that does not parse raises
+:class:`MalformedEntry`, and the reader moves it to the dead-letter stream
+(:class:`DeadLetters`: logged once by key and id, never its payload; a
+truncated copy kept for inspection), acknowledges and deletes it, and reads
+on. A key that holds the wrong Redis type is deleted and made again by
+:func:`repair_key`, with one error logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+__all__ = [
+    "Keys",
+    "GROUP",
+    "WIRE_VERSION",
+    "MalformedEntry",
+    "Request",
+    "Result",
+    "Answer",
+    "new_client_id",
+    "new_request_id",
+    "request_fields",
+    "parse_request",
+    "result_entry",
+    "legacy_result_entry",
+    "parse_results",
+    "DeadLetters",
+    "repair_key",
+    "is_wrong_type",
+]
+
+logger = logging.getLogger("streamer_core.redis")
+
+#: The consumer group of the workers on the requests stream.
+GROUP = "workers"
+#: The version of the entry format this code writes, and the newest it reads.
+WIRE_VERSION = 1
+# Result streams of web processes that stopped reading expire after this long.
+RESULTS_TTL_S = 300
+RESULTS_MAXLEN = 100_000
+# The dead-letter stream keeps about this many entries, each field cut to
+# DEAD_FIELD_BYTES: it shows what was dropped without holding its payloads.
+DEAD_MAXLEN = 1000
+DEAD_FIELD_BYTES = 256
+# Workers beat into the workers set at least this often (seconds); a worker
+# whose last beat is older than PRESENCE_MS is taken for dead.
+BEAT_S = 1.0
+PRESENCE_MS = 3000
+PRESENCE_TTL_MS = 60_000
+# The longest timeout a request may carry, ms (a day): a bound, not a policy.
+_MAX_TIMEOUT_MS = 86_400_000
+# Client and request ids: letters, digits, '-' and '_'. They become part of a
+# key name (the results stream), so nothing else is let through.
+_TOKEN = re.compile(rb"[0-9A-Za-z_-]{1,64}\Z")
+_CODEC_NAME = re.compile(rb"[a-z0-9_-]{1,32}\Z")
+_BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})\Z")
+_RESULT_BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})_(0|[1-9][0-9]{0,5})\Z")
+
+# Both scripts first delete the presence set if it holds another Redis type
+# (something else wrote there): presence must never stop for good.
+_FIX_ZSET = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[1]) end
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+# Record this worker's beat, by the server's clock.
+BEAT_SCRIPT = (
+    _FIX_ZSET
+    + """
+redis.call('ZADD', KEYS[1], ms, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return ms
+"""
+)
+# How many workers beat within the last ARGV[1] ms, by the server's clock;
+# forgets workers silent for ten times that, and members dated in the future
+# (no worker writes those).
+LIVE_WORKERS_SCRIPT = (
+    _FIX_ZSET
+    + """
+local window = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 10 * window)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (ms + window), '+inf')
+return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
+"""
+)
+# Delete KEYS[1] if it holds a Redis type other than ARGV[1] (and is not
+# missing); return the type it held, or false.
+_REPAIR_SCRIPT = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= ARGV[1] and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  return kind
+end
+return false
+"""
+
+
+class Keys:
+    """The Redis keys of one prefix; ``prefix`` keeps models apart."""
+
+    def __init__(self, prefix: str) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {prefix!r}")
+        self.namespace = f"streamer:{prefix}" if prefix else "streamer"
+        self.requests = f"{self.namespace}:requests"
+        self.workers = f"{self.namespace}:workers"  # a sorted set: worker -> its last beat, server ms
+        self.dead = f"{self.namespace}:dead"
+
+    def results(self, client_id: str) -> str:
+        return f"{self.namespace}:results:{client_id}"
+
+
+class MalformedEntry(ValueError):
+    """An entry that does not parse; the message says why, never what it held."""
+
+
+def new_client_id() -> str:
+    """A web process's id: 128 random bits, as hex."""
+    return os.urandom(16).hex()
+
+
+def new_request_id() -> bytes:
+    """A request id: 64 random bits, as hex, so a result cannot be forged
+    for a call without reading its request."""
+    return os.urandom(8).hex().encode()
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+class Request(NamedTuple):
+    """A request entry, parsed."""
+
+    entry_id: bytes
+    client: str
+    item_id: bytes
+    timeout_ms: int
+    codec: str
+    payload: bytes
+    buffers: Tuple[bytes, ...]
+    version: int
+
+    def created_ms(self) -> int:
+        """When Redis added the entry, by the server's clock (its id's first part)."""
+        return int(self.entry_id.split(b"-", 1)[0])
+
+
+def request_fields(
+    client: str, item_id: bytes, timeout_ms: int, codec: str, payload: bytes, buffers: Sequence[Any] = ()
+) -> Dict[str, Any]:
+    """The fields of a request entry."""
+    fields: Dict[str, Any] = {"v": WIRE_VERSION, "c": client, "i": item_id, "t": timeout_ms, "k": codec, "p": payload}
+    for n, buffer in enumerate(buffers):
+        fields[f"b{n}"] = buffer
+    return fields
+
+
+def parse_request(entry_id: Any, fields: Any) -> Request:
+    """A request entry as :class:`Request`; :class:`MalformedEntry` if it is not one."""
+    if not isinstance(entry_id, bytes) or not isinstance(fields, dict):
+        raise MalformedEntry("not a stream entry")
+    client = _token(fields, b"c")
+    item_id = _token(fields, b"i")
+    timeout_ms = _int(fields, b"t", 1, _MAX_TIMEOUT_MS)
+    return Request(
+        entry_id, client.decode(), item_id, timeout_ms, _codec_name(fields), _bytes(fields, b"p"),
+        _buffers(fields), _version(fields),
+    )  # fmt: skip
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+class Result(NamedTuple):
+    """One answer, parsed. ``ok``: whether ``payload`` is the output (or an error)."""
+
+    item_id: bytes
+    ok: bool
+    codec: str
+    payload: bytes
+    buffers: Tuple[bytes, ...]
+    version: int
+
+
+#: One answer to write: request id, whether it is an output, its payload and buffers.
+Answer = Tuple[bytes, bool, bytes, Sequence[Any]]
+
+
+def result_entry(answers: Sequence[Answer], codec: str) -> Dict[Any, Any]:
+    """The fields of one result entry holding ``answers`` (outputs in
+    ``codec``, errors in msgpack)."""
+    fields: Dict[Any, Any] = {
+        "v": WIRE_VERSION,
+        "i": b",".join(item_id for item_id, _, _, _ in answers),
+        "ok": b"".join(b"1" if ok else b"0" for _, ok, _, _ in answers),
+        "k": codec,
+    }
+    for j, (_, _, payload, buffers) in enumerate(answers):
+        fields[f"p{j}"] = payload
+        for m, buffer in enumerate(buffers):
+            fields[f"b{j}_{m}"] = buffer
+    return fields
+
+
+def legacy_result_entry(item_id: bytes, ok: bool, codec: str, payload: bytes) -> Dict[str, Any]:
+    """One answer as a web process of 0.1.0 reads it (no buffers: its codec
+    had none)."""
+    return {"i": item_id, "ok": "1" if ok else "0", "k": codec, "p": payload}
+
+
+def parse_results(fields: Any) -> List[Result]:
+    """The answers of a result entry; :class:`MalformedEntry` if it is not one."""
+    if not isinstance(fields, dict):
+        raise MalformedEntry("not a stream entry")
+    version = _version(fields)
+    if version == 0:  # one answer, as 0.1.0 workers wrote it
+        return [Result(_token(fields, b"i"), _flags(fields, 1)[0], _codec_name(fields), _bytes(fields, b"p"), (), 0)]
+    ids = _bytes(fields, b"i").split(b",")
+    for item_id in ids:
+        if not _TOKEN.match(item_id):
+            raise MalformedEntry("field 'i' is not a list of ids")
+    flags = _flags(fields, len(ids))
+    codec = _codec_name(fields)
+    payloads = [_bytes(fields, b"p%d" % j) for j in range(len(ids))]
+    buffers = _result_buffers(fields, len(ids))
+    return [
+        Result(item_id, ok, codec if ok else "msgpack", payload, answer_buffers, version)
+        for item_id, ok, payload, answer_buffers in zip(ids, flags, payloads, buffers)
+    ]
+
+
+def _flags(fields: Dict[Any, Any], count: int) -> List[bool]:
+    value = fields.get(b"ok")
+    if not isinstance(value, bytes) or len(value) != count or value.strip(b"01"):
+        raise MalformedEntry("field 'ok' is missing or is not one 0 or 1 per answer")
+    return [flag == 0x31 for flag in value]
+
+
+def _result_buffers(fields: Dict[Any, Any], count: int) -> List[Tuple[bytes, ...]]:
+    """Each answer's out-of-band buffers ``b<j>_<m>``, in order, none missing."""
+    found: Dict[int, int] = {}
+    for name in fields:
+        match = _RESULT_BUFFER_FIELD.match(name) if isinstance(name, bytes) and name[:1] == b"b" else None
+        if match:
+            j = int(match.group(1))
+            if j >= count:
+                raise MalformedEntry("a buffer field names an answer the entry does not hold")
+            found[j] = found.get(j, 0) + 1
+    return [tuple(_bytes(fields, b"b%d_%d" % (j, m)) for m in range(found.get(j, 0))) for j in range(count)]
+
+
+# -- fields ----------------------------------------------------------------------------------
+
+
+def _bytes(fields: Dict[Any, Any], name: bytes) -> bytes:
+    value = fields.get(name)
+    if not isinstance(value, bytes):
+        raise MalformedEntry(f"field {name.decode()!r} is missing")
+    return value
+
+
+def _token(fields: Dict[Any, Any], name: bytes) -> bytes:
+    value = _bytes(fields, name)
+    if not _TOKEN.match(value):
+        raise MalformedEntry(f"field {name.decode()!r} is not an id (1 to 64 letters, digits, '-' or '_')")
+    return value
+
+
+def _int(fields: Dict[Any, Any], name: bytes, low: int, high: int) -> int:
+    value = _bytes(fields, name)
+    if not (0 < len(value) <= 19 and value.isdigit() and value.isascii()):
+        raise MalformedEntry(f"field {name.decode()!r} is not a whole number")
+    number = int(value)
+    if not low <= number <= high:
+        raise MalformedEntry(f"field {name.decode()!r} is out of range ({low} to {high})")
+    return number
+
+
+def _codec_name(fields: Dict[Any, Any]) -> str:
+    value = _bytes(fields, b"k")
+    if not _CODEC_NAME.match(value):
+        raise MalformedEntry("field 'k' is not a codec name")
+    return value.decode()
+
+
+def _version(fields: Dict[Any, Any]) -> int:
+    """The entry's wire version: 0 for entries of 0.1.0, which had no ``v``."""
+    if b"v" not in fields:
+        return 0
+    return _int(fields, b"v", 1, 1_000_000)
+
+
+def _buffers(fields: Dict[Any, Any]) -> Tuple[bytes, ...]:
+    """The out-of-band buffers ``b0 .. bN``, in order, with none missing."""
+    names = [name for name in fields if isinstance(name, bytes) and name[:1] == b"b" and _BUFFER_FIELD.match(name)]
+    if not names:
+        return ()
+    buffers = []
+    for n in range(len(names)):
+        value = fields.get(b"b%d" % n)
+        if not isinstance(value, bytes):
+            raise MalformedEntry(f"buffer field 'b{n}' is missing")
+        buffers.append(value)
+    return tuple(buffers)
+
+
+# -- entries that do not parse, keys of the wrong type ---------------------------------------
+
+
+class DeadLetters:
+    """Where entries that do not parse go: a capped stream,
+    ``streamer:<prefix>:dead``, holding for each its key, id, the reason,
+    and its fields cut to ``DEAD_FIELD_BYTES`` (field ``f:<name>``), so an
+    operator can see what was written without it holding payloads. Each is
+    logged once, by key and id, at most ``log_limit`` lines a minute (then a
+    count of the rest)."""
+
+    def __init__(self, keys: Keys, log_limit: int = 20) -> None:
+        self._key = keys.dead
+        self._log_limit = log_limit
+        self._window_start = float("-inf")
+        self._logged = 0
+        self._unlogged = 0
+
+    def add(self, pipe: Any, key: str, entry_id: Any, fields: Any, reason: str) -> None:
+        """Queue on ``pipe`` (a pipeline the caller executes with
+        ``raise_on_error=False``) a copy of the entry in the dead-letter
+        stream, and log it."""
+        copy: Dict[Any, Any] = {
+            "key": key,
+            "id": entry_id if isinstance(entry_id, bytes) else repr(entry_id),
+            "reason": reason,
+        }
+        if isinstance(fields, dict):
+            for name, value in list(fields.items())[:64]:
+                if isinstance(name, bytes) and isinstance(value, bytes):
+                    copy[b"f:" + name[:DEAD_FIELD_BYTES]] = value[:DEAD_FIELD_BYTES]
+        pipe.xadd(self._key, copy, maxlen=DEAD_MAXLEN, approximate=True)
+        self._log(key, entry_id, reason)
+
+    def _log(self, key: str, entry_id: Any, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= 60.0:
+            if self._unlogged:
+                logger.warning(
+                    "... and %d more malformed entries in the last minute (see %s)", self._unlogged, self._key
+                )
+            self._window_start, self._logged, self._unlogged = now, 0, 0
+        if self._logged >= self._log_limit:
+            self._unlogged += 1
+            return
+        self._logged += 1
+        shown = entry_id.decode(errors="replace") if isinstance(entry_id, bytes) else repr(entry_id)
+        logger.warning("dropped malformed entry %s of %s: %s (a copy is in %s)", shown, key, reason, self._key)
+
+
+def is_wrong_type(exc: BaseException) -> bool:
+    """Whether a Redis error says a key holds another type than the command needs."""
+    return str(exc).startswith("WRONGTYPE")
+
+
+def repair_key(conn: Any, key: str, expected: str) -> Optional[str]:
+    """Delete ``key`` if it holds a Redis type other than ``expected``
+    (e.g. ``"stream"``), logging one error; return the type it held, or
+    ``None`` if it was fine (or missing). Atomic: a key of the right type
+    that a peer has just made is never deleted."""
+    held = conn.eval(_REPAIR_SCRIPT, 1, key, expected)
+    if not held:
+        return None
+    held = held.decode() if isinstance(held, bytes) else str(held)
+    logger.error(
+        "%s held a Redis %s, not a %s: something else writes to this key; deleted it so that serving goes on",
+        key, held, expected,
+    )  # fmt: skip
+    return held

@@ -1,0 +1,676 @@
+"""The worker side of the Redis backend: :class:`RedisWorker` takes batches
+of requests from the stream, runs the model on them, and answers each web
+process on its results stream.
+
+Three threads share the work, so that the model never waits on Redis::
+
+    reader   XREADGROUP the next batch while the model runs the current one;
+             parse and decode each request; claim requests of dead workers
+    main     when the model is free: take the next batch (waiting for callers
+             just answered, by the same rule as in-process), run the model
+    writer   write the answers of a batch, acknowledge and delete its requests
+
+The reader holds at most one batch beyond the one running, so a worker never
+has more than two batches pending under its name (plus the one being
+answered): a worker killed at any point loses nothing, since what it held is
+taken over by the others after ``claim_after``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from ...batching import HoldPolicy
+from ...codec import Codec, encode_error, get_codec
+from ...config import DEFAULT_MAX_LATENCY, BatchingConfig, DeviceId, _check_int, _check_seconds
+from ...errors import SerializationError, WorkerDiedError, WorkerStartError
+from ...managed_model import check_model, load_predict, model_facts, ready_line
+from ...runner import run_batch
+from ...streamer import callable_name
+from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
+from .wire import (
+    BEAT_S,
+    BEAT_SCRIPT,
+    GROUP,
+    LIVE_WORKERS_SCRIPT,
+    PRESENCE_MS,
+    PRESENCE_TTL_MS,
+    RESULTS_MAXLEN,
+    RESULTS_TTL_S,
+    WIRE_VERSION,
+    Answer,
+    DeadLetters,
+    Keys,
+    MalformedEntry,
+    Request,
+    is_wrong_type,
+    legacy_result_entry,
+    parse_request,
+    repair_key,
+    result_entry,
+)
+
+__all__ = ["RedisWorker"]
+
+logger = logging.getLogger("streamer_core.redis")
+
+# How long one blocking read waits for requests (ms): also how soon an idle
+# reader notices it should stop.
+_BLOCK_MS = 500
+# How often a worker holding a partial batch looks for companions (seconds).
+_HOLD_POLL_S = 0.001
+
+#: One request's outcome: (True, output), (False, error), or None when its
+#: caller has given up (nothing is written back).
+Outcome = Optional[Tuple[bool, Any]]
+
+
+class _Input:
+    """A request in this worker's hands: its input, decoded by the reader,
+    or the error that answers it without running the model."""
+
+    __slots__ = ("request", "value", "error")
+
+    def __init__(self, request: Request, value: Any = None, error: Optional[BaseException] = None) -> None:
+        self.request = request
+        self.value = value
+        self.error = error
+
+
+class RedisWorker:
+    """A model worker for the Redis backend: takes batches of requests from
+    the stream, runs them, and answers each web process.
+
+    Same signature as service_streamer's ``RedisWorker``; ``model_class`` is a
+    :class:`ManagedModel` subclass (built in :meth:`run_forever`) or a
+    function taking a list. Keyword-only: ``codec`` (``"msgpack"``, or
+    ``"pickle"`` to accept pickled inputs from a trusted broker),
+    ``isolate_errors``, ``claim_after`` (seconds an entry may go without a
+    heartbeat before another worker takes it over, default 2) and
+    ``max_item_crashes`` (default 2).
+    """
+
+    def __init__(
+        self,
+        model_class: Any,
+        batch_size: int,
+        max_latency: float = DEFAULT_MAX_LATENCY,
+        redis_broker: str = "localhost:6379",
+        prefix: str = "",
+        model_init_args: Optional[Sequence[Any]] = None,
+        model_init_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        codec: str = "msgpack",
+        isolate_errors: bool = True,
+        claim_after: float = 2.0,
+        max_item_crashes: int = 2,
+    ) -> None:
+        self._config = BatchingConfig(batch_size, max_latency, isolate_errors=isolate_errors)
+        check_model("model_class", model_class)
+        self._model_class = model_class
+        self._init_args = tuple(model_init_args or ())
+        self._init_kwargs = dict(model_init_kwargs or {})
+        self._codec: Codec = get_codec(codec)
+        self._errors_codec: Codec = get_codec("msgpack")
+        self._claim_after = _check_seconds("claim_after", claim_after, allow_zero=False)
+        self._max_item_crashes = _check_int("max_item_crashes", max_item_crashes, 1)
+        self._broker = redis_broker
+        self._keys = Keys(prefix)
+        self._dead = DeadLetters(self._keys)
+        connect(redis_broker)  # validates the address now; connects lazily
+        self._stopping = threading.Event()
+        # Requests this worker holds (read ahead, running, being answered):
+        # the heartbeat keeps them ours.
+        self._held: Dict[bytes, None] = {}
+        self._held_lock = threading.Lock()
+        # The batch the reader fills while the model runs, and the rule that
+        # says when the main thread takes it; both under _cond.
+        self._cond = threading.Condition(threading.Lock())
+        self._next: List[_Input] = []
+        self._next_first_seen = 0.0
+        self._next_alone = False  # a request taken over from a dead worker: it runs alone
+        self._orphan_in_hand = False  # one at a time, each run before the next is claimed
+        self._reader_done = False
+        self._running = False  # the model is running a batch
+        self._delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
+        self._sole_worker = False  # no other worker is alive: read ahead as requests come
+        self._policy = HoldPolicy(self._config.max_latency)
+        # Answers wait here for the writer thread, so writing a batch's
+        # answers overlaps running the next one.
+        self._outbox: queue.Queue[Optional[Tuple[List[Request], List[Outcome]]]] = queue.Queue(maxsize=1)
+        self._conn: Any = None  # the reader's
+        self._main_conn: Any = None
+        self._server_offset_ms = 0.0
+        self._server_checked = float("-inf")
+        self._group_ready = False
+        self._next_claim = 0.0
+        self._next_sweep = 0.0
+        self.consumer = ""
+
+    def stop(self) -> None:
+        """Finish the batches in hand, then return from :meth:`run_forever`."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def run_forever(self, gpu_id: Optional[DeviceId] = None) -> None:
+        """Load the model and serve until :meth:`stop` or SIGTERM, which lets
+        the batches in hand (the one running and the one read ahead) finish
+        first. Raises :class:`WorkerStartError` if the model cannot be loaded."""
+        if gpu_id is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        predict = self._load_model(gpu_id)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._conn = connect(self._broker)
+        self._main_conn = connect(self._broker)
+        threads = {
+            name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
+            for name, target in (
+                ("heartbeat", self._heartbeat),
+                ("reader", self._read),
+                ("writer", self._write_answers),
+            )
+        }
+        for thread in threads.values():
+            thread.start()
+        line = ready_line(model_facts(predict, gpu_id), self._config.batch_size, self._config.max_latency)
+        logger.info("worker %s serving %s: %s", self.consumer, self._keys.requests, line)
+        try:
+            self._serve(predict)
+        finally:
+            self._stopping.set()  # ends the reader and the heartbeat, and bounds the writer's retries
+            with self._cond:
+                self._cond.notify_all()
+            threads["reader"].join()
+            self._outbox.put(None)  # the writer answers what is in hand, then ends
+            threads["writer"].join()
+            self._leave_group()
+            self._conn.close()
+            self._main_conn.close()
+        logger.info("worker %s stopped", self.consumer)
+
+    def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
+        try:
+            return load_predict(self._model_class, gpu_id, self._init_args, self._init_kwargs)
+        except Exception as exc:
+            raise WorkerStartError(f"could not load {callable_name(self._model_class)}: {exc!r}") from exc
+
+    # the main thread: take a batch when the model is free, run it
+
+    def _serve(self, predict: Any) -> None:
+        while True:
+            batch, alone = self._take()
+            if batch is None:
+                return
+            answered, seconds = self._run(predict, batch)
+            with self._cond:
+                self._running = False
+                if alone:
+                    self._orphan_in_hand = False
+                if seconds:
+                    # Counted now, before the next batch is chosen: the callers
+                    # just answered come back within moments (their answers
+                    # are written next), and are worth waiting for.
+                    self._policy.delivered(answered, seconds, time.monotonic())
+                    self._delivered_at_ms = self._server_now_ms(refresh=False)
+                self._cond.notify_all()
+
+    def _take(self) -> Tuple[Optional[List[_Input]], bool]:
+        """Wait until the batch read so far should run, by the in-process
+        rule (full, or its oldest input waited ``max_latency``, or no caller
+        just answered is still expected back), and take it. ``(None, False)``
+        once stopping and nothing is left."""
+        size = self._config.batch_size
+        with self._cond:
+            while True:
+                if self._next:
+                    now = time.monotonic()
+                    go = self._next_alone or len(self._next) >= size or self._stopping.is_set() or self._reader_done
+                    hold_until = now if go else self._policy.hold_until(self._next_first_seen, now)
+                    if now >= hold_until:
+                        batch, alone = self._next, self._next_alone
+                        self._next, self._next_alone = [], False
+                        self._running = True
+                        self._cond.notify_all()  # the reader may fill the next one
+                        return batch, alone
+                    self._cond.wait(hold_until - now)
+                elif self._reader_done:
+                    return None, False
+                else:
+                    self._cond.wait()
+
+    def _run(self, predict: Any, batch: List[_Input]) -> Tuple[int, float]:
+        """Run ``batch`` and queue its answers for the writer; return how
+        many callers it answers and the model's seconds (0 if it did not run)."""
+        outcomes: List[Outcome] = [None] * len(batch)
+        inputs, positions = [], []
+        now_ms = self._server_now_ms(refresh=False)
+        withdrawn = self._withdrawn(batch)
+        for position, held in enumerate(batch):
+            request = held.request
+            if request.entry_id in withdrawn or now_ms > request.created_ms() + request.timeout_ms:
+                continue  # its caller has given up while it waited here: not run, not answered
+            if held.error is not None:
+                outcomes[position] = (False, held.error)
+            else:
+                inputs.append(held.value)
+                positions.append(position)
+        started = time.monotonic()
+        if inputs:
+            for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors)):
+                outcomes[position] = outcome
+        seconds = time.monotonic() - started if inputs else 0.0
+        self._outbox.put(([held.request for held in batch], outcomes))
+        return sum(outcome is not None for outcome in outcomes), seconds
+
+    def _withdrawn(self, batch: List[_Input]) -> Set[bytes]:
+        """The requests of ``batch`` whose callers gave up since they were
+        read (their web process deleted them from the stream). Claiming the
+        batch again tells: Redis 7 skips deleted entries (and drops them from
+        the pending list). On older servers, or when Redis does not answer,
+        nothing counts as withdrawn: such a request runs, and its answer is
+        dropped by its web process."""
+        ids = [held.request.entry_id for held in batch]
+        try:
+            kept = self._main_conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, ids, justid=True)
+        except Exception as exc:
+            logger.debug("could not re-claim a batch before running it: %s", exc)
+            return set()
+        return set(ids).difference(kept)
+
+    # the reader thread
+
+    def _read(self) -> None:
+        """Fill the next batch while the model runs: at most ``batch_size``
+        requests beyond the running batch, or one request taken over from a
+        dead worker, to run alone."""
+        import redis
+
+        size = self._config.batch_size
+        failing_since: Optional[float] = None
+        errors = LoopErrors("the Redis worker's reader")
+        try:
+            while not self._stopping.is_set():
+                with self._cond:
+                    while (len(self._next) >= size or self._next_alone) and not self._stopping.is_set():
+                        self._cond.wait()
+                    if self._stopping.is_set():
+                        return
+                    room, empty, busy = size - len(self._next), not self._next, self._running
+                    now = time.monotonic()
+                    hold_left = None if empty or busy else self._policy.hold_until(self._next_first_seen, now) - now
+                try:
+                    self._ensure_group()
+                    if empty and not self._orphan_in_hand:
+                        orphan = self._claim_orphan(time.monotonic())
+                        if orphan is not None:
+                            self._next_claim = time.monotonic()  # there may be more: take the next one after it
+                            self._add([orphan], alone=True)
+                            continue
+                    block = self._may_read(busy, room, hold_left)
+                    if block is False:
+                        continue
+                    reply = self._conn.xreadgroup(
+                        GROUP, self.consumer, {self._keys.requests: ">"}, count=room, block=block
+                    )
+                    if failing_since is not None:
+                        logger.warning("Redis is reachable again")
+                        failing_since = None
+                    got = self._accept(reply[0][1] if reply else [])
+                    if got:
+                        self._add(got)
+                    elif block is None and not busy:  # holding: look again shortly, or once the batch is taken
+                        with self._cond:
+                            if self._next and not self._running:
+                                self._cond.wait(_HOLD_POLL_S)
+                except broker_errors() as exc:
+                    if failing_since is None:
+                        failing_since = time.monotonic()
+                        logger.warning("lost Redis: %s; retrying", broker_problem(exc))
+                    self._group_ready = False
+                    self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
+                except redis.ResponseError as exc:
+                    self._group_ready = False
+                    if "NOGROUP" in str(exc):
+                        logger.warning("the consumer group is gone (the Redis server restarted empty); recreating it")
+                    elif is_wrong_type(exc):
+                        repair_key(self._conn, self._keys.requests, "stream")
+                    else:
+                        errors.log(exc)
+                        self._stopping.wait(0.1)
+                except Exception as exc:  # never let the reader die: the worker would serve nothing
+                    errors.log(exc)
+                    self._stopping.wait(0.1)
+        finally:
+            with self._cond:
+                self._reader_done = True
+                self._cond.notify_all()
+
+    def _may_read(self, busy: bool, room: int, hold_left: Optional[float]) -> Any:
+        """Whether to read now, and how: ``False``, not now (having waited a
+        little); ``None``, without blocking; else how long to block, ms.
+
+        Where several workers serve a prefix they read as in-process workers
+        are handed batches, so that callers reach a free worker:
+
+        - a busy worker (its model runs) reads ahead only a full batch;
+        - a free worker with nothing in hand waits for requests (a blocking
+          read: whatever comes is its own);
+        - a free worker holding a partial batch for companions looks for them
+          without blocking, each millisecond, until its model takes the
+          batch. A blocking read could outlive that moment (Redis ends short
+          blocks only on its own timer, 100 ms apart by default), and would
+          take the next caller for a busy worker from a free one.
+
+        The only worker alive reads whatever comes, whenever."""
+        if self._sole_worker:
+            return _BLOCK_MS
+        if busy:
+            if self._backlog() >= room:
+                return None
+            with self._cond:
+                if self._running:
+                    self._cond.wait(self._poll_s())
+            return False
+        if hold_left is None:
+            return _BLOCK_MS
+        if hold_left > 0:
+            return None
+        with self._cond:  # the batch goes now: let the model take it first
+            if self._next and not self._running:
+                self._cond.wait(_HOLD_POLL_S)
+        return False
+
+    def _backlog(self) -> int:
+        """Requests in the stream that no worker has taken yet, about: the
+        entries, less those delivered and not yet acknowledged (each answered
+        request is deleted when acknowledged)."""
+        pipe = self._conn.pipeline(transaction=False)
+        pipe.xlen(self._keys.requests)
+        pipe.xpending(self._keys.requests, GROUP)
+        length, pending = pipe.execute()
+        return int(length) - int(pending.get("pending") or 0)
+
+    def _poll_s(self) -> float:
+        """How often a busy worker looks for a full batch waiting: an eighth
+        of a batch's time, within 1 to 10 ms."""
+        service = self._policy.service
+        return 0.002 if service is None else min(0.01, max(0.001, service / 8))
+
+    def _add(self, inputs: List[_Input], alone: bool = False) -> None:
+        now = time.monotonic()
+        with self._cond:
+            if not self._next:
+                self._next_first_seen = now
+            self._next.extend(inputs)
+            if alone:
+                self._next_alone = self._orphan_in_hand = True
+            else:
+                # Only requests added to the stream since the last answers
+                # were given count as those callers coming back: others were
+                # already waiting (read late, as a busy worker reads only
+                # full batches).
+                since = self._delivered_at_ms
+                returned = sum(held.request.created_ms() >= since for held in inputs)
+                if returned:
+                    self._policy.arrived(returned, now)
+            self._cond.notify_all()
+
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        import redis
+
+        try:
+            self._conn.xgroup_create(self._keys.requests, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def _accept(self, entries: List[Tuple[Any, Any]]) -> List[_Input]:
+        """The requests worth running, decoded and held. Entries that do not
+        parse go to the dead-letter stream; those of callers that have given
+        up are acknowledged and deleted unrun."""
+        accepted: List[_Input] = []
+        drop: List[bytes] = []
+        pipe = self._conn.pipeline(transaction=False)
+        server_now_ms = self._server_now_ms()
+        for entry_id, fields in entries:
+            try:
+                request = parse_request(entry_id, fields)
+            except MalformedEntry as exc:
+                self._dead.add(pipe, self._keys.requests, entry_id, fields, str(exc))
+                if isinstance(entry_id, bytes):
+                    drop.append(entry_id)
+                continue
+            if server_now_ms > request.created_ms() + request.timeout_ms:
+                drop.append(entry_id)  # its caller has given up
+                continue
+            accepted.append(self._decode(request))
+        if drop:
+            pipe.xack(self._keys.requests, GROUP, *drop)
+            pipe.xdel(self._keys.requests, *drop)
+        if len(pipe):
+            pipe.execute(raise_on_error=False)
+        with self._held_lock:
+            for held in accepted:
+                self._held[held.request.entry_id] = None
+        return accepted
+
+    def _decode(self, request: Request) -> _Input:
+        """The request's input, or the error its caller gets instead."""
+        if request.version > WIRE_VERSION:
+            return _Input(request, error=SerializationError(
+                f"the request was written by a newer version of streamer_core (wire format {request.version}; "
+                f"this worker reads up to {WIRE_VERSION}): upgrade the workers"
+            ))  # fmt: skip
+        if request.codec != self._codec.name:
+            logger.warning(
+                "refused a %r payload from client %s: this worker reads only %r (start it with codec=%r "
+                "to accept it, if the broker is trusted)",
+                request.codec, request.client, self._codec.name, request.codec,
+            )  # fmt: skip
+            error = SerializationError(f"the worker refuses {request.codec!r} payloads; it reads {self._codec.name!r}")
+            return _Input(request, error=error)
+        try:
+            return _Input(request, self._codec.loads(request.payload, request.buffers))
+        except Exception as exc:
+            logger.warning("rejected a payload from client %s: %s", request.client, exc)
+            return _Input(request, error=SerializationError(f"the worker could not read this input: {exc}"))
+
+    def _server_now_ms(self, refresh: bool = True) -> float:
+        """The Redis server's clock (entry ids are its time), from an offset
+        refreshed now and then, so clocks of other machines do not matter."""
+        now = time.monotonic()
+        if refresh and now - self._server_checked > 30.0:
+            seconds, micros = self._conn.time()
+            self._server_offset_ms = seconds * 1000 + micros / 1000 - now * 1000
+            self._server_checked = now
+        return now * 1000 + self._server_offset_ms
+
+    # taking over from dead workers
+
+    def _claim_orphan(self, now: float) -> Optional[_Input]:
+        """Take over one request whose worker stopped its heartbeat (it died),
+        to run it alone. One at a time, each run before the next is taken:
+        a request's delivery count then counts the workers that died while
+        they held it, and nothing taken over waits without a heartbeat."""
+        if now < self._next_claim:
+            return None
+        if now >= self._next_sweep:
+            self._next_sweep = now + 60.0
+            self._sweep_consumers()
+        while True:
+            reply = self._conn.xautoclaim(
+                self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0", count=1
+            )
+            claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
+            if deleted:
+                self._conn.xack(self._keys.requests, GROUP, *deleted)
+            claimed = [entry for entry in claimed if entry[0] is not None and entry[1]]
+            if not claimed:
+                self._next_claim = now + self._claim_after / 2  # none left: look again later
+                return None
+            entry_id = claimed[0][0]
+            [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
+            crashes = pending.get("times_delivered", 1) - 1
+            accepted = self._accept(claimed)
+            if not accepted:
+                continue  # expired or malformed, and acked away
+            held = accepted[0]
+            logger.warning("took over request %s from a worker that stopped answering", entry_id.decode())
+            if crashes < self._max_item_crashes:
+                return held
+            error = WorkerDiedError(
+                f"this input was in the hands of {crashes} workers that died, so it is not retried "
+                "(it may be what kills them)"
+            )
+            self._outbox.put(([held.request], [(False, error)]))
+
+    def _sweep_consumers(self) -> None:
+        """Remove consumers of dead workers: they hold nothing (their requests
+        were taken over) and have not been seen for a long while."""
+        idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
+        me = self.consumer.encode()
+        for consumer in self._conn.xinfo_consumers(self._keys.requests, GROUP):
+            name = consumer.get("name")
+            if isinstance(name, str):
+                name = name.encode()
+            if name != me and consumer.get("pending") == 0 and (consumer.get("idle") or 0) > idle_ms:
+                self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
+
+    def _leave_group(self) -> None:
+        """Remove this worker from the group, unless requests are pending
+        under its name, by Redis's own count (a read whose reply was lost in
+        a blip leaves some this worker never saw): removing the consumer would
+        drop them, while left pending, another worker takes them over."""
+        try:
+            self._conn.zrem(self._keys.workers, self.consumer)
+            if self._conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self.consumer):
+                return
+            self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
+        except Exception as exc:  # the server may be gone; the next sweep removes us
+            logger.debug("could not leave the group: %s", exc)
+
+    # the heartbeat thread
+
+    def _heartbeat(self) -> None:
+        """Keep the requests in hand from looking abandoned while the model runs."""
+        conn = connect(self._broker)
+        self._beat(conn)
+        while not self._stopping.wait(min(BEAT_S, self._claim_after / 3)):
+            self._beat(conn)
+            with self._held_lock:
+                in_hand = list(self._held)
+            if in_hand:
+                try:
+                    conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, in_hand, justid=True)
+                except Exception as exc:  # a blip: the next beat tries again
+                    logger.debug("heartbeat failed: %s", exc)
+        conn.close()
+
+    def _beat(self, conn: Any) -> None:
+        """Tell web processes this worker is alive (see ``require_workers``),
+        and learn whether it is the only one."""
+        try:
+            conn.eval(BEAT_SCRIPT, 1, self._keys.workers, self.consumer, PRESENCE_TTL_MS)
+            self._sole_worker = int(conn.eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS)) <= 1
+        except Exception as exc:  # a blip: the next beat tries again
+            logger.debug("presence beat failed: %s", exc)
+
+    # the writer thread
+
+    def _write_answers(self) -> None:
+        """Answer each batch: write its results, acknowledge its requests."""
+        conn = connect(self._broker)
+        errors = LoopErrors("the Redis worker's writer")
+        while True:
+            job = self._outbox.get()
+            if job is None:
+                break
+            batch, outcomes = job
+            try:
+                self._answer(conn, batch, outcomes, errors)
+            except Exception as exc:  # left pending: they are taken over and run again
+                errors.log(exc)
+            with self._held_lock:
+                for request in batch:
+                    self._held.pop(request.entry_id, None)
+        conn.close()
+
+    def _answer(self, conn: Any, batch: Sequence[Request], outcomes: Sequence[Outcome], errors: LoopErrors) -> bool:
+        """Write every result and acknowledge the requests, in one transaction:
+        one result entry per web process. Through a Redis blip keep trying,
+        since these answers are not kept anywhere else; once stopping, give up
+        after a while (the requests stay pending, and another worker takes
+        them over)."""
+        entries = self._result_entries(batch, outcomes)
+        ids = [request.entry_id for request in batch]
+        delay, give_up_at = 0.05, None
+        while True:
+            try:
+                pipe = conn.pipeline(transaction=True)
+                for key, fields in entries:
+                    pipe.xadd(key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
+                for key in dict.fromkeys(key for key, _ in entries):
+                    pipe.expire(key, RESULTS_TTL_S)
+                pipe.xack(self._keys.requests, GROUP, *ids)
+                pipe.xdel(self._keys.requests, *ids)
+                replies = pipe.execute(raise_on_error=False)
+                for (key, _), reply in zip(entries, replies):
+                    if isinstance(reply, Exception):
+                        # E.g. the key holds another type: its web process repairs it and sends again.
+                        errors.log(RuntimeError(f"could not write an answer to {key}: {reply}"))
+                return True
+            except broker_errors() as exc:
+                logger.warning("could not write %d results to Redis (%s); retrying", len(batch), exc)
+                if self._stopping.is_set():
+                    give_up_at = give_up_at or time.monotonic() + 10.0
+                    if time.monotonic() > give_up_at:
+                        logger.error("gave up writing %d results; another worker will run them again", len(batch))
+                        return False
+                time.sleep(delay)
+                delay = min(MAX_BACKOFF_S, delay * 2)
+
+    def _result_entries(
+        self, batch: Sequence[Request], outcomes: Sequence[Outcome]
+    ) -> List[Tuple[str, Dict[Any, Any]]]:
+        """The entries answering ``batch``: one per web process (and one per
+        answer for a web process of 0.1.0), keyed by its results stream."""
+        grouped: Dict[str, List[Answer]] = {}
+        entries = []
+        for request, outcome in zip(batch, outcomes):
+            if outcome is None:
+                continue  # its caller has given up
+            key = self._keys.results(request.client)
+            item_id, ok, payload, buffers = self._encode_answer(request, outcome)
+            if request.version == 0:
+                entries.append((key, legacy_result_entry(item_id, ok, self._codec.name if ok else "msgpack", payload)))
+            else:
+                grouped.setdefault(key, []).append((item_id, ok, payload, buffers))
+        entries.extend((key, result_entry(answers, self._codec.name)) for key, answers in grouped.items())
+        return entries
+
+    def _encode_answer(self, request: Request, outcome: Tuple[bool, Any]) -> Answer:
+        ok, value = outcome
+        if ok:
+            try:
+                if request.version == 0:  # its codec reads no out-of-band buffers
+                    return request.item_id, True, self._codec.encode(value), ()
+                payload, buffers = self._codec.dumps(value)
+                return request.item_id, True, payload, buffers
+            except SerializationError as exc:
+                value = SerializationError(f"the model's result cannot be sent back: {exc}")
+        # Errors are plain data: msgpack, which every web process can read safely.
+        return request.item_id, False, self._errors_codec.encode(encode_error(value)), ()
