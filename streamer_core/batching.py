@@ -13,9 +13,11 @@ on their way. The scheduler knows one source of them for sure: callers whose
 results it has just delivered tend to come straight back (a closed loop, as a
 client pool or a busy web server is). So after delivering ``n`` results it
 holds a partial batch until about ``n`` new items have arrived, for at most a
-quarter of the model's recent service time; when nobody is due, a lone request
-goes to the model immediately. A single client therefore sees the model's own
-latency, while 64 clients fill batches of 64.
+quarter of the model's recent service time, or for as long as answered callers
+have lately taken to come back (through a broker, that is longer), within one
+service time; when nobody is due, a lone request goes to the model immediately. A
+single client therefore sees the model's own latency, while 64 clients fill
+batches of 64.
 """
 
 from __future__ import annotations
@@ -45,14 +47,22 @@ _PATIENCE_SHARE = 0.25
 _MAX_PATIENCE_SHARE = 0.5
 _MIN_PATIENCE = 0.001
 _STILL_ARRIVING = 0.001
-# Weight of the newest sample in the running estimate of a batch's service time.
+# Weight of the newest sample in the running estimates of a batch's service
+# time and of how long answered callers take to come back.
 _SERVICE_EWMA = 0.2
+# Patience covers this much more than the callers' recent time to come back,
+# the slowest of the last few deliveries (each older one counts for less).
+_RETURN_MARGIN = 1.25
+_COMEBACK_DECAY = 0.9
+# At most this share of a batch's time is spent waiting for callers known to
+# come back: a batch run without them would make them wait a whole batch.
+_COMEBACK_SHARE = 1.0
 # Slack on top of a call's deadline before ``BatchFuture.result()`` gives up on
 # its own; the dispatcher normally fails an overdue call right at the deadline.
 _RESULT_GRACE = 1.0
 
 
-class BatchFuture(concurrent.futures.Future):
+class BatchFuture(concurrent.futures.Future[List[Any]]):
     """The future of one ``submit(batch)`` call; its result is a list, one
     output per input, in input order.
 
@@ -107,8 +117,9 @@ class BatchFuture(concurrent.futures.Future):
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
         self._wait(timeout)
-        if self._state == "FINISHED" and self._exception is None:
-            return self._result  # the common case, without the condition's lock
+        result = self._result
+        if self._state == "FINISHED" and self._exception is None and result is not None:
+            return result  # the common case, without the condition's lock
         return super().result(0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
@@ -131,7 +142,7 @@ class BatchFuture(concurrent.futures.Future):
         # It finished just as we gave up: its result (or error) stands.
 
 
-def settle(future: concurrent.futures.Future, exc: Optional[BaseException] = None, result: Any = None) -> bool:
+def settle(future: concurrent.futures.Future[Any], exc: Optional[BaseException] = None, result: Any = None) -> bool:
     """Complete ``future`` unless it is done already (cancelled, timed out);
     return whether this call completed it."""
     try:
@@ -278,7 +289,7 @@ class HoldPolicy:
     are expected back (see the module docstring).
     """
 
-    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service")
+    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service", "comeback", "_awaited")
 
     def __init__(self, max_latency: float) -> None:
         self.max_latency = max_latency
@@ -286,12 +297,25 @@ class HoldPolicy:
         self.last_delivery = float("-inf")
         self.last_arrival = float("-inf")
         self.service: Optional[float] = None  # running estimate of one batch's time, seconds
+        # How long after answering n callers n new inputs have arrived, lately,
+        # seconds: the callers' round trip (longer through a broker than
+        # in-process), which patience must cover to be worth it.
+        self.comeback: Optional[float] = None
+        self._awaited = 0  # inputs still to arrive before the comeback is measured
 
     def arrived(self, n: int, now: float) -> int:
         """``n`` inputs arrived; return how many answered callers are still due."""
         self.last_arrival = now
         if self.due:
             self.due = max(0, self.due - n)
+        if self._awaited > 0:
+            self._awaited -= n
+            if self._awaited <= 0:
+                # The slow returns matter (a large batch's callers take longest
+                # to come back), and holding ends anyway once those due are back.
+                sample = now - self.last_delivery
+                comeback = self.comeback
+                self.comeback = sample if comeback is None else max(sample, _COMEBACK_DECAY * comeback)
         return self.due
 
     def delivered(self, n: int, seconds: float, now: float) -> None:
@@ -302,6 +326,7 @@ class HoldPolicy:
             self.due = 0
         self.due += n
         self.last_delivery = now
+        self._awaited = n
 
     def hold_until(self, oldest: float, now: float) -> float:
         """Until when to wait for companions; a time ``<= now`` means go now."""
@@ -311,6 +336,8 @@ class HoldPolicy:
         if self.due <= 0 or self.service is None:
             return float("-inf")
         patience = max(_MIN_PATIENCE, _PATIENCE_SHARE * self.service)
+        if self.comeback is not None:  # callers take longer than that to come back: wait for them, within bounds
+            patience = max(patience, min(_COMEBACK_SHARE * self.service, _RETURN_MARGIN * self.comeback))
         longest = self.last_delivery + max(patience, _MAX_PATIENCE_SHARE * self.service)
         until = min(longest, max(self.last_delivery + patience, self.last_arrival + _STILL_ARRIVING))
         if now >= until:

@@ -15,6 +15,9 @@ from typing import Any, Optional, Sequence, Tuple, Union
 __all__ = ["BatchingConfig", "DeviceId"]
 
 #: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
+#: How the worker commands and worker processes write their log lines.
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+
 DeviceId = Union[int, str]
 
 DEFAULT_MAX_LATENCY = 0.1
@@ -32,11 +35,11 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 def _check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} is in seconds and must be a number, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {value!r}")
-    return value
+        raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {seconds!r}")
+    return seconds
 
 
 def check_devices(name: str, devices: Optional[Sequence[DeviceId]]) -> Optional[Tuple[DeviceId, ...]]:

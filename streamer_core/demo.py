@@ -70,18 +70,24 @@ def main(argv: Any = None) -> None:
     print(f"{args.clients} client threads, {args.seconds:g} s each run.\n")
 
     naive = _closed_loop(lambda x: model([x])[0], args.clients, args.seconds)
-    print(f"  one model call per request : {len(naive) / args.seconds:8.0f} requests/s, "
-          f"p50 {statistics.median(naive) * 1000:6.1f} ms")
+    print(
+        f"  one model call per request : {len(naive) / args.seconds:8.0f} requests/s, "
+        f"p50 {statistics.median(naive) * 1000:6.1f} ms"
+    )
 
     with ThreadedStreamer(model, batch_size=64, max_latency=0.05) as streamer:
         batched = _closed_loop(lambda x: streamer.predict([x])[0], args.clients, args.seconds)
-        print(f"  ThreadedStreamer, batch 64 : {len(batched) / args.seconds:8.0f} requests/s, "
-              f"p50 {statistics.median(batched) * 1000:6.1f} ms  "
-              f"({len(batched) / max(1, len(naive)):.1f}x)")
+        print(
+            f"  ThreadedStreamer, batch 64 : {len(batched) / args.seconds:8.0f} requests/s, "
+            f"p50 {statistics.median(batched) * 1000:6.1f} ms  "
+            f"({len(batched) / max(1, len(naive)):.1f}x)"
+        )
 
         alone = _closed_loop(lambda x: streamer.predict([x])[0], 1, 1.0)
-        print(f"  a lone client              : p50 {statistics.median(alone) * 1000:6.1f} ms "
-              f"(the model alone takes {args.fixed_ms + args.per_item_ms:g} ms; max_latency is 50 ms)\n")
+        print(
+            f"  a lone client              : p50 {statistics.median(alone) * 1000:6.1f} ms "
+            f"(the model alone takes {args.fixed_ms + args.per_item_ms:g} ms; max_latency is 50 ms)\n"
+        )
 
         good = [streamer.submit([f"sentence {i}"]) for i in range(3)]
         bad = streamer.submit(["bad input"])

@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from typing import Deque, Optional
+from typing import Any, Deque, Optional
 
 __all__ = ["in_unpatched_greenlet", "wait_in_greenlet"]
 
@@ -51,10 +51,11 @@ def _hub_if_exists() -> Optional[object]:
         from gevent._hub_local import get_hub_if_exists
     except ImportError:  # an older or newer gevent: only Greenlets are detected
         return None
-    return get_hub_if_exists()
+    hub: Optional[object] = get_hub_if_exists()
+    return hub
 
 
-def wait_in_greenlet(future: concurrent.futures.Future, timeout: Optional[float]) -> bool:
+def wait_in_greenlet(future: concurrent.futures.Future[Any], timeout: Optional[float]) -> bool:
     """Yield to the gevent hub until ``future`` is done or ``timeout`` seconds
     pass; return whether it is done. Other greenlets run meanwhile."""
     if future.done():
@@ -96,7 +97,7 @@ class _Waker:
             ready.popleft().switch(None)  # type: ignore[attr-defined]
 
 
-_wakers: "weakref.WeakKeyDictionary[object, _Waker]" = weakref.WeakKeyDictionary()
+_wakers: weakref.WeakKeyDictionary[object, _Waker] = weakref.WeakKeyDictionary()
 _wakers_lock = threading.Lock()
 
 

@@ -7,6 +7,9 @@ behaves the same behind either:
 what happened                               status  body / headers
 ==========================================  ======  =========================
 the request cannot be parsed into an input   400    ``{"error": ...}``
+a method the endpoint does not serve         405    ``Allow``
+a body larger than the server takes          413
+a body of a media type that is not read      415
 the model raised for this input              500    the error's type and message
 the call timed out                           504
 queue full, no worker, broker down, closing  503    ``Retry-After`` (seconds)
@@ -19,7 +22,7 @@ Every body is JSON: ``{"error": {"status", "type", "message"}}``, plus
 from __future__ import annotations
 
 import traceback
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from .errors import (
     QueueFullError,
@@ -30,7 +33,18 @@ from .errors import (
     UnavailableError,
 )
 
-__all__ = ["InvalidInput", "MISSING", "error_response", "status_for", "item_from_request", "to_jsonable"]
+__all__ = [
+    "InvalidInput",
+    "MethodNotAllowed",
+    "PayloadTooLarge",
+    "UnsupportedMediaType",
+    "MISSING",
+    "error_response",
+    "status_for",
+    "item_from_request",
+    "check_media_type",
+    "to_jsonable",
+]
 
 #: ``Retry-After`` seconds: a full queue drains within a batch or two; a
 #: missing worker or broker takes longer to come back.
@@ -41,6 +55,31 @@ RETRY_AFTER_DOWN = 5
 class InvalidInput(StreamerError, ValueError):
     """The request could not be turned into a model input (HTTP 400). Raise
     it from a route's ``parse`` hook with a message for the client."""
+
+    #: The HTTP status it is answered with.
+    status = 400
+
+
+class MethodNotAllowed(InvalidInput):
+    """The endpoint does not serve this HTTP method (405, with ``Allow``)."""
+
+    status = 405
+
+    def __init__(self, method: str, allowed: Sequence[str]) -> None:
+        super().__init__(f"{method} is not served here; use {', '.join(allowed)}")
+        self.allowed = list(allowed)
+
+
+class PayloadTooLarge(InvalidInput):
+    """The body is larger than the server takes (413)."""
+
+    status = 413
+
+
+class UnsupportedMediaType(InvalidInput):
+    """The body is of a media type the endpoint does not read (415)."""
+
+    status = 415
 
 
 class _Missing:
@@ -53,9 +92,12 @@ MISSING: Any = _Missing()
 
 
 def status_for(exc: BaseException) -> int:
-    """The HTTP status for an exception raised by parsing or by a call."""
+    """The HTTP status for an exception raised by parsing or by a call.
+    A :class:`SerializationError` is a 500: a client's JSON or form always
+    crosses to a worker, so an input that cannot was made by the app's parse
+    hook, and an output that cannot, by the model."""
     if isinstance(exc, InvalidInput):
-        return 400
+        return exc.status
     if isinstance(exc, StreamerTimeoutError):
         return 504
     if isinstance(exc, (UnavailableError, StreamerClosedError)):
@@ -75,6 +117,8 @@ def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dic
         if isinstance(cause, RemoteTraceback):
             error["worker_traceback"] = cause.tb
     headers: Dict[str, str] = {}
+    if isinstance(exc, MethodNotAllowed):
+        headers["Allow"] = ", ".join(exc.allowed)
     if status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_FULL if isinstance(exc, QueueFullError) else RETRY_AFTER_DOWN)
     return status, {"error": error}, headers
@@ -98,6 +142,27 @@ def item_from_request(json_body: Any, form: Optional[Mapping[str, Any]], field: 
     if field is None:
         raise InvalidInput("send the input as a JSON body (Content-Type: application/json)")
     raise InvalidInput(f'send the input as JSON {{"{field}": ...}} or as the form field "{field}"')
+
+
+#: Media types of request bodies the default parsing reads: JSON, and forms.
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def is_json_type(content_type: str) -> bool:
+    """Whether ``content_type`` (lower case, without parameters) is JSON."""
+    return content_type == "application/json" or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
+def check_media_type(content_type: Optional[str], has_body: bool) -> None:
+    """Raise :class:`UnsupportedMediaType` (415) for a body of a type the
+    default parsing does not read: anything but JSON and forms."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    if has_body and kind and not is_json_type(kind) and kind not in FORM_TYPES:
+        raise UnsupportedMediaType(
+            f"a body of type {kind} is not read here: send JSON (Content-Type: application/json) or a form"
+        )
 
 
 def to_jsonable(value: Any) -> Any:

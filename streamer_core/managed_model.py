@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from .config import DeviceId
 
-__all__ = ["ManagedModel", "check_model", "load_predict"]
+__all__ = ["ManagedModel", "ModelFacts", "check_model", "load_predict", "model_facts", "ready_line"]
 
 
 class ManagedModel:
@@ -19,8 +20,13 @@ class ManagedModel:
     them to the GPU in ``init_model``, not at import time, so each worker uses
     its own device (inside the worker that device is ``cuda:0``).
 
-    Same interface as service_streamer's ``ManagedModel``.
+    Same interface as service_streamer's ``ManagedModel``. A ``device``
+    attribute, if the subclass has one (e.g. ``"cuda:0"``), is named in the
+    line logged when the model is ready.
     """
+
+    #: Seconds ``__init__`` and ``init_model`` took, where the model was built.
+    load_seconds: float = 0.0
 
     def __init__(self, gpu_id: Optional[DeviceId] = None) -> None:
         self.model: Any = None
@@ -58,7 +64,41 @@ def load_predict(
     """In a worker: build a ManagedModel subclass on ``gpu_id`` and return its
     ``predict``; a plain function is returned as it is."""
     if isinstance(model, type) and issubclass(model, ManagedModel):
+        started = time.monotonic()
         instance = model(gpu_id)
         instance.init_model(*args, **kwargs)
+        instance.load_seconds = time.monotonic() - started
         return instance.predict
-    return model
+    predict: Callable[[List[Any]], Any] = model
+    return predict
+
+
+class ModelFacts(NamedTuple):
+    """What the ready line says of a loaded model (picklable: a worker
+    process sends it to its parent)."""
+
+    name: str
+    device: str
+    seconds: float
+
+
+def model_facts(predict: Any, gpu_id: Optional[DeviceId]) -> ModelFacts:
+    """The model's name, its device (its ``device`` attribute, else the GPU
+    it was given, else ``cpu``) and how long it took to load."""
+    instance = getattr(predict, "__self__", None)
+    if isinstance(instance, ManagedModel):
+        name, device, seconds = type(instance).__qualname__, getattr(instance, "device", None), instance.load_seconds
+    else:
+        name = getattr(predict, "__qualname__", None) or getattr(predict, "__name__", None) or repr(predict)
+        device, seconds = None, 0.0
+    if device is None:
+        device = f"GPU {gpu_id}" if gpu_id is not None else "cpu"
+    return ModelFacts(name, str(device), seconds)
+
+
+def ready_line(facts: ModelFacts, batch_size: int, max_latency: float) -> str:
+    """The one line a thread backend or worker logs when its model is ready."""
+    return (
+        f"model {facts.name} ready on {facts.device} in {facts.seconds:.1f} s "
+        f"(batch size {batch_size}, max latency {max_latency:g} s)"
+    )

@@ -35,7 +35,10 @@ DEFAULT_BATCH_SIZE = 64
 
 
 class ConfigurationError(StreamerError, ValueError):
-    """A setting is wrong; the message names it and says how to fix it."""
+    """A setting is wrong; the message names it and says how to fix it.
+    ``messages`` holds one line per wrong setting."""
+
+    messages: List[str] = []
 
 
 class Problem(NamedTuple):
@@ -96,8 +99,12 @@ class ModelSpec:
             add("backend", "backend", f"is {self.backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
         if isinstance(self.model, type):
             if not issubclass(self.model, ManagedModel):
-                add("model", "model", f"is the class {self.model.__name__}, which is not a ManagedModel subclass; "
-                    "give a ManagedModel subclass or a function taking a list")
+                add(
+                    "model",
+                    "model",
+                    f"is the class {self.model.__name__}, which is not a ManagedModel subclass; "
+                    "give a ManagedModel subclass or a function taking a list",
+                )
         elif not callable(self.model):
             add("model", "model", f"is {self.model!r}; give a function taking a list or a ManagedModel subclass")
         for name, minimum in (("batch_size", 1), ("worker_num", 1)):
@@ -111,8 +118,10 @@ class ModelSpec:
             bound = ">= 0" if allow_zero else "> 0"
             if not _is_seconds(value, allow_zero):
                 add(name, "seconds", f"is in seconds and must be a finite number {bound}, got {value!r}")
-        found.extend(Problem("cuda_devices", "devices", f"{setting('cuda_devices')} {text}")
-                     for text in _device_problems(self.cuda_devices))
+        found.extend(
+            Problem("cuda_devices", "devices", f"{setting('cuda_devices')} {text}")
+            for text in _device_problems(self.cuda_devices)
+        )
         if self.backend == "redis":
             if not self.redis_url or not isinstance(self.redis_url, str):
                 add("redis_url", "redis_url", "must be set for the redis backend, e.g. 'redis://127.0.0.1:6379/0'")
@@ -121,14 +130,20 @@ class ModelSpec:
         if not isinstance(self.prefix, str):
             add("prefix", "option", f"must be a string, got {self.prefix!r}")
         if self.codec not in ("msgpack", "pickle"):
-            add("codec", "option", f"must be 'msgpack' or 'pickle' (pickle only with a trusted broker), got {self.codec!r}")
+            add(
+                "codec",
+                "option",
+                f"must be 'msgpack' or 'pickle' (pickle only with a trusted broker), got {self.codec!r}",
+            )
         if not isinstance(self.init_args, (tuple, list)):
             add("init_args", "option", f"must be a list of arguments for init_model, got {self.init_args!r}")
         if not isinstance(self.init_kwargs, dict):
-            add("init_kwargs", "option", f"must be a dict of keyword arguments for init_model, got {self.init_kwargs!r}")
+            add(
+                "init_kwargs", "option", f"must be a dict of keyword arguments for init_model, got {self.init_kwargs!r}"
+            )
         return found
 
-    def check(self, setting: Callable[[str], str] = str) -> "ModelSpec":
+    def check(self, setting: Callable[[str], str] = str) -> ModelSpec:
         """Raise :class:`ConfigurationError` listing every problem; return self."""
         found = self.problems(setting)
         if found:
@@ -142,7 +157,7 @@ class ModelSpec:
         from .backends.process import Streamer
         from .backends.thread import ThreadedStreamer
 
-        common = dict(timeout=self.timeout, max_queue=self.max_queue)
+        common: Dict[str, Any] = dict(timeout=self.timeout, max_queue=self.max_queue)
         devices = parse_devices(self.cuda_devices)
         if self.backend == "thread":
             predict = self.model
@@ -151,8 +166,14 @@ class ModelSpec:
             return ThreadedStreamer(predict, self.batch_size, self.max_latency, **common)
         if self.backend == "process":
             return Streamer(
-                self.model, self.batch_size, self.max_latency, self.worker_num, devices,
-                list(self.init_args), dict(self.init_kwargs), **common,
+                self.model,
+                self.batch_size,
+                self.max_latency,
+                self.worker_num,
+                devices,
+                list(self.init_args),
+                dict(self.init_kwargs),
+                **common,
             )
         if self.backend == "redis":
             from .backends.redis import RedisStreamer
@@ -169,9 +190,14 @@ class ModelSpec:
 
         devices = parse_devices(cuda_devices if cuda_devices is not None else self.cuda_devices)
         options = dict(
-            model_class=self.model, batch_size=self.batch_size, max_latency=self.max_latency,
-            redis_broker=self.redis_url or "", prefix=self.prefix, model_init_args=list(self.init_args),
-            model_init_kwargs=dict(self.init_kwargs), codec=self.codec,
+            model_class=self.model,
+            batch_size=self.batch_size,
+            max_latency=self.max_latency,
+            redis_broker=self.redis_url or "",
+            prefix=self.prefix,
+            model_init_args=list(self.init_args),
+            model_init_kwargs=dict(self.init_kwargs),
+            codec=self.codec,
         )
         count = worker_num if worker_num is not None else self.worker_num
         return WorkerGroup(self.name or callable_name(self.model), options, count, tuple(devices) if devices else None)

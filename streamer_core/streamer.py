@@ -74,7 +74,9 @@ class _Engine:
         self._close_lock = threading.Lock()
         self.closed = False
         backend.start(self.scheduler)
-        self._dispatcher = threading.Thread(target=self._dispatch, name=f"streamer-{backend.name}-dispatch", daemon=True)
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, name=f"streamer-{backend.name}-dispatch", daemon=True
+        )
         self._dispatcher.start()
 
     def _dispatch(self) -> None:
@@ -102,7 +104,9 @@ class _Engine:
         drained = self.scheduler.wait_drained(deadline)
         self.backend.drain(deadline)
         if not drained:
-            logger.warning("streamer closed with calls unfinished after %.3gs; they fail with StreamerClosedError", timeout)
+            logger.warning(
+                "streamer closed with calls unfinished after %.3gs; they fail with StreamerClosedError", timeout
+            )
         self.scheduler.stop(lambda: StreamerClosedError("the streamer was closed before this call finished"))
         self._dispatcher.join(max(0.0, deadline - time.monotonic()) + 1.0)
         self.backend.stop(max(deadline, time.monotonic() + 1.0))
@@ -192,7 +196,7 @@ class BaseStreamer:
     def closed(self) -> bool:
         return self._engine.closed
 
-    def __enter__(self) -> "BaseStreamer":
+    def __enter__(self) -> BaseStreamer:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -201,4 +205,3 @@ class BaseStreamer:
 
 def callable_name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
-

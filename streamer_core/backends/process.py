@@ -26,25 +26,26 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from collections import deque
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import threading
 import time
+from collections import deque
 from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
 from ..errors import SerializationError, StreamerError, WorkerStartError
-from ..managed_model import check_model
+from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
+from .spawning import spawn_context
 
 __all__ = ["Streamer"]
 
-_ctx = multiprocessing.get_context("spawn")
+_ctx = spawn_context()
 
 # A worker that dies this many times in a row before it is ready is given up.
 _MAX_START_FAILURES = 3
@@ -74,8 +75,8 @@ class _Slot:
     def __init__(self, index: int, device: Optional[DeviceId]) -> None:
         self.index = index
         self.device = device
-        self.process: Optional[Any] = None
-        self.conn: Optional[Any] = None
+        self.process: Any = None  # a multiprocessing.Process, once started
+        self.conn: Any = None  # its end of the pipe
         self.pid: Optional[int] = None
         self.state = "new"  # starting | ready | dead | failed | stopped
         self.batches: Deque[_Sent] = deque()  # sent and not answered, oldest first (at most 2)
@@ -96,7 +97,7 @@ class _ProcessBackend(Backend):
         devices: Optional[Sequence[DeviceId]],
         init_args: Sequence[Any],
         init_kwargs: Dict[str, Any],
-        isolate_errors: bool,
+        config: BatchingConfig,
     ) -> None:
         try:
             self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
@@ -106,14 +107,15 @@ class _ProcessBackend(Backend):
                 "spawned workers import the model by name, so define it at module level "
                 f"(not a lambda or a nested function) and pass plain init arguments ({exc})"
             ) from exc
-        self._isolate = isolate_errors
+        self._config = config
+        self._isolate = config.isolate_errors
         self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
         self._batch_ids = itertools.count()
         self._stopping = False
-        self._scheduler: Optional[Scheduler] = None
+        self._scheduler: Scheduler = None  # type: ignore[assignment]  # set by start(), before any thread uses it
         self._collector = threading.Thread(target=self._collect, name="streamer-process-collect", daemon=True)
 
     # -- starting ------------------------------------------------------------
@@ -223,7 +225,9 @@ class _ProcessBackend(Backend):
             with self._lock:
                 slot.state, slot.start_failures, slot.pid = "ready", 0, message[1]
                 self._changed.notify_all()
-            logger.info("worker %d (pid %d) ready", slot.index, slot.pid)
+            config = self._config
+            line = ready_line(message[2], config.batch_size, config.max_latency)
+            logger.info("worker %d (pid %d): %s", slot.index, slot.pid, line)
             self._scheduler.add_slot()
         elif kind == "init_error":
             error = decode_exception(message[1])
@@ -435,7 +439,7 @@ class Streamer(BaseStreamer):
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
         self._backend = _ProcessBackend(
-            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, isolate_errors
+            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, config
         )
         super().__init__(config, self._backend, max_item_crashes=max_item_crashes)
 

@@ -41,6 +41,7 @@ def encode_exception(exc: BaseException) -> bytes:
 
 
 def decode_exception(payload: bytes) -> BaseException:
+    exc: BaseException
     exc, tb = pickle.loads(payload)
     exc.__cause__ = RemoteTraceback(tb)
     return exc
@@ -93,11 +94,13 @@ def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, 
     except BaseException as exc:
         conn.send(("init_error", encode_exception(exc)))
         return
-    conn.send(("ready", os.getpid()))
+    from ..managed_model import model_facts
+
+    conn.send(("ready", os.getpid(), model_facts(predict, device)))
 
     # A reader thread takes batches off the pipe while the model runs, so the
     # parent can send the next batch ahead without blocking on a full pipe.
-    inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_read_pipe, args=(conn, inbox), name="streamer-worker-read", daemon=True).start()
     while True:
         message = inbox.get()
@@ -107,7 +110,7 @@ def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, 
         conn.send(("done", batch_id, _run(predict, payloads, isolate_errors)))
 
 
-def _read_pipe(conn: Any, inbox: "queue.SimpleQueue[Any]") -> None:
+def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
     while True:
         try:
             message = conn.recv()

@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
-from ..managed_model import ManagedModel
+from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, logger
 
@@ -27,7 +27,7 @@ class _ThreadBackend(Backend):
     def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], isolate_errors: bool) -> None:
         self._predict = predict
         self._isolate = isolate_errors
-        self._inbox: "queue.SimpleQueue[Optional[List[_Item]]]" = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
         self._scheduler: Optional[Scheduler] = None
         self._held = 0  # batches handed to the model thread and not finished
@@ -90,7 +90,8 @@ def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[Lis
     pool = gevent.get_hub().threadpool
 
     def on_pool_thread(batch: List[Any]) -> Sequence[Any]:
-        return pool.apply(predict, (batch,))
+        outputs: Sequence[Any] = pool.apply(predict, (batch,))
+        return outputs
 
     return on_pool_thread
 
@@ -119,6 +120,7 @@ class ThreadedStreamer(BaseStreamer):
         max_queue: Optional[int] = None,
         isolate_errors: bool = True,
     ) -> None:
+        predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
             raise TypeError(
                 f"ThreadedStreamer takes a function, not the ManagedModel class {predict_function.__name__}: "
@@ -127,4 +129,6 @@ class ThreadedStreamer(BaseStreamer):
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
         config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)
-        super().__init__(config, _ThreadBackend(predict_function, isolate_errors))
+        super().__init__(config, _ThreadBackend(predict, isolate_errors))
+        facts = model_facts(predict, None)
+        logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))
