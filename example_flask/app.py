@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Dict, Optional
 
@@ -9,6 +10,7 @@ from flask import Flask, Request, jsonify, request
 
 from flask_streamer import FlaskStreamer, InvalidInput
 from flask_streamer.extension import json_body
+from streamer_core.config import LOG_FORMAT
 from streamer_core.http import error_response, item_from_request
 
 from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
@@ -23,6 +25,7 @@ DEFAULTS: Dict[str, Any] = {
 
 def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     """The app: defaults, then ``FLASK_*`` environment variables, then ``config``."""
+    _show_streamer_logs()
     app = Flask(__name__)
     app.config.update(DEFAULTS)
     app.config.from_prefixed_env()
@@ -30,7 +33,10 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
 
     streamer = FlaskStreamer()
     streamer.add_batched_route(
-        "/stream", "stream", SentenceEmbedder, parse=parse_sentence,
+        "/stream",
+        "stream",
+        SentenceEmbedder,
+        parse=parse_sentence,
         init_kwargs={"model_name": app.config["EMBEDDING_MODEL"]},
     )
     streamer.init_app(app)
@@ -49,10 +55,26 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
 
     @app.get("/")
     def index() -> Any:
-        return jsonify(endpoints={"POST /naive": "one model call per request", "POST /stream": "batched"},
-                       backend=app.config["STREAMER_BACKEND"], model=app.config["EMBEDDING_MODEL"])
+        return jsonify(
+            endpoints={"POST /naive": "one model call per request", "POST /stream": "batched"},
+            backend=app.config["STREAMER_BACKEND"],
+            model=app.config["EMBEDDING_MODEL"],
+        )
 
     return app
+
+
+def _show_streamer_logs() -> None:
+    """Let streamer_core's INFO lines (a model ready, and how long it took to
+    load) reach the console, under the dev server and gunicorn alike, unless
+    logging is set up already."""
+    log = logging.getLogger("streamer_core")
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        log.addHandler(handler)
 
 
 def parse_sentence(req: Request) -> str:

@@ -60,5 +60,11 @@ class SentenceEmbedder(ManagedModel):
     def init_model(self, model_name: str = DEFAULT_MODEL, device: Optional[str] = None) -> None:
         self.model = load_sentence_model(model_name, device)
 
+    @property
+    def device(self) -> str:
+        """Where the model runs (``cpu``, ``cuda:0``): named in the log line
+        that says the model is ready."""
+        return str(self.model.device) if self.model is not None else "not loaded"
+
     def predict(self, batch: List[str]) -> List[List[float]]:
         return embed(self.model, batch)

@@ -20,7 +20,15 @@ queue is full or no worker is available.
 from streamer_core.http import InvalidInput
 from streamer_core.model_spec import ConfigurationError
 
-from .extension import BatchedRoute, FlaskStreamer, json_body
+from .extension import BatchedRoute, FlaskStreamer, json_body, start_streamers
 from .settings import DEFAULTS
 
-__all__ = ["FlaskStreamer", "BatchedRoute", "InvalidInput", "ConfigurationError", "DEFAULTS", "json_body"]
+__all__ = [
+    "FlaskStreamer",
+    "BatchedRoute",
+    "InvalidInput",
+    "ConfigurationError",
+    "DEFAULTS",
+    "json_body",
+    "start_streamers",
+]

@@ -1,6 +1,6 @@
 """``flask streamer``: commands for the batched routes of an app.
 
-    flask --app example_flask streamer run-workers [--route NAME ...] [--workers N] [--devices 0,1]
+flask --app example_flask streamer run-workers [--route NAME ...] [--workers N] [--devices 0,1]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
+from streamer_core.config import LOG_FORMAT
 from streamer_core.model_spec import parse_devices
 
 __all__ = ["streamer_cli"]
@@ -22,14 +23,31 @@ streamer_cli = AppGroup("streamer", help="Workers and information for flask_stre
 
 
 @streamer_cli.command("run-workers")
-@click.option("--route", "names", multiple=True, metavar="NAME",
-              help="Only this batched route (its endpoint name); repeat for several. Default: every route.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes per route (default: STREAMER_WORKER_NUM or the route's worker_num).")
-@click.option("--devices", default=None, metavar="0,1",
-              help="CUDA devices, comma-separated; worker i gets devices[i % n] (default: STREAMER_CUDA_DEVICES).")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option(
+    "--route",
+    "names",
+    multiple=True,
+    metavar="NAME",
+    help="Only this batched route (its endpoint name); repeat for several. Default: every route.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes per route (default: STREAMER_WORKER_NUM or the route's worker_num).",
+)
+@click.option(
+    "--devices",
+    default=None,
+    metavar="0,1",
+    help="CUDA devices, comma-separated; worker i gets devices[i % n] (default: STREAMER_CUDA_DEVICES).",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
 def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optional[str], log_level: str) -> None:
     """Run the Redis workers of the app's batched routes until Ctrl-C or
     SIGTERM, which let every worker finish its batch in hand. A worker that
@@ -43,7 +61,8 @@ def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optiona
         missing = [name for name in names if name not in known]
         if missing:
             raise click.UsageError(
-                f"no batched route named {', '.join(missing)}; the app has {', '.join(r.name for r in routes) or 'none'}"
+                f"no batched route named {', '.join(missing)}; "
+                f"the app has {', '.join(r.name for r in routes) or 'none'}"
             )
         routes = list(dict.fromkeys(known[name] for name in names))
     if not routes:
@@ -57,9 +76,12 @@ def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optiona
         )
     device_list = parse_devices(devices) if devices else None
     groups = [spec.worker_group(workers, device_list) for spec in specs]
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     for spec, group in zip(specs, groups):
-        click.echo(f"{spec.name}: {group.worker_num} worker(s) on {redact_url(spec.redis_url or '')} (keys streamer:{spec.prefix}:*)")
+        click.echo(
+            f"{spec.name}: {group.worker_num} worker(s) on {redact_url(spec.redis_url or '')} "
+            f"(keys streamer:{spec.prefix}:*)"
+        )
     try:
         code = run_worker_groups(groups)
     except (TypeError, ValueError) as exc:

@@ -7,17 +7,26 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import werkzeug.exceptions
 from flask import Blueprint, Flask, Request, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, HTTPException
 
 from streamer_core.errors import SerializationError
-from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
+from streamer_core.http import (
+    MISSING,
+    InvalidInput,
+    MethodNotAllowed,
+    check_media_type,
+    error_response,
+    item_from_request,
+    to_jsonable,
+)
 from streamer_core.model_spec import LazyStreamer, ModelSpec
 from streamer_core.streamer import BaseStreamer
 
 from .settings import ROUTE_OPTIONS, read_settings, setting_name
 
-__all__ = ["FlaskStreamer", "BatchedRoute", "json_body"]
+__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "start_streamers"]
 
 logger = logging.getLogger("flask_streamer")
 
@@ -33,7 +42,7 @@ class BatchedRoute:
 
     def __init__(
         self,
-        extension: "FlaskStreamer",
+        extension: FlaskStreamer,
         rule: str,
         endpoint: str,
         model: Any,
@@ -70,8 +79,9 @@ class BatchedRoute:
         values = dict(settings, **self.overrides)
         if "prefix" not in self.overrides:
             values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
-        spec = ModelSpec(name=self.name, model=self.model, init_args=self.init_args, init_kwargs=self.init_kwargs,
-                         **values)
+        spec = ModelSpec(
+            name=self.name, model=self.model, init_args=self.init_args, init_kwargs=self.init_kwargs, **values
+        )
 
         def where(field: str) -> str:
             if field in self.overrides or field == "model":
@@ -98,7 +108,7 @@ class _AppState:
     """What the extension keeps in ``app.extensions["streamer"]``: the app's
     checked settings and, per route, its streamer (started on first use)."""
 
-    def __init__(self, extension: "FlaskStreamer", settings: Dict[str, Any]) -> None:
+    def __init__(self, extension: FlaskStreamer, settings: Dict[str, Any]) -> None:
         self.extension = extension
         self.settings = settings
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
@@ -136,7 +146,7 @@ class FlaskStreamer:
 
     def __init__(self, app: Optional[Flask] = None) -> None:
         self._routes: List[BatchedRoute] = []
-        self._apps: List["weakref.ref[Flask]"] = []
+        self._apps: List[weakref.ref[Flask]] = []
         self._lock = threading.Lock()
         if app is not None:
             self.init_app(app)
@@ -152,6 +162,7 @@ class FlaskStreamer:
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
+        app.register_error_handler(werkzeug.exceptions.MethodNotAllowed, _method_not_allowed)
         from .cli import streamer_cli
 
         if streamer_cli.name not in app.cli.commands:
@@ -220,8 +231,20 @@ class FlaskStreamer:
             if not endpoint:
                 raise TypeError(f"give the batched route {rule!r} an endpoint name")
         methods = [method.upper() for method in ([methods] if isinstance(methods, str) else methods)]
-        route = BatchedRoute(self, rule, endpoint, model, blueprint, field, parse, respond, init_args,
-                             dict(init_kwargs or {}), overrides, methods)
+        route = BatchedRoute(
+            self,
+            rule,
+            endpoint,
+            model,
+            blueprint,
+            field,
+            parse,
+            respond,
+            init_args,
+            dict(init_kwargs or {}),
+            overrides,
+            methods,
+        )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
         # Check the route against every app first: a refused route leaves no trace.
@@ -261,14 +284,19 @@ class FlaskStreamer:
 
     def start(self, app: Optional[Flask] = None, wait: bool = True, timeout: float = 120.0) -> None:
         """Start every batched route's streamer in this process now rather
-        than on its first request; with ``wait``, until their models are
-        loaded (for up to ``timeout`` seconds). Call it after forking, e.g. in
-        gunicorn's ``post_fork`` hook, never before."""
+        than on its first request; with ``wait``, until the models this
+        process runs are loaded (for up to ``timeout`` seconds; Redis workers
+        run elsewhere, and are not waited for). Call it after forking, as
+        gunicorn's ``post_worker_init`` hook does (see
+        :func:`start_streamers`), never before."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
-        streamers = [_state(app).handles[route].get() for route in self.routes(app)]
+        state = _state(app)
+        handles = [state.handles[route] for route in self.routes(app)]
+        streamers = [handle.get() for handle in handles]
         if wait:
-            for streamer in streamers:
-                streamer.wait_ready(timeout)
+            for handle, streamer in zip(handles, streamers):
+                if handle.spec.backend != "redis":
+                    streamer.wait_ready(timeout)
 
     def close(self, app: Optional[Flask] = None, timeout: float = 10.0) -> None:
         """Finish the calls in hand and stop every streamer of ``app`` that
@@ -303,13 +331,27 @@ class FlaskStreamer:
             return _error(problem, app, route)
 
 
+def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> None:
+    """Load the models of ``app``'s batched routes in this process now, not
+    on their first request: a server's worker calls it as it boots, e.g. in
+    gunicorn's ``post_worker_init`` hook::
+
+        def post_worker_init(worker):
+            from flask_streamer import start_streamers
+            start_streamers(worker.wsgi)
+
+    See :meth:`FlaskStreamer.start`."""
+    _state(app).extension.start(app, wait, timeout)
+
+
 def _state(app: Flask) -> _AppState:
     try:
-        return app.extensions[EXTENSION_KEY]
+        state: _AppState = app.extensions[EXTENSION_KEY]
     except KeyError:
         raise RuntimeError(
             f"flask_streamer is not set up on the app {app.name!r}: call FlaskStreamer(app) or streamer.init_app(app)"
         ) from None
+    return state
 
 
 def json_body() -> Any:
@@ -330,6 +372,7 @@ def _parse(route: BatchedRoute) -> Any:
     try:
         if route.parse is not None:
             return route.parse(request)
+        check_media_type(request.mimetype, (request.content_length or 0) > 0)
         return item_from_request(json_body(), request.form, route.field)
     except InvalidInput:
         raise
@@ -339,6 +382,20 @@ def _parse(route: BatchedRoute) -> Any:
         raise  # 413 and the like: answered as JSON by the view, with their own status
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidInput(f"the request could not be parsed: {exc}") from exc
+
+
+def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
+    """A 405 from the URL map: the project's JSON error for a batched
+    route's path, Flask's own answer for any other."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    allowed = sorted(exc.valid_methods or ())
+    try:
+        endpoint, _ = app.create_url_adapter(request).match(method=allowed[0]) if allowed else (None, None)
+    except HTTPException:
+        endpoint = None
+    if endpoint is None or endpoint not in {route.name for route in _state(app).handles}:
+        return exc
+    return _error(MethodNotAllowed(request.method, allowed), app)
 
 
 def _error(exc: BaseException, app: Flask, route: Optional[BatchedRoute] = None) -> Tuple[Any, int, Dict[str, str]]:

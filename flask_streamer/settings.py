@@ -25,6 +25,8 @@ the route sets ``prefix`` itself (to share a queue with ``streamer-worker
 from __future__ import annotations
 
 import difflib
+import json
+import os
 from typing import Any, Dict, Mapping
 
 from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
@@ -57,7 +59,9 @@ def setting_name(field: str) -> str:
 
 def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     """The app's settings, defaults filled in, checked: raises
-    :class:`ConfigurationError` naming every wrong or unknown setting."""
+    :class:`ConfigurationError` naming every wrong or unknown setting, as
+    the user wrote it (``FLASK_STREAMER_BACKEND`` when it came from that
+    environment variable through ``app.config.from_prefixed_env()``)."""
     known = {setting_name(field) for field in DEFAULTS}
     unknown = [key for key in config if key.startswith("STREAMER_") and key not in known]
     settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
@@ -66,14 +70,36 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     messages = []
     for key in unknown:
         # Compare what follows STREAMER_, or every key would look close.
-        close = difflib.get_close_matches(key[len("STREAMER_"):], [field.upper() for field in DEFAULTS], n=1)
-        hint = f"; did you mean STREAMER_{close[0]}?" if close else f"; the settings are {', '.join(sorted(known))}"
-        messages.append(f"{key} is not a setting of flask_streamer{hint}")
+        close = difflib.get_close_matches(key[len("STREAMER_") :], [field.upper() for field in DEFAULTS], n=1)
+        written = written_as(key, config)
+        if close:
+            hint = f"; did you mean {written[: -len(key)]}STREAMER_{close[0]}?"
+        else:
+            hint = f"; the settings are {', '.join(sorted(known))}"
+        messages.append(f"{written} is not a setting of flask_streamer{hint}")
     probe = ModelSpec(name="", model=_placeholder, **settings)
-    messages.extend(problem.message for problem in probe.problems(setting_name))
+    problems = probe.problems(lambda field: written_as(setting_name(field), config))
+    messages.extend(problem.message for problem in problems)
     if messages:
-        raise ConfigurationError("bad streamer settings in app.config:\n  " + "\n  ".join(messages))
+        error = ConfigurationError("bad streamer settings:\n  " + "\n  ".join(messages))
+        error.messages = messages
+        raise error
     return settings
+
+
+def written_as(key: str, config: Mapping[str, Any]) -> str:
+    """The name the user gave ``key``: ``FLASK_<key>`` when its value is that
+    environment variable's, as ``app.config.from_prefixed_env()`` reads it
+    (JSON, else the text), else ``key`` itself."""
+    variable = f"FLASK_{key}"
+    text = os.environ.get(variable)
+    if text is None or key not in config:
+        return key
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    return variable if value == config[key] else key
 
 
 def _placeholder(batch: Any) -> Any:  # stands for the route's model while checking app-wide settings

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 from flask import Flask
@@ -116,6 +117,16 @@ class GatedModel:
 # -- apps ---------------------------------------------------------------------
 
 
+def hold_while_file(batch: List[Any]) -> List[Any]:
+    """Echoes its inputs, but first waits (10 s at most) while the file
+    named by ``$HOLD_FILE`` exists: a batch a test can keep in a worker."""
+    path = os.environ.get("HOLD_FILE")
+    deadline = time.monotonic() + 10
+    while path and os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return list(batch)
+
+
 def create_redis_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     """An app on the Redis backend with two batched routes, ``double`` and
     ``sized``: defaults, then ``FLASK_*`` environment variables (how
@@ -129,6 +140,8 @@ def create_redis_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     streamer.add_batched_route("/double", model=double)
     streamer.add_batched_route("/sized", model=sized)
     streamer.add_batched_route("/boom", "boom", fail_on_boom)
+    if app.config.get("WITH_HOLD_ROUTE"):
+        streamer.add_batched_route("/hold", "hold", hold_while_file)
     return app
 
 

@@ -73,7 +73,7 @@ def pool() -> Iterator[ThreadPoolExecutor]:
     executor.shutdown(wait=False, cancel_futures=True)
 
 
-def post_in_thread(pool: ThreadPoolExecutor, app: Flask, path: str, **kwargs: Any) -> "Future[Any]":
+def post_in_thread(pool: ThreadPoolExecutor, app: Flask, path: str, **kwargs: Any) -> Future[Any]:
     """POST from another thread with a test client of its own; the future
     holds the response."""
     return pool.submit(lambda: app.test_client().post(path, **kwargs))
@@ -99,7 +99,7 @@ def spec_of(app: Flask, name: str) -> Any:
 
 def queue_behind_hold(
     pool: ThreadPoolExecutor, app: Flask, path: str, endpoint: str, gated: GatedModel, inputs: List[Any]
-) -> Tuple["Future[Any]", List["Future[Any]"]]:
+) -> Tuple[Future[Any], List[Future[Any]]]:
     """POST ``"hold"`` to ``path`` (served by ``gated``) and wait until the
     model holds it; then POST each of ``inputs`` from its own thread and wait
     until all of them are queued behind it, so that they form the next

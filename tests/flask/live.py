@@ -40,13 +40,53 @@ _PATCHED_GEVENT_RUNNER = "from gevent import monkey; monkey.patch_all()\n" + _GE
 
 def flask_dev_argv(port: int) -> List[str]:
     """``flask run``: the development server, threaded (its default; said explicitly)."""
-    return [sys.executable, "-m", "flask", "--app", APP, "run", "--host", HOST, "--port", str(port),
-            "--with-threads", "--no-reload", "--no-debugger"]
+    return [
+        sys.executable,
+        "-m",
+        "flask",
+        "--app",
+        APP,
+        "run",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--with-threads",
+        "--no-reload",
+        "--no-debugger",
+    ]
 
 
 def gunicorn_argv(port: int, *options: str) -> List[str]:
-    return [sys.executable, "-m", "gunicorn", "-b", f"{HOST}:{port}", "--log-level", "warning",
-            "--graceful-timeout", "1", *options, APP]
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-b",
+        f"{HOST}:{port}",
+        "--log-level",
+        "warning",
+        "--graceful-timeout",
+        "1",
+        *options,
+        APP,
+    ]
+
+
+def uwsgi_argv(port: int, *options: str) -> List[str]:
+    """uWSGI serving the app over HTTP, as its docs start it (``--master``
+    and the process and thread counts are the test's)."""
+    uwsgi = Path(sys.executable).with_name("uwsgi")
+    return [
+        str(uwsgi),
+        "--http-socket",
+        f"{HOST}:{port}",
+        "--module",
+        "tests.flask.servers_wsgi:application",
+        "--disable-logging",
+        "--die-on-term",
+        *options,
+    ]
 
 
 def gevent_argv(port: int, patched: bool) -> List[str]:
@@ -65,13 +105,22 @@ class LiveServer:
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode} before answering:\n"
-                                   f"{' '.join(self.argv)}\n{self.output()}")
+                raise RuntimeError(
+                    f"the server exited with {self.process.returncode} before answering:\n"
+                    f"{' '.join(self.argv)}\n{self.output()}"
+                )
             try:
                 status, body, _ = get(self.port, "/ping", timeout=1.0)
             except OSError:
@@ -108,8 +157,9 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(argv: Sequence[str], port: int, settings: Optional[Dict[str, Any]] = None,
-                timeout: float = 30.0) -> Iterator[LiveServer]:
+def live_server(
+    argv: Sequence[str], port: int, settings: Optional[Dict[str, Any]] = None, timeout: float = 30.0
+) -> Iterator[LiveServer]:
     """Run a server with ``settings`` as ``FLASK_*`` variables (JSON values)
     for the ``with`` block; it is killed on the way out, whatever happens."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("FLASK_", "GUNICORN_"))}
@@ -129,25 +179,29 @@ def live_server(argv: Sequence[str], port: int, settings: Optional[Dict[str, Any
 # -- the client -------------------------------------------------------------------
 
 
-def get(port: int, path: str, timeout: float = 10.0) -> "tuple[int, Any, float]":
+def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, Any, float]:
     """``GET path``: (status, JSON body, seconds)."""
     return _request(port, "GET", path, None, timeout)
 
 
-def post(port: int, path: str, payload: Any, timeout: float = 10.0) -> "tuple[int, Any, float]":
+def post(port: int, path: str, payload: Any, timeout: float = 10.0) -> tuple[int, Any, float]:
     """``POST path`` with a JSON body: (status, JSON body, seconds)."""
     return _request(port, "POST", path, payload, timeout)
 
 
-def _request(port: int, method: str, path: str, payload: Any, timeout: float) -> "tuple[int, Any, float]":
+def _request(port: int, method: str, path: str, payload: Any, timeout: float) -> tuple[int, Any, float]:
     started = time.monotonic()
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         if payload is None:
             conn.request(method, path, headers={"Connection": "close"})
         else:
-            conn.request(method, path, body=json.dumps(payload),
-                         headers={"Content-Type": "application/json", "Connection": "close"})
+            conn.request(
+                method,
+                path,
+                body=json.dumps(payload),
+                headers={"Content-Type": "application/json", "Connection": "close"},
+            )
         response = conn.getresponse()
         data = response.read()
     finally:
@@ -196,7 +250,7 @@ class Volley:
         sizes = self.batch_sizes()
         return len(sizes) / sum(1.0 / b for b in sizes) if sizes else 0.0
 
-    def pids(self) -> "set[int]":
+    def pids(self) -> set[int]:
         return {reply.body["pid"] for reply in self.replies if reply.status == 200}
 
     def summary(self) -> str:
@@ -205,9 +259,11 @@ class Volley:
         for size in sizes:
             histogram[size] = histogram.get(size, 0) + 1
         errors = sorted({reply.error or repr(reply.body)[:200] for reply in self.replies if reply.status != 200})
-        return (f"{len(self.replies)} requests in {self.seconds:.2f}s, statuses {self.statuses()}, "
-                f"batch sizes seen by requests {dict(sorted(histogram.items()))}, mean batch {self.mean_batch():.1f}"
-                + (f", errors {errors[:5]}" if errors else ""))
+        return (
+            f"{len(self.replies)} requests in {self.seconds:.2f}s, statuses {self.statuses()}, "
+            f"batch sizes seen by requests {dict(sorted(histogram.items()))}, mean batch {self.mean_batch():.1f}"
+            + (f", errors {errors[:5]}" if errors else "")
+        )
 
     def check_answers(self) -> None:
         """Every request got 200 and its own input back."""
@@ -277,7 +333,7 @@ def ping_while(port: int, busy: threading.Thread, timeout: float = 5.0, interval
 PING_LIMIT = 0.2
 
 
-def check_loop_free(port: int, clients: int = 8, limit: float = PING_LIMIT) -> "tuple[List[Ping], Volley]":
+def check_loop_free(port: int, clients: int = 8, limit: float = PING_LIMIT) -> tuple[List[Ping], Volley]:
     """While ``clients`` concurrent POST /slow wait for their slow batches,
     GET /ping keeps answering within ``limit`` seconds, and is seen
     answering while a batch is inside the model."""
@@ -292,14 +348,16 @@ def check_loop_free(port: int, clients: int = 8, limit: float = PING_LIMIT) -> "
     worst = max((p.seconds for p in pings), default=0.0)
     assert len(during) >= 5, (
         f"only {len(during)} of {len(pings)} pings were answered while a batch was in the model "
-        f"(slowest ping {worst:.3f}s): the server answers nothing else while a batch is in flight")
+        f"(slowest ping {worst:.3f}s): the server answers nothing else while a batch is in flight"
+    )
     assert worst < limit, (
         f"a ping took {worst:.3f}s (limit {limit}s) while slow batches were in flight: "
-        f"a waiting view blocks the server; pings {[round(p.seconds, 3) for p in pings][:20]}; {volley.summary()}")
+        f"a waiting view blocks the server; pings {[round(p.seconds, 3) for p in pings][:20]}; {volley.summary()}"
+    )
     return pings, volley
 
 
-def in_background(function: Any, *args: Any, **kwargs: Any) -> "tuple[threading.Thread, Dict[str, Any]]":
+def in_background(function: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, Dict[str, Any]]:
     """Run ``function`` on a thread; its result (or exception) lands in the dict."""
     box: Dict[str, Any] = {}
 
@@ -314,5 +372,21 @@ def in_background(function: Any, *args: Any, **kwargs: Any) -> "tuple[threading.
     return thread, box
 
 
-__all__ = ["check_loop_free", "PING_LIMIT", "live_server", "LiveServer", "fire", "get", "post", "ping_while", "in_background", "free_port",
-           "flask_dev_argv", "gunicorn_argv", "gevent_argv", "Volley", "Reply", "Ping"]
+__all__ = [
+    "check_loop_free",
+    "PING_LIMIT",
+    "live_server",
+    "LiveServer",
+    "fire",
+    "get",
+    "post",
+    "ping_while",
+    "in_background",
+    "free_port",
+    "flask_dev_argv",
+    "gunicorn_argv",
+    "gevent_argv",
+    "Volley",
+    "Reply",
+    "Ping",
+]

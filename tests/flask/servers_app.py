@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 from flask import Flask, jsonify
 
 from flask_streamer import FlaskStreamer
+from streamer_core import ManagedModel
 
 DEFAULTS: Dict[str, Any] = {
     "STREAMER_BACKEND": "thread",
@@ -70,6 +71,17 @@ def _model(name: str, seconds: float):
     return model
 
 
+class SleepModel(ManagedModel):
+    """The same model, built in each worker of the process backend (which
+    needs a model it can import by name, not a closure)."""
+
+    def init_model(self, name: str, seconds: float) -> None:
+        self._predict = _model(name, seconds)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return self._predict(batch)
+
+
 def _server_mode() -> Dict[str, Any]:
     gevent = sys.modules.get("gevent")
     monkey = sys.modules.get("gevent.monkey")
@@ -90,8 +102,12 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         streamer_core.batching.in_unpatched_greenlet = lambda: False  # type: ignore[assignment]
 
     streamer = FlaskStreamer()
-    streamer.add_batched_route("/predict", "predict", _model("predict", float(app.config["MODEL_SLEEP"])))
-    streamer.add_batched_route("/slow", "slow", _model("slow", float(app.config["SLOW_SLEEP"])))
+    for name in ("predict", "slow"):
+        seconds = float(app.config["MODEL_SLEEP" if name == "predict" else "SLOW_SLEEP"])
+        if app.config["STREAMER_BACKEND"] == "process":
+            streamer.add_batched_route(f"/{name}", name, SleepModel, init_kwargs={"name": name, "seconds": seconds})
+        else:
+            streamer.add_batched_route(f"/{name}", name, _model(name, seconds))
     streamer.init_app(app)
 
     @app.get("/ping")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ if importlib.util.find_spec("sentence_transformers") is None:  # found, not impo
 from example_flask import create_app  # noqa: E402
 from tests.flask.conftest import close_streamers, error_of  # noqa: E402
 from tests.helpers import alive, wait_for  # noqa: E402
-from tests.servers import delete_prefix, worker_children  # noqa: E402
+from tests.servers import delete_prefix, free_port, worker_children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAPHRASES = ("A man is playing a guitar.", "Someone plays the guitar.")
@@ -108,20 +109,59 @@ def test_bad_input_is_a_400_on_both_endpoints(app, path, kwargs, message):
     assert message in error["message"]
 
 
+def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_path):
+    """The README's first command: the model loads before the first request,
+    and one INFO line says it is ready, on which device, in how long."""
+    port = free_port()
+    log = tmp_path / "example.log"
+    env = dict(os.environ, PORT=str(port), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "example_flask"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        ready = re.compile(r"streamer_core\[\d+\] INFO thread backend: model SentenceEmbedder ready on cpu in [\d.]+ s")
+        assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
+        text = log.read_text()
+        assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
 def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
     """The issue's command, for real: ``flask --app example_flask streamer
     run-workers`` loads the model in a worker; a web app on the Redis
     backend only enqueues, and gets the same embedding as the thread one."""
     prefix = f"flask-example-{uuid.uuid4().hex[:10]}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "FLASK_STREAMER_BACKEND": "redis",
-           "FLASK_STREAMER_REDIS_URL": redis_url, "FLASK_STREAMER_PREFIX": prefix}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "FLASK_STREAMER_BACKEND": "redis",
+        "FLASK_STREAMER_REDIS_URL": redis_url,
+        "FLASK_STREAMER_PREFIX": prefix,
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     log = tmp_path / "run-workers.log"
     with open(log, "wb") as out:
-        cli = subprocess.Popen([sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"],
-                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    web = create_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": redis_url, "STREAMER_PREFIX": prefix,
-                      "STREAMER_TIMEOUT": 90})
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    web = create_app(
+        {
+            "STREAMER_BACKEND": "redis",
+            "STREAMER_REDIS_URL": redis_url,
+            "STREAMER_PREFIX": prefix,
+            "STREAMER_TIMEOUT": 90,
+        }
+    )
     try:
         # Until the worker has loaded the model, /stream answers 503 (no worker).
         streamer = web.extensions["streamer"].extension.get_streamer("stream", web)

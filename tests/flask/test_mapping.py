@@ -6,16 +6,54 @@ broker is there. Every error body is JSON, and none of them hangs."""
 from __future__ import annotations
 
 import io
+import threading
 import time
 
 import numpy as np
 import pytest
-from flask import Response, jsonify
+from flask import Blueprint, Response, jsonify
 
 from flask_streamer import InvalidInput
 from tests.flask.apps import BrokenModel, double, fail_on_boom, sized
 from tests.flask.conftest import error_of, queue_behind_hold
 from tests.servers import free_port
+
+
+def test_a_method_a_batched_route_does_not_serve_is_a_json_405_with_allow(make_app):
+    """Every answer of a batched route is JSON, its 405 too; other routes
+    keep Flask's own answer."""
+    app, streamer = make_app()
+    streamer.add_batched_route("/double", model=double, field="n")
+    bp = Blueprint("api", __name__)
+    streamer.add_batched_route("/sized", model=sized, blueprint=bp, methods=["POST", "PUT"])
+    app.register_blueprint(bp, url_prefix="/api")
+
+    @app.post("/plain")
+    def plain() -> str:
+        return "plain"
+
+    client = app.test_client()
+    for response, allowed in (
+        (client.get("/double"), "OPTIONS, POST"),
+        (client.delete("/api/sized"), "OPTIONS, POST, PUT"),
+    ):
+        error = error_of(response, 405)
+        assert response.headers["Allow"] == allowed and error["type"] == "MethodNotAllowed"
+    other = client.get("/plain")
+    assert other.status_code == 405 and not other.is_json, "another route's 405 is Flask's"
+
+
+def test_a_body_of_a_type_that_is_not_read_is_a_json_415(make_app):
+    app, streamer = make_app()
+    calls = []
+    streamer.add_batched_route(
+        "/double", model=lambda batch: calls.append(batch) or double(batch), field="n", endpoint="d"
+    )
+    client = app.test_client()
+    error = error_of(client.post("/double", data="<n>1</n>", content_type="application/xml"), 415)
+    assert error["type"] == "UnsupportedMediaType" and "application/xml" in error["message"]
+    assert calls == []
+    assert client.post("/double", json={"n": 2}).get_json() == 4
 
 
 def test_the_json_body_is_the_input_and_the_result_is_json(make_app):
@@ -86,8 +124,9 @@ def test_hooks_parse_a_file_upload_and_shape_the_response(make_app):
 
     def classify(batch):
         seen.append([item["name"] for item in batch])
-        return [{"label": "cat" if item["data"].startswith("CAT") else "dog", "bytes": len(item["data"])}
-                for item in batch]
+        return [
+            {"label": "cat" if item["data"].startswith("CAT") else "dog", "bytes": len(item["data"])} for item in batch
+        ]
 
     def respond(output):
         response = jsonify(prediction=output["label"], size=output["bytes"])
@@ -97,8 +136,9 @@ def test_hooks_parse_a_file_upload_and_shape_the_response(make_app):
     app, streamer = make_app()
     streamer.add_batched_route("/classify", model=classify, parse=parse, respond=respond)
     client = app.test_client()
-    response = client.post("/classify", data={"file": (io.BytesIO(b"CAT\x00\xff" * 10), "kitty.png")},
-                           content_type="multipart/form-data")
+    response = client.post(
+        "/classify", data={"file": (io.BytesIO(b"CAT\x00\xff" * 10), "kitty.png")}, content_type="multipart/form-data"
+    )
     assert response.status_code == 201 and response.headers["X-Model"] == "classify"
     assert response.get_json() == {"prediction": "cat", "size": 50}
     assert seen == [["kitty.png"]]
@@ -189,7 +229,7 @@ def test_the_traceback_is_shown_only_in_debug_mode(make_app):
 
 
 def test_a_result_that_cannot_be_json_encoded_is_a_json_500(make_app):
-    """"Always a JSON body": a model whose output JSON cannot carry (a set,
+    """ "Always a JSON body": a model whose output JSON cannot carry (a set,
     bytes) gets a JSON 500 naming the problem, not Flask's HTML error page."""
     app, streamer = make_app()
     streamer.add_batched_route("/set", "set_result", lambda batch: [{x} for x in batch])
@@ -256,11 +296,13 @@ def test_no_worker_that_can_start_is_a_503_with_retry_after(make_app, backend):
 
 
 def test_a_redis_that_does_not_answer_is_a_503_within_seconds(make_app):
-    app, streamer = make_app({
-        "STREAMER_BACKEND": "redis",
-        "STREAMER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
-        "STREAMER_TIMEOUT": 60,
-    })
+    app, streamer = make_app(
+        {
+            "STREAMER_BACKEND": "redis",
+            "STREAMER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+            "STREAMER_TIMEOUT": 60,
+        }
+    )
     streamer.add_batched_route("/double", model=double)
     started = time.monotonic()
     response = app.test_client().post("/double", json=1)
@@ -280,3 +322,14 @@ def test_a_closed_streamer_call_in_flight_is_a_503(make_app, gated, pool):
     assert error["type"] == "StreamerClosedError" and waiting.result().headers["Retry-After"] == "5"
     gated.release()
     held.result(10)
+
+
+def test_an_input_the_parse_hook_made_that_cannot_reach_a_worker_is_a_json_500(make_app, caplog):
+    """A client's JSON always crosses to a worker; a value the app's parse
+    hook made that cannot (here a lock, which cannot be pickled) is the
+    server's fault: 500, logged, never a 400."""
+    app, streamer = make_app({"STREAMER_BACKEND": "process"})
+    streamer.add_batched_route("/double", model=double, parse=lambda request: threading.Lock())
+    error = error_of(app.test_client().post("/double", json=1), 500)
+    assert error["type"] == "SerializationError" and "lock" in error["message"]
+    assert any(r.levelname == "ERROR" and "double" in r.getMessage() for r in caplog.records), "logged for the operator"

@@ -10,6 +10,7 @@ process group and all."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from flask import Flask
 
 from tests.flask.apps import create_redis_app
 from tests.flask.conftest import close_streamers, error_of
+from tests.flask.live import in_background
 from tests.helpers import alive, wait_for
+from tests.redis.models import Evil
 from tests.servers import delete_prefix, worker_children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,15 +68,24 @@ def run_workers(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[Callabl
     started: List[Cli] = []
 
     def start(*options: str, app: str = APP) -> Cli:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-               "FLASK_STREAMER_REDIS_URL": redis_url, "FLASK_STREAMER_PREFIX": prefix}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "FLASK_STREAMER_REDIS_URL": redis_url,
+            "FLASK_STREAMER_PREFIX": prefix,
+        }
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.pop("FLASK_APP", None)
         log = tmp_path / f"run-workers-{len(started)}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "flask", "--app", app, "streamer", "run-workers", *options],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         cli = Cli(process, log)
         started.append(cli)
@@ -111,7 +123,9 @@ def requests_key(prefix: str, route: str) -> str:
 def until_served(app: Flask, path: str, body: Any, seconds: float = 30.0) -> Any:
     """POST until the answer is not "no worker yet" (503), for up to ``seconds``."""
     client = app.test_client()
-    response = wait_for(lambda: (lambda r: r if r.status_code != 503 else None)(client.post(path, json=body)), seconds, 0.1)
+    response = wait_for(
+        lambda: (lambda r: r if r.status_code != 503 else None)(client.post(path, json=body)), seconds, 0.1
+    )
     assert response is not None, f"{path} still had no worker after {seconds}s"
     return response
 
@@ -138,8 +152,10 @@ def test_the_web_process_enqueues_and_the_cli_workers_answer(web, run_workers, r
     finally:
         conn.close()
 
+    # Each route has a worker of its own: wait until each is up.
+    assert until_served(app, "/sized", "s").get_json() == {"x": "s", "n": 1}
+    until_served(app, "/boom", "fine")
     client = app.test_client()
-    assert client.post("/sized", json="s").get_json() == {"x": "s", "n": 1}
     error = error_of(client.post("/boom", json="boom"), 500)
     assert (error["type"], error["message"]) == ("ValueError", "the model cannot take 'boom'")
     assert client.post("/boom", json="fine").get_json() == "ok:fine"
@@ -167,7 +183,9 @@ def test_route_picks_the_routes_and_workers_and_devices_are_options(web, run_wor
     assert "double worker 1 (pid" in log and "started on device 1" in log
     # Nothing serves /sized: a 503 at once, not a wait for the timeout.
     impatient = web(STREAMER_TIMEOUT=10.0)
-    response = wait_for(lambda: (lambda r: r if r.status_code == 503 else None)(impatient.test_client().post("/sized", json=1)), 5)
+    response = wait_for(
+        lambda: (lambda r: r if r.status_code == 503 else None)(impatient.test_client().post("/sized", json=1)), 5
+    )
     assert response is not None, "a route with no worker was not refused"
     assert error_of(response, 503)["type"] == "NoWorkerError"
     cli.process.send_signal(signal.SIGTERM)
@@ -204,7 +222,9 @@ def test_only_the_test_s_keys_are_left_and_none_of_them_holds_work(web, run_work
     close_streamers(app)
     conn = redis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
     try:
-        for key in conn.scan_iter(match=f"streamer:{prefix}:*", count=1000):
+        keys = list(conn.scan_iter(match=f"streamer:{prefix}:*", count=1000))
+        assert requests_key(prefix, "double") in keys, f"the route's request stream should be there: {keys}"
+        for key in keys:
             if key.endswith(":requests"):
                 assert conn.xlen(key) == 0, f"{key} still holds requests"
                 for group in conn.xinfo_groups(key):
@@ -223,7 +243,11 @@ def test_run_workers_refuses_an_app_whose_routes_are_not_on_redis():
         env.pop(name)
     done = subprocess.run(
         [sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert "run-workers runs Redis workers, but stream use another backend" in done.stderr
@@ -252,3 +276,48 @@ def test_run_workers_needs_the_extension():
     app.cli.add_command(streamer_cli)
     result = app.test_cli_runner().invoke(args=["streamer", "run-workers"])
     assert result.exit_code == 2 and "flask_streamer is not set up on this app" in result.output
+
+
+def test_workers_do_not_outlive_a_killed_run_workers(run_workers):
+    """SIGKILL leaves the command no time to stop its workers: they notice
+    their parent is gone and exit by themselves, within a second or two."""
+    cli = run_workers("--route", "double", "--workers", "2")
+    assert wait_for(lambda: len(cli.workers()) == 2, 30), cli.log()
+    pids = cli.workers()
+    os.kill(cli.pid, signal.SIGKILL)
+    cli.process.wait(5)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 2), "workers outlived their killed command"
+
+
+def test_the_default_codec_reaches_the_web_side_and_the_cli_workers_which_refuse_pickle(
+    web, run_workers, redis_url, prefix, tmp_path, monkeypatch
+):
+    """Nothing is unpickled unless the user opts in: the requests the web
+    side writes are msgpack, and the workers that ``flask streamer
+    run-workers`` starts refuse a pickled request planted in their stream
+    (which would create a directory were it unpickled)."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("HOLD_FILE", str(hold))
+    app = web(WITH_HOLD_ROUTE=True)
+    cli = run_workers("--route", "hold", app="tests.flask.apps:create_redis_app({'WITH_HOLD_ROUTE': True})")
+    assert until_served(app, "/hold", "warm").get_json() == "warm", cli.log()
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+    key = requests_key(prefix, "hold")
+    try:
+        hold.write_text("")
+        held, outcome = in_background(lambda: app.test_client().post("/hold", json="held"))
+        assert wait_for(lambda: conn.xlen(key) == 1, 10)
+        [(_, request)] = conn.xrange(key)
+        assert request[b"k"] == b"msgpack", f"the web side wrote {request[b'k']!r} requests"
+        marker = tmp_path / "pwned"
+        conn.xadd(key, {"c": "forger", "i": "x1", "t": 60_000, "k": "pickle", "p": pickle.dumps(Evil(str(marker)))})
+        hold.unlink()
+        held.join(10)
+        assert outcome["result"].get_json() == "held"
+        answers = f"{key.rsplit(':', 1)[0]}:results:forger"
+        assert wait_for(lambda: conn.xlen(answers) == 1, 10), cli.log()
+        [(_, answer)] = conn.xrange(answers)
+        assert answer[b"ok"] == b"0" and b"refuses 'pickle'" in answer[b"p"]  # answered as 0.1.0 reads it
+        assert not marker.exists(), "a worker unpickled a request from Redis"
+    finally:
+        conn.close()

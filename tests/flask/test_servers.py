@@ -1,6 +1,7 @@
 """Batched routes under real servers, each started as a subprocess: the
-threaded Flask development server and gunicorn's gthread and gevent workers
-(one and two worker processes). Concurrent requests must be batched
+threaded Flask development server, gunicorn's gthread and gevent workers
+(one and two worker processes), and uWSGI (threads, processes forked from
+its master or with ``--lazy-apps``, the process backend). Concurrent requests must be batched
 together, every request must get its own answer, and while a batch is in
 the model the server must go on answering other requests.
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict
 
+import pytest
+
 from tests.flask.live import (
     check_loop_free,
     fire,
@@ -21,6 +24,7 @@ from tests.flask.live import (
     get,
     gunicorn_argv,
     live_server,
+    uwsgi_argv,
 )
 
 CLIENTS = 48
@@ -106,5 +110,54 @@ def test_control_the_dev_server_without_threads_cannot_batch():
     argv = [a for a in flask_dev_argv(port) if a != "--with-threads"] + ["--without-threads"]
     with live_server(argv, port):
         volley = fire(port, "/predict", 8, 2, tag="unthreaded")
+        volley.check_answers()
+        assert volley.max_batch() == 1, volley.summary()
+
+
+# -- uWSGI -----------------------------------------------------------------------------
+
+
+def test_uwsgi_one_process_with_threads():
+    port = free_port()
+    with live_server(uwsgi_argv(port, "--master", "--processes", "1", "--threads", "32"), port) as server:
+        volley = check_batched(port, "uwsgi-threads")
+        assert len(volley.pids()) == 1 and all(map(server.ours, volley.pids()))
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["forked-from-the-master", "lazy-apps"])
+def test_uwsgi_several_processes_each_batch_with_their_own_streamer(lazy):
+    """Without ``--lazy-apps`` the master loads the app and forks the
+    workers (as gunicorn's ``--preload``): each gets a streamer of its own."""
+    port = free_port()
+    options = ["--master", "--processes", "2", "--threads", "16"] + (["--lazy-apps"] if lazy else [])
+    with live_server(uwsgi_argv(port, *options), port) as server:
+        served: Dict[int, list] = defaultdict(list)
+        for round_ in range(6):
+            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"uwsgi-{lazy}-{round_}")
+            volley.check_answers()
+            for reply in volley.replies:
+                served[reply.body["pid"]].append(reply.body["batch"])
+            if len(served) == 2 and min(map(len, served.values())) >= 20:
+                break
+        assert all(map(server.ours, served)) and server.process.pid not in served
+        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
+        for pid, sizes in served.items():
+            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
+
+
+def test_uwsgi_runs_the_process_backends_workers():
+    """uWSGI sets sys.executable to its own binary; spawned workers must
+    still start (with this interpreter's python) and serve."""
+    port = free_port()
+    settings = {"STREAMER_BACKEND": "process"}
+    with live_server(uwsgi_argv(port, "--master", "--processes", "1", "--threads", "32"), port, settings) as server:
+        volley = check_batched(port, "uwsgi-process")
+        assert server.process.pid not in volley.pids(), "the model ran in a spawned worker, not in uWSGI"
+
+
+def test_control_uwsgi_without_threads_serves_one_request_at_a_time():
+    port = free_port()
+    with live_server(uwsgi_argv(port, "--master", "--processes", "1"), port):
+        volley = fire(port, "/predict", 8, 2, tag="uwsgi-unthreaded")
         volley.check_answers()
         assert volley.max_batch() == 1, volley.summary()

@@ -5,8 +5,10 @@ with messages that say how to fix each wrong value, per-route overrides,
 from __future__ import annotations
 
 import ast
+import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -19,8 +21,15 @@ from tests.flask.conftest import error_of, queue_behind_hold, spec_of
 
 #: The settings the issue asks for, each with a default and a per-route override.
 ISSUE_SETTINGS = [
-    "STREAMER_BACKEND", "STREAMER_BATCH_SIZE", "STREAMER_MAX_LATENCY", "STREAMER_WORKER_NUM",
-    "STREAMER_CUDA_DEVICES", "STREAMER_REDIS_URL", "STREAMER_PREFIX", "STREAMER_TIMEOUT", "STREAMER_MAX_QUEUE",
+    "STREAMER_BACKEND",
+    "STREAMER_BATCH_SIZE",
+    "STREAMER_MAX_LATENCY",
+    "STREAMER_WORKER_NUM",
+    "STREAMER_CUDA_DEVICES",
+    "STREAMER_REDIS_URL",
+    "STREAMER_PREFIX",
+    "STREAMER_TIMEOUT",
+    "STREAMER_MAX_QUEUE",
 ]
 
 
@@ -290,6 +299,38 @@ def test_a_bad_environment_variable_fails_init_app(make_app, monkeypatch):
     app.config.from_prefixed_env()
     with pytest.raises(ConfigurationError, match="STREAMER_BATCH_SIZE must be a whole number >= 1, got 'many'"):
         streamer.init_app(app)
+
+
+def test_a_bad_setting_from_the_environment_is_named_as_the_user_wrote_it(make_app, monkeypatch):
+    monkeypatch.setenv("FLASK_STREAMER_BACKEND", "proces")
+    monkeypatch.setenv("FLASK_STREAMER_BACKNED", "redis")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    app.config["STREAMER_BATCH_SIZE"] = 0  # set in code: named as the config key
+    with pytest.raises(ConfigurationError) as info:
+        streamer.init_app(app)
+    assert info.value.messages == [
+        "FLASK_STREAMER_BACKNED is not a setting of flask_streamer; did you mean FLASK_STREAMER_BACKEND?",
+        "FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'",
+        "STREAMER_BATCH_SIZE must be a whole number >= 1, got 0",
+    ]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_with_a_bad_setting_prints_one_line_naming_it():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLASK_STREAMER_BACKEND="proces", PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-m", "example_flask"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "example_flask: error: FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'"
+    ]
 
 
 def test_one_extension_serves_several_apps_each_with_its_own_settings_and_streamers(closing_app):
