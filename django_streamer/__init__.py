@@ -20,7 +20,15 @@ Nothing starts at import or in ``AppConfig.ready()``.
 from streamer_core.http import InvalidInput
 from streamer_core.model_spec import ConfigurationError
 
-from .registry import aget_streamer, close_streamers, get_spec, get_streamer, model_names, started_models
+from .registry import (
+    aget_streamer,
+    close_streamers,
+    get_spec,
+    get_streamer,
+    model_names,
+    start_streamers,
+    started_models,
+)
 from .views import AsyncBatchedView, BatchedView, batched_view, json_body, json_error, request_item
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "aget_streamer",
     "get_spec",
     "model_names",
+    "start_streamers",
     "started_models",
     "close_streamers",
     "batched_view",

@@ -51,9 +51,7 @@ HINTS: Dict[str, str] = {
         "streamer_core.ManagedModel subclass or a function that takes a list of inputs and returns a list."
     ),
     "django_streamer.E004": "Use a whole number of at least 1 (MAX_QUEUE may also be None for no limit).",
-    "django_streamer.E005": (
-        "Give seconds as a number: MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."
-    ),
+    "django_streamer.E005": ("Give seconds as a number: MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."),
     "django_streamer.E006": "Use a list such as [0, 1] or the string '0,1', or None to leave the devices alone.",
     "django_streamer.E007": "Set REDIS_URL, e.g. 'redis://127.0.0.1:6379/0', at the top level or in the model's entry.",
     "django_streamer.E008": "Remove the key or correct its spelling; see django_streamer.conf for every key.",
@@ -88,11 +86,14 @@ def check_view_models(app_configs: Optional[Sequence[AppConfig]] = None, **kwarg
         name = getattr(callback, "streamer_model", None)
         if name is not None and name not in models:
             known = ", ".join(map(repr, models)) or "none"
-            errors.append(Error(
-                f"the batched view at {route!r} serves the model {name!r}, which STREAMER['MODELS'] does not have "
-                f"(it has {known})",
-                hint=HINTS["django_streamer.E010"], id="django_streamer.E010",
-            ))
+            errors.append(
+                Error(
+                    f"the batched view at {route!r} serves the model {name!r}, which STREAMER['MODELS'] does not have "
+                    f"(it has {known})",
+                    hint=HINTS["django_streamer.E010"],
+                    id="django_streamer.E010",
+                )
+            )
     return errors
 
 

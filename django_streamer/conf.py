@@ -120,8 +120,11 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
         streamer = getattr(settings, "STREAMER", _UNSET)
     problems: List[SettingProblem] = []
     if streamer is _UNSET:
-        problems.append(SettingProblem("django_streamer.E001",
-                                       "settings.STREAMER is not set, but django_streamer is in INSTALLED_APPS"))
+        problems.append(
+            SettingProblem(
+                "django_streamer.E001", "settings.STREAMER is not set, but django_streamer is in INSTALLED_APPS"
+            )
+        )
         return {}, problems
     if not isinstance(streamer, Mapping):
         problems.append(SettingProblem("django_streamer.E001", f"settings.STREAMER must be a dict, got {streamer!r}"))
@@ -129,16 +132,21 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
     problems.extend(_unknown_keys(streamer, TOP_LEVEL_KEYS, ()))
     prefix = streamer.get("PREFIX", DEFAULT_PREFIX)
     if not isinstance(prefix, str) or not prefix:
-        problems.append(SettingProblem("django_streamer.E009",
-                                       f"{setting_path('PREFIX')} must be a non-empty string, got {prefix!r}"))
+        problems.append(
+            SettingProblem(
+                "django_streamer.E009", f"{setting_path('PREFIX')} must be a non-empty string, got {prefix!r}"
+            )
+        )
         prefix = DEFAULT_PREFIX
     models = streamer.get("MODELS", _UNSET)
     if not isinstance(models, Mapping) or not models:
         got = "it is not set" if models is _UNSET else f"got {models!r}"
-        problems.append(SettingProblem(
-            "django_streamer.E001",
-            f"{setting_path('MODELS')} must be a dict of at least one model, name to settings; {got}",
-        ))
+        problems.append(
+            SettingProblem(
+                "django_streamer.E001",
+                f"{setting_path('MODELS')} must be a dict of at least one model, name to settings; {got}",
+            )
+        )
         return {}, problems
     specs: Dict[str, ModelSpec] = {}
     for name, entry in models.items():
@@ -164,22 +172,28 @@ def _read_model(
     streamer: Mapping[str, Any], prefix: str, name: Any, entry: Any
 ) -> Tuple[Optional[ModelSpec], List[SettingProblem]]:
     if not isinstance(name, str) or not name or ":" in name:
-        return None, [SettingProblem(
-            "django_streamer.E001",
-            f"{setting_path('MODELS')} has the key {name!r}: name each model with a non-empty string without ':'",
-        )]
+        return None, [
+            SettingProblem(
+                "django_streamer.E001",
+                f"{setting_path('MODELS')} has the key {name!r}: name each model with a non-empty string without ':'",
+            )
+        ]
     if not isinstance(entry, Mapping):
-        return None, [SettingProblem(
-            "django_streamer.E001",
-            f"{setting_path('MODELS', name)} must be a dict such as {{'MODEL': 'myapp.ml.Model'}}, got {entry!r}",
-        )]
+        return None, [
+            SettingProblem(
+                "django_streamer.E001",
+                f"{setting_path('MODELS', name)} must be a dict such as {{'MODEL': 'myapp.ml.Model'}}, got {entry!r}",
+            )
+        ]
     problems = list(_unknown_keys(entry, MODEL_KEYS, ("MODELS", name)))
     if "MODEL" not in entry:
-        problems.append(SettingProblem(
-            "django_streamer.E003",
-            f"{setting_path('MODELS', name, 'MODEL')} is not set: give the import path of a ManagedModel "
-            "subclass or of a batch function, e.g. 'myapp.ml.EmbeddingModel'",
-        ))
+        problems.append(
+            SettingProblem(
+                "django_streamer.E003",
+                f"{setting_path('MODELS', name, 'MODEL')} is not set: give the import path of a ManagedModel "
+                "subclass or of a batch function, e.g. 'myapp.ml.EmbeddingModel'",
+            )
+        )
         model: Any = _placeholder
     else:
         model, problem = _import_model(entry["MODEL"], setting_path("MODELS", name, "MODEL"))
@@ -201,8 +215,10 @@ def _read_model(
             values[field] = entry[key]
     values["prefix"] = f"{prefix}:{name}"
     spec = ModelSpec(name=name, model=model, **values)
-    problems.extend(SettingProblem(KIND_IDS.get(p.kind, "django_streamer.E009"), p.message)
-                    for p in spec.problems(lambda field: where.get(field, field)))
+    problems.extend(
+        SettingProblem(KIND_IDS.get(p.kind, "django_streamer.E009"), p.message)
+        for p in spec.problems(lambda field: where.get(field, field))
+    )
     return spec, problems
 
 
@@ -230,10 +246,12 @@ def _unknown_keys(given: Mapping[str, Any], known: Tuple[str, ...], where: Tuple
         advice = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(known)}"
         if where == () and key in MODEL_ONLY:
             advice = f"{key} belongs in each model's entry, {setting_path('MODELS', '<name>', key)}"
-        found.append(SettingProblem(
-            "django_streamer.E008",
-            f"{setting_path(*where) if where else 'STREAMER'} has the unknown key {key!r}: {advice}",
-        ))
+        found.append(
+            SettingProblem(
+                "django_streamer.E008",
+                f"{setting_path(*where) if where else 'STREAMER'} has the unknown key {key!r}: {advice}",
+            )
+        )
     return found
 
 

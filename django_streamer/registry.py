@@ -19,13 +19,20 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-
 from streamer_core.model_spec import LazyStreamer, ModelSpec
 from streamer_core.streamer import BaseStreamer
 
 from .conf import model_specs
 
-__all__ = ["get_streamer", "aget_streamer", "get_spec", "model_names", "started_models", "close_streamers"]
+__all__ = [
+    "get_streamer",
+    "aget_streamer",
+    "get_spec",
+    "model_names",
+    "start_streamers",
+    "started_models",
+    "close_streamers",
+]
 
 #: Seconds :func:`close_streamers` gives queued calls at exit.
 CLOSE_TIMEOUT_SECONDS = 10.0
@@ -56,8 +63,7 @@ def _handle(name: str) -> LazyStreamer:
     except KeyError:
         known = ", ".join(map(repr, handles)) or "none"
         raise ImproperlyConfigured(
-            f"no model named {name!r} in settings.STREAMER['MODELS'] (it has {known}): "
-            "add it there or correct the name"
+            f"no model named {name!r} in settings.STREAMER['MODELS'] (it has {known}): add it there or correct the name"
         ) from None
 
 
@@ -95,6 +101,19 @@ async def aget_streamer(name: str) -> BaseStreamer:
     if handle is not None and handle.started:
         return handle.get()
     return await sync_to_async(get_streamer, thread_sensitive=False)(name)
+
+
+def start_streamers(wait: bool = True, timeout: float = 120.0) -> None:
+    """Start every model's streamer in this process now, not on its first
+    request; with ``wait``, until the models this process runs are loaded
+    (for up to ``timeout`` seconds; Redis workers run elsewhere, and are not
+    waited for). A server's worker calls it as it boots, after forking: in
+    gunicorn's ``post_worker_init`` hook, or under an ASGI server at the end
+    of ``asgi.py``."""
+    for name in model_names():
+        streamer = get_streamer(name)
+        if wait and get_spec(name).backend != "redis":
+            streamer.wait_ready(timeout)
 
 
 def started_models() -> List[str]:

@@ -39,12 +39,23 @@ import logging
 from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
-from streamer_core.http import MISSING, InvalidInput, error_response, item_from_request, to_jsonable
+from streamer_core.http import (
+    MISSING,
+    InvalidInput,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    check_media_type,
+    error_response,
+    is_json_type,
+    item_from_request,
+    to_jsonable,
+)
 
 from .registry import aget_streamer, get_streamer
 
@@ -60,9 +71,7 @@ def json_body(request: HttpRequest) -> Any:
     """The request's JSON body, or :data:`~streamer_core.http.MISSING` when it
     is not a JSON request (``application/json`` or ``application/*+json``).
     Raises :class:`InvalidInput` (400) for a body that is not valid JSON."""
-    content_type = (request.content_type or "").lower()
-    if not (content_type == "application/json" or
-            (content_type.startswith("application/") and content_type.endswith("+json"))):
+    if not is_json_type((request.content_type or "").lower()):
         return MISSING
     try:
         return json.loads(request.body)
@@ -74,6 +83,7 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     """The model input of ``request`` by the default rule: the JSON body (its
     key ``field`` when given), else the form field ``field``. Raises
     :class:`InvalidInput` (400) saying what to send."""
+    check_media_type(request.content_type, int(request.META.get("CONTENT_LENGTH") or 0) > 0)
     form = request.POST if request.method == "POST" else None
     return item_from_request(json_body(request), form, field)
 
@@ -97,21 +107,52 @@ def _default_respond(output: Any) -> HttpResponse:
     return JsonResponse(to_jsonable(output), safe=False)
 
 
-def _parse_error(exc: Exception) -> InvalidInput:
-    """A parse step's ValueError, TypeError or KeyError, as a 400."""
-    if isinstance(exc, InvalidInput):
-        return exc
-    error = InvalidInput(f"the request could not be parsed: {exc}")
-    error.__cause__ = exc
-    return error
+def _parse_failure(exc: Exception, model: str) -> JsonResponse:
+    """The answer when the parse step raised: its InvalidInput as it is
+    (400, or its own status), a ValueError, TypeError or KeyError as a 400, a
+    body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as a 413, anything else as a
+    500 (the view's own fault, logged)."""
+    if isinstance(exc, RequestDataTooBig):
+        problem: Exception = PayloadTooLarge(f"the body is larger than this server takes: {exc}")
+    elif isinstance(exc, (ValueError, TypeError, KeyError)) and not isinstance(exc, InvalidInput):
+        problem = InvalidInput(f"the request could not be parsed: {exc}")
+    else:
+        problem = exc
+    if problem is not exc:
+        problem.__cause__ = exc
+    return json_error(problem, model)
+
+
+class _JsonCsrfCheck(CsrfViewMiddleware):
+    """Django's CSRF check, answering a failure with the project's JSON 403
+    rather than Django's HTML page."""
+
+    def _reject(self, request: HttpRequest, reason: str) -> HttpResponse:
+        body = {"error": {"status": 403, "type": "CsrfFailure", "message": f"CSRF verification failed: {reason}"}}
+        return JsonResponse(body, status=403)
+
+
+def _refusal(request: HttpRequest, allowed: Sequence[str], model: str, check_csrf: bool) -> Optional[HttpResponse]:
+    """The answer to a request the view does not serve (a method it does not
+    take: 405; with ``check_csrf``, a failed CSRF check: 403), or ``None``."""
+    if request.method not in allowed:
+        return json_error(MethodNotAllowed(str(request.method), allowed), model)
+    if check_csrf:
+        check = _JsonCsrfCheck(lambda _request: HttpResponse())
+        if "CSRF_COOKIE" not in request.META:  # the middleware is not installed: read the cookie here
+            check.process_request(request)
+        rejection: Optional[HttpResponse] = check.process_view(request, None, (), {})  # type: ignore[arg-type]
+        return rejection
+    return None
 
 
 def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str]) -> Sequence[str]:
     if not isinstance(model, str) or not model:
         raise TypeError(f"name the model of a batched view as in STREAMER['MODELS'], e.g. 'embed'; got {model!r}")
     if respond is not None and not callable(respond):
-        raise TypeError(f"respond of the batched view of {model!r} must be callable (output -> response), "
-                        f"got {respond!r}")
+        raise TypeError(
+            f"respond of the batched view of {model!r} must be callable (output -> response), got {respond!r}"
+        )
     allowed = [methods.upper()] if isinstance(methods, str) else [method.upper() for method in methods]
     if not allowed:
         raise TypeError(f"the batched view of {model!r} needs at least one HTTP method, e.g. methods=['POST']")
@@ -141,59 +182,69 @@ def batched_view(
             raise TypeError(f"@batched_view({model!r}) decorates a function taking the request, got {parse!r}")
         view: Callable[..., Any]
         if inspect.iscoroutinefunction(parse):
+
             @functools.wraps(parse)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-                if request.method not in allowed:
-                    return HttpResponseNotAllowed(allowed)
+                refusal = _refusal(request, allowed, model, not csrf_exempt)
+                if refusal is not None:
+                    return refusal
                 try:
                     item = await parse(request, *args, **kwargs)
-                except (ValueError, TypeError, KeyError) as exc:
-                    return json_error(_parse_error(exc), model)
+                except Exception as exc:
+                    return _parse_failure(exc, model)
                 return await _apredict_and_respond(model, item, answer)
 
             view = async_view
         else:
+
             @functools.wraps(parse)
             def sync_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-                if request.method not in allowed:
-                    return HttpResponseNotAllowed(allowed)
+                refusal = _refusal(request, allowed, model, not csrf_exempt)
+                if refusal is not None:
+                    return refusal
                 try:
                     item = parse(request, *args, **kwargs)
-                except (ValueError, TypeError, KeyError) as exc:
-                    return json_error(_parse_error(exc), model)
+                except Exception as exc:
+                    return _parse_failure(exc, model)
                 return _predict_and_respond(model, item, answer)
 
             view = sync_view
-        view.streamer_model = model  # type: ignore[attr-defined]  # read by the E010 check
-        if csrf_exempt:
-            view.csrf_exempt = True  # type: ignore[attr-defined]  # as django.views.decorators.csrf.csrf_exempt does
+        marked: Any = view  # a function: these attributes are its own
+        marked.streamer_model = model  # read by the E010 check
+        # Django's middleware skips the view; it checks CSRF itself unless exempt,
+        # so that a failure is answered as JSON.
+        marked.csrf_exempt = True
         return view
 
     return decorator
 
 
 def _predict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
+    """Run ``item`` and answer; whatever goes wrong is a JSON error (a wrong
+    setting or model name too: a 500, logged with its message)."""
     try:
         output = get_streamer(model).predict([item])[0]
-    except ImproperlyConfigured:
-        raise  # a wrong setting or name is the developer's to fix, not a client's error
+        response = respond(output)
+        if inspect.isawaitable(response):
+            raise TypeError(
+                f"the respond hook of the batched view for {model!r} returned an awaitable in a sync view: "
+                "respond synchronously, or make the parse function async (the view is then async)"
+            )
     except Exception as exc:
         return json_error(exc, model)
-    return respond(output)  # type: ignore[return-value]
+    return response
 
 
 async def _apredict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
     try:
         streamer = await aget_streamer(model)
         output = (await streamer.apredict([item]))[0]
-    except ImproperlyConfigured:
-        raise
+        response = respond(output)
+        if inspect.isawaitable(response):
+            response = await response
     except Exception as exc:
         return json_error(exc, model)
-    response = respond(output)
-    if inspect.isawaitable(response):
-        response = await response
-    return response  # type: ignore[return-value]
+    return response
 
 
 class BatchedView(View):
@@ -218,12 +269,25 @@ class BatchedView(View):
         """The response for the model's ``output`` (default: it as JSON)."""
         return _default_respond(output)
 
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        assert self.model is not None  # as_view checked it
+        refusal = _refusal(request, ["POST"], self.model, not self.csrf_exempt)
+        if refusal is None:
+            return super().dispatch(request, *args, **kwargs)
+        if self.view_is_async:  # Django awaits what an async view's dispatch returns
+
+            async def refuse() -> HttpResponse:
+                return refusal
+
+            return refuse()
+        return refusal
+
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         assert self.model is not None  # as_view checked it
         try:
             item = self.parse(request, *args, **kwargs)
-        except (ValueError, TypeError, KeyError) as exc:
-            return json_error(_parse_error(exc), self.model)
+        except Exception as exc:
+            return _parse_failure(exc, self.model)
         return _predict_and_respond(self.model, item, self.respond)
 
     @classonlymethod
@@ -231,9 +295,9 @@ class BatchedView(View):
         model = initkwargs.get("model", cls.model)
         _check_options(model, None, ("POST",))
         view = super().as_view(**initkwargs)
-        view.streamer_model = model  # type: ignore[attr-defined]
-        if initkwargs.get("csrf_exempt", cls.csrf_exempt):
-            view.csrf_exempt = True  # type: ignore[attr-defined]
+        marked: Any = view
+        marked.streamer_model = model  # read by the E010 check
+        marked.csrf_exempt = True  # dispatch() checks CSRF itself unless exempt, answering JSON
         return view
 
 
@@ -248,8 +312,6 @@ class AsyncBatchedView(BatchedView):
             item = self.parse(request, *args, **kwargs)
             if inspect.isawaitable(item):
                 item = await item
-        except (ValueError, TypeError, KeyError) as exc:
-            return json_error(_parse_error(exc), self.model)
+        except Exception as exc:
+            return _parse_failure(exc, self.model)
         return await _apredict_and_respond(self.model, item, self.respond)
-
-

@@ -41,7 +41,9 @@ def _number(name: str, default: Any) -> Any:
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-django-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()
+]
 
 INSTALLED_APPS = [
     "django_streamer",
@@ -62,6 +64,7 @@ DATABASES = {
         "NAME": os.environ.get("EXAMPLE_DJANGO_DB", os.path.join(tempfile.gettempdir(), "example_django.sqlite3")),
     }
 }
+TIME_ZONE = "UTC"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
@@ -87,6 +90,11 @@ STREAMER = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_streamer": {"handlers": ["console"], "level": "INFO"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # The line saying a model is ready (and how long it took) is INFO on streamer_core.
+    "loggers": {
+        "django_streamer": {"handlers": ["console"], "level": "INFO"},
+        "streamer_core": {"handlers": ["console"], "level": "INFO"},
+    },
 }

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -49,9 +48,14 @@ def naive(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({
-        "endpoints": {"POST /naive": "one model call per request", "POST /stream": "batched",
-                      "POST /astream": "batched, async (ASGI)"},
-        "backend": settings.STREAMER["BACKEND"],
-        "model": settings.EMBEDDING_MODEL,
-    })
+    return JsonResponse(
+        {
+            "endpoints": {
+                "POST /naive": "one model call per request",
+                "POST /stream": "batched",
+                "POST /astream": "batched, async (ASGI)",
+            },
+            "backend": settings.STREAMER["BACKEND"],
+            "model": settings.EMBEDDING_MODEL,
+        }
+    )

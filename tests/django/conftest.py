@@ -77,21 +77,43 @@ class Commands:
         env.update(extra)
         return env
 
-    def start(self, *args: str, env: Optional[Dict[str, str]] = None, module: str = "django",
-              script: Optional[str] = None) -> subprocess.Popen:
-        """``python -m module *args`` (or ``python script *args``) in the background."""
+    def start(
+        self,
+        *args: str,
+        env: Optional[Dict[str, str]] = None,
+        module: str = "django",
+        script: Optional[str] = None,
+        program: Optional[str] = None,
+    ) -> subprocess.Popen:
+        """``python -m module *args`` (or ``python script *args``, or
+        ``program *args``) in the background."""
         log = self.folder / f"command-{len(self.started)}.log"
-        program = [sys.executable, script] if script else [sys.executable, "-m", module]
+        if program is not None:
+            argv = [program]
+        else:
+            argv = [sys.executable, script] if script else [sys.executable, "-m", module]
         with open(log, "wb") as out:
-            process = subprocess.Popen([*program, *args], cwd=ROOT, env=env or self.env(),
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [*argv, *args],
+                cwd=ROOT,
+                env=env or self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.started.append(process)
         self.logs[process.pid] = log
         return process
 
     def run(self, *args: str, env: Optional[Dict[str, str]] = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env or self.env(),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env=env or self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def log(self, process: subprocess.Popen) -> str:
         return self.logs[process.pid].read_text(errors="replace")

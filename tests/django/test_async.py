@@ -64,13 +64,19 @@ def test_async_views_map_errors_as_sync_ones_do(streamer_settings):
     assert boom.status_code == 500 and boom.json()["error"]["type"] == "ValueError"
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     assert get.status_code == 405
-    streamer_settings({"double": {"MODEL": "tests.django.batch_models.BrokenModel"},
-                       "sizes": {"MODEL": "tests.django.batch_models.slow", "TIMEOUT": 0.2}})
+    streamer_settings(
+        {
+            "double": {"MODEL": "tests.django.batch_models.BrokenModel"},
+            "sizes": {"MODEL": "tests.django.batch_models.slow", "TIMEOUT": 0.2},
+        }
+    )
 
     async def failing() -> List[Any]:
         client = AsyncClient()
-        return [await client.post("/adouble", {"x": 1}, content_type="application/json"),
-                await client.post("/sizes-cbv", {"x": 1}, content_type="application/json")]
+        return [
+            await client.post("/adouble", {"x": 1}, content_type="application/json"),
+            await client.post("/sizes-cbv", {"x": 1}, content_type="application/json"),
+        ]
 
     unavailable, timeout = asyncio.run(failing())
     assert unavailable.status_code == 503 and unavailable["Retry-After"] == "5"
@@ -88,8 +94,16 @@ def _post(url: str, body: Any) -> Tuple[int, Any]:
 
 def test_under_uvicorn_concurrent_requests_share_model_calls(commands):
     port = free_port()
-    server = commands.start("tests.django.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                            "--log-level", "warning", module="uvicorn")
+    server = commands.start(
+        "tests.django.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        module="uvicorn",
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

@@ -19,7 +19,11 @@ GOOD = {"m": {"MODEL": "tests.django.batch_models.double"}}
 def errors(streamer_settings: Any, models: Any = GOOD, **top: Any) -> List[checks.CheckMessage]:
     """The settings' errors (not E010: the test project's views name models these settings may lack)."""
     streamer_settings(models, **top)
-    return [m for m in checks.run_checks() if m.id and m.id.startswith("django_streamer.") and m.id != "django_streamer.E010"]
+    return [
+        m
+        for m in checks.run_checks()
+        if m.id and m.id.startswith("django_streamer.") and m.id != "django_streamer.E010"
+    ]
 
 
 def ids(messages: List[checks.CheckMessage]) -> List[str]:
@@ -31,13 +35,16 @@ def test_the_test_projects_settings_pass():
     call_command("check")  # raises SystemCheckError if anything is wrong
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("not a dict", "must be a dict"),
-    ({"BACKEND": "thread"}, "it is not set"),
-    ({"MODELS": {}}, "at least one model"),
-    ({"MODELS": {"m": "tests.django.batch_models.double"}}, "must be a dict such as"),
-    ({"MODELS": {"a:b": {"MODEL": "tests.django.batch_models.double"}}}, "without ':'"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("not a dict", "must be a dict"),
+        ({"BACKEND": "thread"}, "it is not set"),
+        ({"MODELS": {}}, "at least one model"),
+        ({"MODELS": {"m": "tests.django.batch_models.double"}}, "must be a dict such as"),
+        ({"MODELS": {"a:b": {"MODEL": "tests.django.batch_models.double"}}}, "without ':'"),
+    ],
+)
 def test_e001_the_shape_of_the_setting(settings, value, expected):
     settings.STREAMER = value
     found = [m for m in checks.run_checks() if m.id == "django_streamer.E001"]
@@ -59,13 +66,16 @@ def test_e002_unknown_backend_names_the_setting(streamer_settings):
     assert "STREAMER['MODELS']['m']['BACKEND'] is 'celery'" in error.msg
 
 
-@pytest.mark.parametrize("model, expected", [
-    ("tests.django.no_such_module.Model", "does not import"),
-    ("tests.django.batch_models.Nope", "has no attribute"),
-    ("nodots", "module:attribute"),
-    ("tests.django.batch_models.NotManaged", "not a ManagedModel subclass"),
-    ("tests.django.batch_models.NOT_A_MODEL", "give a function"),
-])
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("tests.django.no_such_module.Model", "does not import"),
+        ("tests.django.batch_models.Nope", "has no attribute"),
+        ("nodots", "module:attribute"),
+        ("tests.django.batch_models.NotManaged", "not a ManagedModel subclass"),
+        ("tests.django.batch_models.NOT_A_MODEL", "give a function"),
+    ],
+)
 def test_e003_a_model_that_does_not_import_or_is_not_a_model(streamer_settings, model, expected):
     [error] = errors(streamer_settings, {"m": {"MODEL": model}})
     assert error.id == "django_streamer.E003"
@@ -77,10 +87,18 @@ def test_e003_a_model_entry_without_model(streamer_settings):
     assert error.id == "django_streamer.E003" and "is not set" in error.msg
 
 
-@pytest.mark.parametrize("key, value", [
-    ("BATCH_SIZE", 0), ("BATCH_SIZE", -3), ("BATCH_SIZE", 2.5), ("BATCH_SIZE", True),
-    ("WORKER_NUM", 0), ("MAX_QUEUE", 0), ("MAX_QUEUE", "10"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("BATCH_SIZE", 0),
+        ("BATCH_SIZE", -3),
+        ("BATCH_SIZE", 2.5),
+        ("BATCH_SIZE", True),
+        ("WORKER_NUM", 0),
+        ("MAX_QUEUE", 0),
+        ("MAX_QUEUE", "10"),
+    ],
+)
 def test_e004_non_positive_or_non_int_sizes(streamer_settings, key, value):
     [error] = errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models.double", key: value}})
     assert error.id == "django_streamer.E004"
@@ -93,9 +111,15 @@ def test_a_bad_top_level_default_is_reported_once_for_every_model(streamer_setti
     assert error.id == "django_streamer.E004" and "STREAMER['BATCH_SIZE']" in error.msg
 
 
-@pytest.mark.parametrize("key, value", [
-    ("MAX_LATENCY", -0.1), ("MAX_LATENCY", "0.05"), ("TIMEOUT", 0), ("TIMEOUT", float("inf")),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("MAX_LATENCY", -0.1),
+        ("MAX_LATENCY", "0.05"),
+        ("TIMEOUT", 0),
+        ("TIMEOUT", float("inf")),
+    ],
+)
 def test_e005_bad_seconds(streamer_settings, key, value):
     [error] = errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models.double", key: value}})
     assert error.id == "django_streamer.E005" and "seconds" in error.msg
@@ -121,8 +145,12 @@ def test_e007_redis_backend_without_url(streamer_settings):
 
 
 def test_e008_unknown_keys_with_did_you_mean(streamer_settings):
-    found = errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models.double", "BATCHSIZE": 4}},
-                   MAX_LATNECY=0.1, INIT_KWARGS={})
+    found = errors(
+        streamer_settings,
+        {"m": {"MODEL": "tests.django.batch_models.double", "BATCHSIZE": 4}},
+        MAX_LATNECY=0.1,
+        INIT_KWARGS={},
+    )
     assert ids(found) == ["django_streamer.E008"] * 3
     text = "\n".join(m.msg for m in found)
     assert "'BATCHSIZE': did you mean 'BATCH_SIZE'?" in text
@@ -130,9 +158,15 @@ def test_e008_unknown_keys_with_did_you_mean(streamer_settings):
     assert "INIT_KWARGS belongs in each model's entry" in text
 
 
-@pytest.mark.parametrize("entry, top", [
-    ({"CODEC": "json"}, {}), ({"INIT_KWARGS": [1]}, {}), ({"INIT_ARGS": "x"}, {}), ({}, {"PREFIX": ""}),
-])
+@pytest.mark.parametrize(
+    "entry, top",
+    [
+        ({"CODEC": "json"}, {}),
+        ({"INIT_KWARGS": [1]}, {}),
+        ({"INIT_ARGS": "x"}, {}),
+        ({}, {"PREFIX": ""}),
+    ],
+)
 def test_e009_other_options(streamer_settings, entry, top):
     found = errors(streamer_settings, {"m": dict({"MODEL": "tests.django.batch_models.double"}, **entry)}, **top)
     assert ids(found) == ["django_streamer.E009"], found
@@ -145,8 +179,11 @@ def test_e010_a_batched_view_of_a_model_the_settings_lack(settings):
 
 
 def test_every_error_has_a_hint_and_errors_accumulate(streamer_settings):
-    found = errors(streamer_settings, {"m": {"MODEL": "nowhere.Model", "BATCH_SIZE": 0, "TIMEOUT": -1,
-                                             "CUDA_DEVICES": [None], "BACKEND": "redis"}}, REDIS_URL=None)
+    found = errors(
+        streamer_settings,
+        {"m": {"MODEL": "nowhere.Model", "BATCH_SIZE": 0, "TIMEOUT": -1, "CUDA_DEVICES": [None], "BACKEND": "redis"}},
+        REDIS_URL=None,
+    )
     assert ids(found) == [f"django_streamer.E00{n}" for n in (3, 4, 5, 6, 7)]
     assert all(m.hint and m.level == checks.ERROR for m in found)
 
@@ -158,8 +195,13 @@ def test_call_command_check_fails_on_bad_settings(streamer_settings):
 
 
 def test_a_model_path_with_a_colon_imports(streamer_settings):
-    assert errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models:HoldModel",
-                                            "INIT_KWARGS": {"folder": "/tmp"}}}) == []
+    assert (
+        errors(
+            streamer_settings,
+            {"m": {"MODEL": "tests.django.batch_models:HoldModel", "INIT_KWARGS": {"folder": "/tmp"}}},
+        )
+        == []
+    )
 
 
 def test_checking_starts_no_streamer(settings, streamer_settings, tmp_path):

@@ -15,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 import pytest
-
-from django_streamer import get_streamer
 from django.test import AsyncClient, Client
 
+from django_streamer import get_streamer
 from tests.django.conftest import ROOT
 from tests.servers import delete_prefix
 
@@ -48,6 +47,7 @@ def example_settings(**env: str) -> Any:
 @pytest.fixture
 def example(settings: Any) -> Any:
     """The test project switched to the example's URLs and settings."""
+
     def use(timeout_seconds: Optional[float] = None, **env: str) -> Any:
         module = example_settings(**env)
         streamer = module.STREAMER
@@ -70,8 +70,12 @@ def cosine(a: List[float], b: List[float]) -> float:
 
 
 def is_embedding(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) == 384 and all(isinstance(x, float) for x in value)
-            and abs(math.sqrt(sum(x * x for x in value)) - 1) < 1e-3)
+    return (
+        isinstance(value, list)
+        and len(value) == 384
+        and all(isinstance(x, float) for x in value)
+        and abs(math.sqrt(sum(x * x for x in value)) - 1) < 1e-3
+    )
 
 
 def test_the_thread_backend_serves_sentence_embeddings(example, client):
@@ -87,8 +91,12 @@ def test_the_thread_backend_serves_sentence_embeddings(example, client):
 
     async def async_posts() -> List[Any]:
         aclient = AsyncClient()
-        return await asyncio.gather(*(aclient.post("/astream", {"s": s}, content_type="application/json")
-                                      for s in (sentence, "Someone plays the guitar.", "Stocks fell sharply today.")))
+        return await asyncio.gather(
+            *(
+                aclient.post("/astream", {"s": s}, content_type="application/json")
+                for s in (sentence, "Someone plays the guitar.", "Stocks fell sharply today.")
+            )
+        )
 
     same, paraphrase, unrelated = [r.json() for r in asyncio.run(async_posts())]
     assert cosine(same, vector) > 0.9999
@@ -123,8 +131,7 @@ def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path
 def _manage(*args: str, env: Dict[str, str], cwd: Any) -> Any:
     import subprocess
 
-    return subprocess.run([sys.executable, MANAGE, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, MANAGE, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 def test_the_redis_backend_with_run_gpu_workers(example, client, commands, redis_url, redis_prefix, tmp_path):

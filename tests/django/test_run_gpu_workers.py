@@ -30,8 +30,13 @@ def broker(redis_url: str, redis_prefix: str) -> Iterator[str]:
 
 
 def start_workers(commands: Any, url: str, prefix: str, *args: str, **env: str) -> Any:
-    return commands.start("run_gpu_workers", *args, env=commands.env(
-        TEST_STREAMER_BACKEND="redis", TEST_STREAMER_REDIS_URL=url, TEST_STREAMER_PREFIX=prefix, **env))
+    return commands.start(
+        "run_gpu_workers",
+        *args,
+        env=commands.env(
+            TEST_STREAMER_BACKEND="redis", TEST_STREAMER_REDIS_URL=url, TEST_STREAMER_PREFIX=prefix, **env
+        ),
+    )
 
 
 def post(url: str, x: Any) -> Any:
@@ -40,8 +45,9 @@ def post(url: str, x: Any) -> Any:
 
 def test_serves_requests_and_restarts_a_killed_worker(commands, broker, redis_prefix, streamer_settings):
     streamer_settings(BACKEND="redis", REDIS_URL=broker, PREFIX=redis_prefix, TIMEOUT=20)
-    workers = start_workers(commands, broker, redis_prefix, "--model", "pid", "--model", "double", "-v", "1",
-                            "--devices", "0,1")
+    workers = start_workers(
+        commands, broker, redis_prefix, "--model", "pid", "--model", "double", "-v", "1", "--devices", "0,1"
+    )
     assert wait_for(lambda: len(worker_children(workers.pid)) == 3, 30), commands.log(workers)
     first = worker_children(workers.pid)
     assert get_streamer("double").wait_ready(30) and get_streamer("pid").wait_ready(30), commands.log(workers)
@@ -67,14 +73,29 @@ def test_serves_requests_and_restarts_a_killed_worker(commands, broker, redis_pr
     assert "pid worker 1 (pid" in log and "started on device 1" in log  # -v 1: INFO lines
 
 
-def test_sigterm_lets_the_batch_in_hand_finish_then_exits_0(commands, broker, redis_prefix, streamer_settings,
-                                                             tmp_path):
+def test_sigterm_lets_the_batch_in_hand_finish_then_exits_0(
+    commands, broker, redis_prefix, streamer_settings, tmp_path
+):
     (tmp_path / "hold").write_text("")
-    streamer_settings(BACKEND="redis", REDIS_URL=broker, PREFIX=redis_prefix, TIMEOUT=20,
-                      models={"hold": {"MODEL": "tests.django.batch_models.HoldModel",
-                                       "INIT_KWARGS": {"folder": str(tmp_path)}}})
-    workers = start_workers(commands, broker, redis_prefix, "--model", "hold", "--workers", "2", "-v", "0",
-                            TEST_STREAMER_FOLDER=str(tmp_path))
+    streamer_settings(
+        BACKEND="redis",
+        REDIS_URL=broker,
+        PREFIX=redis_prefix,
+        TIMEOUT=20,
+        models={"hold": {"MODEL": "tests.django.batch_models.HoldModel", "INIT_KWARGS": {"folder": str(tmp_path)}}},
+    )
+    workers = start_workers(
+        commands,
+        broker,
+        redis_prefix,
+        "--model",
+        "hold",
+        "--workers",
+        "2",
+        "-v",
+        "0",
+        TEST_STREAMER_FOLDER=str(tmp_path),
+    )
     assert get_streamer("hold").wait_ready(30), commands.log(workers)
     future = get_streamer("hold").submit([5])
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 30), commands.log(workers)
@@ -106,11 +127,14 @@ def redis_settings(streamer_settings: Any) -> Any:
     return streamer_settings(BACKEND="redis", REDIS_URL="redis://127.0.0.1:1/0")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "ghost"], "no model named 'ghost' in STREAMER['MODELS']; the models are 'double', 'sizes'"),
-    (["--workers", "0"], "expected a whole number >= 1, got 0"),
-    (["--devices", ","], "--devices must name at least one device"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "ghost"], "no model named 'ghost' in STREAMER['MODELS']; the models are 'double', 'sizes'"),
+        (["--workers", "0"], "expected a whole number >= 1, got 0"),
+        (["--devices", ","], "--devices must name at least one device"),
+    ],
+)
 def test_wrong_options_are_command_errors(redis_settings, args, message):
     with pytest.raises(CommandError) as raised:
         call_command("run_gpu_workers", *args)
@@ -126,3 +150,57 @@ def test_bad_settings_are_a_command_error_with_the_check_ids(streamer_settings):
     streamer_settings(BACKEND="redis", REDIS_URL=None)
     with pytest.raises(CommandError, match=r"django_streamer.E007"):
         call_command("run_gpu_workers")
+
+
+def test_workers_do_not_outlive_a_killed_command(commands, broker, redis_prefix):
+    """SIGKILL leaves the command no time to stop its workers: they notice
+    their parent is gone and exit by themselves, within a second or two."""
+    workers = start_workers(commands, broker, redis_prefix, "--model", "double", "--workers", "2")
+    assert wait_for(lambda: len(worker_children(workers.pid)) == 2, 30), commands.log(workers)
+    pids = worker_children(workers.pid)
+    os.kill(workers.pid, signal.SIGKILL)
+    workers.wait(5)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 2), "workers outlived their killed command"
+
+
+def test_the_default_codec_reaches_the_web_side_and_the_workers_which_refuse_pickle(
+    commands, broker, redis_prefix, streamer_settings, tmp_path
+):
+    """Nothing is unpickled unless the user opts in: the requests the web
+    side writes are msgpack, and the workers that ``run_gpu_workers`` starts
+    refuse a pickled request planted in their stream (which would create a
+    directory were it unpickled)."""
+    import pickle
+    import threading
+
+    import redis
+
+    from tests.redis.models import Evil
+
+    streamer_settings(BACKEND="redis", REDIS_URL=broker, PREFIX=redis_prefix, TIMEOUT=20)
+    settings_models = dict(streamer_settings()["MODELS"])
+    settings_models["hold"] = dict(settings_models["hold"], INIT_KWARGS={"folder": str(tmp_path)})
+    streamer_settings(models=settings_models)
+    workers = start_workers(commands, broker, redis_prefix, "--model", "hold", TEST_STREAMER_FOLDER=str(tmp_path))
+    streamer = get_streamer("hold")
+    assert streamer.wait_ready(30), commands.log(workers)
+    conn = redis.Redis.from_url(broker, socket_timeout=5)
+    key = f"streamer:{redis_prefix}:hold:requests"
+    try:
+        (tmp_path / "hold").write_text("")
+        held = threading.Thread(target=lambda: streamer.predict([21]), daemon=True)
+        held.start()
+        assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10), commands.log(workers)
+        [(_, request)] = conn.xrange(key)
+        assert request[b"k"] == b"msgpack", f"the web side wrote {request[b'k']!r} requests"
+        marker = tmp_path / "pwned"
+        conn.xadd(key, {"c": "forger", "i": "x1", "t": 60_000, "k": "pickle", "p": pickle.dumps(Evil(str(marker)))})
+        (tmp_path / "hold").unlink()
+        held.join(10)
+        answers = f"streamer:{redis_prefix}:hold:results:forger"
+        assert wait_for(lambda: conn.xlen(answers) == 1, 10), commands.log(workers)
+        [(_, answer)] = conn.xrange(answers)
+        assert answer[b"ok"] == b"0" and b"refuses 'pickle'" in answer[b"p"]  # answered as 0.1.0 reads it
+        assert not marker.exists(), "a worker unpickled a request from Redis"
+    finally:
+        conn.close()

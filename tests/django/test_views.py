@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Dict
 
 import pytest
@@ -95,8 +96,17 @@ def test_redis_that_does_not_answer_is_503_with_retry_after(client, streamer_set
 
 def test_a_full_queue_is_503_with_retry_after_1(client, streamer_settings, tmp_path):
     (tmp_path / "hold").write_text("")
-    streamer_settings({"hold": {"MODEL": "tests.django.batch_models.HoldModel", "INIT_KWARGS": {"folder": str(tmp_path)},
-                                "BATCH_SIZE": 1, "MAX_QUEUE": 1, "MAX_LATENCY": 0}})
+    streamer_settings(
+        {
+            "hold": {
+                "MODEL": "tests.django.batch_models.HoldModel",
+                "INIT_KWARGS": {"folder": str(tmp_path)},
+                "BATCH_SIZE": 1,
+                "MAX_QUEUE": 1,
+                "MAX_LATENCY": 0,
+            }
+        }
+    )
     first = get_streamer("hold").submit([1])
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
     second = get_streamer("hold").submit([2])  # queued behind the held batch: the queue is full
@@ -170,7 +180,29 @@ def test_the_process_backend_serves_from_a_worker_process_that_stops_at_exit(com
     env = commands.env(TEST_STREAMER_BACKEND="process")
     result = commands.run("shell", "-c", script, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
-    [line] = [l for l in result.stdout.splitlines() if l.startswith("ANSWER")]
+    [line] = [row for row in result.stdout.splitlines() if row.startswith("ANSWER")]
     _, x, worker, web = line.split()
     assert x == "7" and worker != web
     assert wait_for(lambda: not alive(int(worker)), 5), "the worker process outlived its web process"
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_batch_in_hand_when_the_program_ends_is_finished_and_answered(commands, tmp_path, backend):
+    """A ``manage.py shell`` program ends with a call in the model: the
+    registry's exit-time close (and each streamer's own) lets the batch
+    finish and its caller be answered, rather than cutting it off."""
+    (tmp_path / "hold").write_text("")
+    script = (
+        "import time, pathlib, django_streamer as ds\n"
+        "future = ds.get_streamer('hold').submit([21])\n"
+        "future.add_done_callback(lambda f: print('ANSWERED', f.result(), flush=True))\n"
+        f"while not list(pathlib.Path({str(tmp_path)!r}).glob('inside-*')): time.sleep(0.01)\n"
+        "print('the program ends', flush=True)\n"
+    )
+    env = commands.env(TEST_STREAMER_BACKEND=backend, TEST_STREAMER_FOLDER=str(tmp_path))
+    program = commands.start("shell", "-c", script, env=env)
+    assert wait_for(lambda: "the program ends" in commands.log(program), 60), commands.log(program)
+    time.sleep(0.3)  # the interpreter is shutting down, the batch still in the model
+    (tmp_path / "hold").unlink()
+    assert program.wait(30) == 0, commands.log(program)
+    assert "ANSWERED [42]" in commands.log(program), f"the batch in hand at exit was cut off: {commands.log(program)}"

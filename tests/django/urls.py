@@ -13,4 +13,8 @@ urlpatterns = [
     path("double-guarded", views.double_guarded),
     path("pid", views.pid),
     path("hold", views.hold),
+    path("broken-parse", views.broken_parse),
+    path("broken-respond", views.broken_respond),
+    path("guarded", views.guarded),
+    path("unpicklable", views.unpicklable),
 ]

@@ -50,3 +50,27 @@ double_cbv = BatchedView.as_view(model="double", field="x")
 double_guarded = BatchedView.as_view(model="double", field="x", csrf_exempt=False)
 pid = BatchedView.as_view(model="pid", field="x")
 hold = BatchedView.as_view(model="hold", field="x")
+
+
+@batched_view("double")
+def broken_parse(request: HttpRequest) -> Any:
+    """A parse function with a bug of its own."""
+    raise RuntimeError("the parse function has a bug")
+
+
+@batched_view("double", respond=lambda output: 1 / 0)
+def broken_respond(request: HttpRequest) -> Any:
+    return request_item(request, "x")
+
+
+@batched_view("double", csrf_exempt=False)
+def guarded(request: HttpRequest) -> Any:
+    return request_item(request, "x")
+
+
+@batched_view("pid")
+def unpicklable(request: HttpRequest) -> Any:
+    """A parse function returning a value that cannot cross to a worker process."""
+    import threading
+
+    return threading.Lock()

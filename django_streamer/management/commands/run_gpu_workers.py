@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
+from streamer_core.config import LOG_FORMAT
 from streamer_core.model_spec import ModelSpec, parse_devices
 
 from ...conf import model_specs
@@ -46,13 +47,27 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--model", action="append", dest="models", metavar="NAME", default=None,
-                            help="Only this model (a key of STREAMER['MODELS']); repeat for several. Default: all.")
-        parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
-                            help="Worker processes per model, instead of its WORKER_NUM setting.")
-        parser.add_argument("--devices", default=None, metavar="0,1",
-                            help="CUDA devices, comma-separated, instead of the CUDA_DEVICES setting: "
-                                 "worker i gets devices[i % n].")
+        parser.add_argument(
+            "--model",
+            action="append",
+            dest="models",
+            metavar="NAME",
+            default=None,
+            help="Only this model (a key of STREAMER['MODELS']); repeat for several. Default: all.",
+        )
+        parser.add_argument(
+            "--workers",
+            type=_positive_int,
+            default=None,
+            metavar="N",
+            help="Worker processes per model, instead of its WORKER_NUM setting.",
+        )
+        parser.add_argument(
+            "--devices",
+            default=None,
+            metavar="0,1",
+            help="CUDA devices, comma-separated, instead of the CUDA_DEVICES setting: worker i gets devices[i %% n].",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         level = LOG_LEVELS.get(options["verbosity"], logging.DEBUG)
@@ -62,8 +77,10 @@ class Command(BaseCommand):
         groups = [spec.worker_group(options["workers"], devices) for spec in specs]
         for spec, group in zip(specs, groups):
             where = f" on device(s) {', '.join(map(str, group.devices))}" if group.devices else ""
-            self.stdout.write(f"{spec.name}: {group.worker_num} worker(s){where}, Redis {redact_url(spec.redis_url or '')}, "
-                              f"keys streamer:{spec.prefix}:*")
+            self.stdout.write(
+                f"{spec.name}: {group.worker_num} worker(s){where}, Redis {redact_url(spec.redis_url or '')}, "
+                f"keys streamer:{spec.prefix}:*"
+            )
         self.stdout.flush()
         # The workers are spawned processes; a database connection opened by
         # checks or settings code must not be shared with (or held for) them.
@@ -102,7 +119,7 @@ class Command(BaseCommand):
     def _devices(self, text: Optional[str]) -> Optional[List[Any]]:
         if text is None:
             return None
-        devices = parse_devices(text)
+        devices: List[Any] = parse_devices(text)
         problems = ModelSpec(name="", model=len, cuda_devices=devices).problems(lambda _field: "--devices")
         if problems:
             raise CommandError(f"{problems[0].message} (got {text!r})")
@@ -114,6 +131,6 @@ def _configure_logging(level: int) -> None:
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(level)
