@@ -73,9 +73,23 @@ class RedisServer:
         log = open(self.folder / f"redis-{self.port}-{self.starts}.log", "wb")
         with log:
             self.process = subprocess.Popen(
-                [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.folder), *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    exe,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.folder),
+                    *self.extra_args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -89,8 +103,9 @@ class RedisServer:
 
     def ping(self) -> bool:
         """Whether *our* server answers on the port (not another one that took it)."""
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password,
-                             socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
         try:
             return self.process is not None and client.info("server")["process_id"] == self.process.pid
         except redis.RedisError:
@@ -114,8 +129,6 @@ class RedisServer:
 
     def log_text(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(self.folder.glob("redis-*.log")))
-
-
 
 
 def delete_prefix(redis_url: str, prefix: str) -> None:

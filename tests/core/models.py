@@ -3,6 +3,7 @@ at module level here rather than inside the tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -32,7 +33,7 @@ def returns_none(batch: List[Any]) -> None:
 
 
 def unpicklable_result(batch: List[Any]) -> List[Any]:
-    return [(lambda: x) if x == "lambda" else x for x in batch]
+    return [(lambda: None) if x == "lambda" else x for x in batch]
 
 
 def batch_info(batch: List[Any]) -> List[Any]:
@@ -84,3 +85,34 @@ class HoldModel(ManagedModel):
             while (self.folder / "hold").exists() and time.monotonic() < deadline:
                 time.sleep(0.005)
         return [x * 2 for x in batch]
+
+
+class SlowLoadingModel(ManagedModel):
+    """Takes ``seconds`` to load and says it runs on ``device``."""
+
+    def init_model(self, seconds: float = 0.3, device: str = "cuda:7") -> None:
+        time.sleep(seconds)
+        self.device = device
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return batch
+
+
+class GatedFailOnNegative(ManagedModel):
+    """Several callers' inputs in one batch: a batch holding ``0`` waits while
+    ``folder/hold`` exists (announcing itself with ``inside-<pid>``), so the
+    calls after it queue up and go together; a batch with a negative input
+    fails; each batch is appended to ``folder/batches.jsonl``."""
+
+    def init_model(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def predict(self, batch: List[int]) -> List[int]:
+        with (self.folder / "batches.jsonl").open("a") as log:
+            log.write(json.dumps(batch) + "\n")
+        if 0 in batch:
+            (self.folder / f"inside-{os.getpid()}").write_text(repr(batch))
+            deadline = time.monotonic() + 10
+            while (self.folder / "hold").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return fail_on_negative(batch)

@@ -134,3 +134,52 @@ def test_an_empty_call_returns_an_empty_list(closing, batch):
     streamer = closing(ThreadedStreamer(models.double, batch_size=4))
     assert streamer.predict(batch) == []
     assert streamer.submit(batch).result() == []
+
+
+# -- the hold rule itself (HoldPolicy, shared by the scheduler and Redis workers) ----------------
+
+
+def _policy_after_a_slow_comeback(comeback: float, service: float = 0.020, n: int = 64):
+    """A policy that answered ``n`` callers of a ``service``-second batch, saw
+    them all back ``comeback`` seconds later, and has just answered them again."""
+    from streamer_core.batching import HoldPolicy
+
+    policy = HoldPolicy(max_latency=1.0)
+    policy.delivered(n, service, 100.0)
+    policy.arrived(n, 100.0 + comeback)
+    policy.delivered(n, service, 200.0)
+    return policy
+
+
+def test_the_hold_waits_as_long_as_answered_callers_take_to_come_back():
+    """Callers that take 12 ms to come back (through a broker) are waited
+    for, where a quarter of a 20 ms batch (5 ms) would give up on them and
+    run a partial batch, which they would then wait behind."""
+    policy = _policy_after_a_slow_comeback(0.012)
+    assert policy.hold_until(200.0, 200.001) == pytest.approx(200.0 + 1.25 * 0.012)
+
+
+def test_the_hold_for_callers_coming_back_is_at_most_one_batch_time():
+    policy = _policy_after_a_slow_comeback(0.5)
+    assert policy.hold_until(200.0, 200.001) == pytest.approx(200.0 + 0.020)
+
+
+def test_callers_that_come_back_at_once_leave_the_hold_at_a_quarter_of_a_batch():
+    policy = _policy_after_a_slow_comeback(0.001)
+    assert policy.hold_until(200.0, 200.0001) == pytest.approx(200.0 + 0.25 * 0.020)
+
+
+def test_the_hold_ends_once_the_answered_callers_are_back():
+    policy = _policy_after_a_slow_comeback(0.012)
+    policy.arrived(64, 200.003)
+    assert policy.hold_until(200.003, 200.003) == float("-inf"), "nobody is due: go now"
+
+
+def test_the_hold_never_passes_max_latency():
+    from streamer_core.batching import HoldPolicy
+
+    policy = HoldPolicy(max_latency=0.005)
+    policy.delivered(64, 0.020, 100.0)
+    policy.arrived(64, 100.012)
+    policy.delivered(64, 0.020, 200.0)
+    assert policy.hold_until(200.0, 200.001) == pytest.approx(200.005)

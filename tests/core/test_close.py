@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from streamer_core import Streamer, StreamerClosedError, ThreadedStreamer
 from tests.core import models
 from tests.helpers import alive, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def streamer_threads() -> set:
@@ -117,3 +123,51 @@ def test_a_worker_that_dies_while_closing_still_gets_its_calls_answered(tmp_path
     assert [f.result(15) for f in futures] == [[0], [2], [4]]
     closer.join(20)
     assert not closer.is_alive()
+
+
+AT_EXIT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from streamer_core import Streamer, ThreadedStreamer
+    from tests.core import models
+
+    if __name__ == "__main__":
+        backend, folder = sys.argv[1], sys.argv[2]
+        if backend == "thread":
+            model = models.GatedFailOnNegative()
+            model.init_model(folder)
+            streamer = ThreadedStreamer(model.predict, 4, 0.01)
+        else:
+            streamer = Streamer(models.GatedFailOnNegative, 4, 0.01, model_init_kwargs={"folder": folder})
+            streamer.wait_ready(60)
+        future = streamer.submit([0])  # held in the model until the test lets it go
+        future.add_done_callback(lambda f: print("answered", f.result(), flush=True))
+        while not any(Path(folder).glob("inside-*")):
+            time.sleep(0.01)
+        print("the program ends", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_batch_in_hand_when_the_program_ends_is_finished_and_answered(tmp_path, backend):
+    """The program's main ends with a call in the model: the streamer's
+    exit-time close lets the batch finish and its caller be answered, rather
+    than the interpreter cutting it off."""
+    (tmp_path / "hold").write_text("")
+    script = tmp_path / "program.py"
+    script.write_text(AT_EXIT)
+    program = subprocess.Popen(
+        [sys.executable, str(script), backend, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert program.stdout.readline().strip() == "the program ends"
+        time.sleep(0.3)  # the interpreter is shutting down, the batch still in the model
+        (tmp_path / "hold").unlink()
+        output, _ = program.communicate(timeout=30)
+    finally:
+        program.kill()
+    assert program.returncode == 0
+    assert "answered [0]" in output, f"the batch in hand at exit was cut off: {output!r}"

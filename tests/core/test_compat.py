@@ -61,7 +61,11 @@ def test_a_service_streamer_program_runs_after_changing_its_import(tmp_path):
     script = tmp_path / "program.py"
     script.write_text(source)
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr
@@ -74,11 +78,19 @@ def parameters(callable_) -> list:
 
 def test_signatures_match_service_streamer():
     # service_streamer 0.1.2's positional parameters and defaults, which programs rely on.
-    assert parameters(ThreadedStreamer) == [("predict_function", inspect._empty), ("batch_size", inspect._empty),
-                                            ("max_latency", 0.1)]
+    assert parameters(ThreadedStreamer) == [
+        ("predict_function", inspect._empty),
+        ("batch_size", inspect._empty),
+        ("max_latency", 0.1),
+    ]
     assert parameters(Streamer) == [
-        ("predict_function_or_model", inspect._empty), ("batch_size", inspect._empty), ("max_latency", 0.1),
-        ("worker_num", 1), ("cuda_devices", None), ("model_init_args", None), ("model_init_kwargs", None),
+        ("predict_function_or_model", inspect._empty),
+        ("batch_size", inspect._empty),
+        ("max_latency", 0.1),
+        ("worker_num", 1),
+        ("cuda_devices", None),
+        ("model_init_args", None),
+        ("model_init_kwargs", None),
     ]
     assert parameters(ManagedModel) == [("gpu_id", None)]
     for name in ("predict", "submit", "destroy_workers"):

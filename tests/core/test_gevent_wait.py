@@ -31,8 +31,14 @@ MAX_GAP = 0.1
 
 def run_scenario(name: str, *args: str) -> Dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, "-m", "tests.core.test_gevent_wait", name, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.core.test_gevent_wait", name, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"the scenario {name} failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -47,7 +53,9 @@ def test_greenlets_calls_are_batched_and_the_hub_keeps_running():
     assert len(out["batches"]) <= 4, out["batches"]
     assert out["elapsed"] < 10 * MODEL_SECONDS, out
     assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while greenlets waited"
-    assert out["ticks"] >= out["elapsed"] / TICK / 3, f"the ticker barely ran: {out['ticks']} ticks in {out['elapsed']:.2f}s"
+    assert out["ticks"] >= out["elapsed"] / TICK / 3, (
+        f"the ticker barely ran: {out['ticks']} ticks in {out['elapsed']:.2f}s"
+    )
 
 
 def test_result_timeout_in_a_greenlet_raises_on_time_without_blocking_the_hub():
@@ -57,11 +65,13 @@ def test_result_timeout_in_a_greenlet_raises_on_time_without_blocking_the_hub():
     assert 0.15 <= out["late_elapsed"] < 0.6, f"result(timeout=0.2) gave up after {out['late_elapsed']:.3f}s"
     assert out["late_cancelled"] is True, "the timed-out call was not given up"
     assert out["max_gap_while_late_waited"] < MAX_GAP, (
-        f"the hub stopped for {out['max_gap_while_late_waited']:.3f}s while result(timeout) waited")
+        f"the hub stopped for {out['max_gap_while_late_waited']:.3f}s while result(timeout) waited"
+    )
     assert out["ticks_while_late_waited"] >= 5, out
     assert out["slow_result"] == ["ok:slow"], out
     assert ["late"] not in out["batches"] and all("late" not in batch for batch in out["batches"]), (
-        f"a call its caller gave up on still reached the model: {out['batches']}")
+        f"a call its caller gave up on still reached the model: {out['batches']}"
+    )
 
 
 def test_the_main_greenlet_and_raw_greenlets_wait_without_blocking_the_hub():

@@ -3,7 +3,9 @@ everyone else their result, and the worker keeps serving."""
 
 from __future__ import annotations
 
-import threading
+import concurrent.futures
+import json
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -12,6 +14,7 @@ import pytest
 
 from streamer_core import BatchLengthError, RemoteTraceback, SerializationError, Streamer, ThreadedStreamer
 from tests.core import models
+from tests.helpers import wait_for
 
 
 def make_thread(model: Callable, **options: Any) -> ThreadedStreamer:
@@ -125,3 +128,38 @@ def test_an_unpicklable_result_fails_only_its_item(closing):
     with pytest.raises(SerializationError, match="cannot be sent back from the worker"):
         streamer.predict(["lambda"])
     assert streamer.predict(["fine"]) == ["fine"]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("isolate", [True, False], ids=["isolated", "not-isolated"])
+def test_isolation_decides_whether_a_bad_input_fails_its_batch_mates(closing, tmp_path, backend, isolate):
+    """Three callers share one batch, one of them with a bad input. Isolated,
+    only that caller fails (the batch is run again in halves); not isolated,
+    the model's error fails every caller of the batch."""
+    (tmp_path / "hold").write_text("")
+    if backend == "thread":
+        model = models.GatedFailOnNegative()
+        model.init_model(str(tmp_path))
+        streamer = closing(ThreadedStreamer(model.predict, 8, 0.05, isolate_errors=isolate))
+    else:
+        streamer = closing(
+            Streamer(models.GatedFailOnNegative, 8, 0.05, isolate_errors=isolate,
+                     model_init_kwargs={"folder": str(tmp_path)})
+        )  # fmt: skip
+    held = streamer.submit([0])
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 30)
+    calls = [streamer.submit([x]) for x in (1, -2, 3)]
+    time.sleep(0.2)  # all three queue behind the held batch
+    (tmp_path / "hold").unlink()
+    assert held.result(10) == [0]
+    concurrent.futures.wait(calls, 10)
+    batches = [json.loads(line) for line in (tmp_path / "batches.jsonl").read_text().splitlines()]
+    assert batches[1] == [1, -2, 3], f"the three callers should share one batch: {batches}"
+    if isolate:
+        assert calls[0].result(10) == [2] and calls[2].result(10) == [6]
+        with pytest.raises(ValueError, match="negative input -2"):
+            calls[1].result(10)
+    else:
+        for call in calls:
+            with pytest.raises(ValueError, match="negative input -2"):
+                call.result(10)

@@ -18,8 +18,8 @@ import pytest
 
 from streamer_core import (
     SerializationError,
-    StreamerError,
     Streamer,
+    StreamerError,
     WorkerDiedError,
     WorkerStartError,
 )
@@ -64,8 +64,13 @@ def test_without_cuda_devices_the_variable_is_left_alone(closing, monkeypatch):
 def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
     (tmp_path / "hold").write_text("")
     streamer = closing(
-        Streamer(models.HoldModel, batch_size=8, max_latency=0.05, worker_num=worker_num,
-                 model_init_kwargs={"folder": str(tmp_path)})
+        Streamer(
+            models.HoldModel,
+            batch_size=8,
+            max_latency=0.05,
+            worker_num=worker_num,
+            model_init_kwargs={"folder": str(tmp_path)},
+        )
     )
     assert streamer.wait_ready(60)
     futures = [streamer.submit([x]) for x in range(8)]
@@ -178,11 +183,17 @@ PARENT = textwrap.dedent(
 
 
 def test_workers_exit_when_their_parent_dies(tmp_path):
+    """The README's promise: within 0.2 s of the parent's death (they look
+    every 0.2 s), even a worker in the middle of a model call. Asserted with
+    a margin a busy machine holds: 0.5 s."""
     (tmp_path / "hold").write_text("")
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     with subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     ) as parent:
         try:
@@ -191,7 +202,9 @@ def test_workers_exit_when_their_parent_dies(tmp_path):
             assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
             parent.kill()
             parent.wait(5)
-            assert wait_for(lambda: not any(alive(pid) for pid in pids), 5), "workers outlived their parent"
+            died = time.monotonic()
+            assert wait_for(lambda: not any(alive(pid) for pid in pids), 5, 0.005), "workers outlived their parent"
+            assert time.monotonic() - died < 0.5, f"workers took {time.monotonic() - died:.2f}s to follow their parent"
         finally:
             parent.kill()
 

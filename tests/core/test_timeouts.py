@@ -3,7 +3,9 @@ model, and nothing kept in memory for calls that were given up."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
+import threading
 import time
 import tracemalloc
 
@@ -116,3 +118,60 @@ def test_invalid_timeouts_are_refused(closing):
             streamer.predict([1], timeout=bad)
     with pytest.raises(TypeError, match="timeout is in seconds"):
         streamer.predict([1], timeout="5")
+
+
+def test_cancel_follows_the_future_contract_and_wakes_a_waiting_caller(closing, gate):
+    """``cancel()`` as concurrent.futures defines it: True for a call not yet
+    done (and again for one already cancelled), False for one that finished;
+    a caller already blocked in ``result()`` wakes at once with
+    CancelledError rather than waiting out the call's timeout."""
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=30))
+    streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    queued = streamer.submit(["queued"])
+    woke: list = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            queued.result()
+        except BaseException as exc:  # noqa: BLE001 - the type is what the test checks
+            woke.append((type(exc), time.monotonic() - started))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.1)
+    assert queued.cancel() is True and queued.cancelled()
+    waiter.join(5)
+    assert woke and woke[0][0] is concurrent.futures.CancelledError, woke
+    assert woke[0][1] < 2.0, "the waiting caller slept on after the cancel"
+    assert queued.cancel() is True, "cancelling a cancelled call again says it is cancelled"
+    gate.release()
+    done = streamer.submit(["done"])
+    assert done.result(5) == ["ok:done"]
+    assert done.cancel() is False and not done.cancelled(), "a finished call cannot be cancelled"
+    assert "queued" not in gate.seen()
+
+
+def test_exception_waits_as_result_does(closing, gate):
+    """``exception(timeout)`` is None for a call that succeeded, the model's
+    error for one that failed, and, while the call is pending, gives the call
+    up after ``timeout`` seconds, as ``result(timeout)`` does."""
+
+    def model(batch):
+        if "bad" in batch:
+            raise ValueError("bad input")
+        return gate(batch)
+
+    streamer = closing(ThreadedStreamer(model, batch_size=4, max_latency=0.01, timeout=30))
+    assert streamer.submit(["fine"]).exception(5) is None
+    error = streamer.submit(["bad"]).exception(5)
+    assert isinstance(error, ValueError) and "bad input" in str(error)
+    streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    pending = streamer.submit(["late"])
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError):
+        pending.exception(timeout=0.2)
+    assert 0.15 < time.monotonic() - started < 2.0
+    assert pending.cancelled()

@@ -1,0 +1,57 @@
+"""Every command the project ships answers ``--help``, as a newcomer's
+first try of it: ``streamer-worker``, ``flask streamer run-workers`` and
+``manage.py run_gpu_workers``, each run as a real program."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _run(args: List[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _command(name: str, module: str) -> List[str]:
+    """The installed console script, or the same entry point by module."""
+    script = BIN / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", module]
+
+
+COMMANDS = {
+    "streamer-worker": lambda: _command("streamer-worker", "streamer_core.cli") + ["--help"],
+    "flask streamer run-workers": lambda: (
+        _command("flask", "flask") + ["--app", "example_flask", "streamer", "run-workers", "--help"]
+    ),
+    "manage.py run_gpu_workers": lambda: [sys.executable, "example_django/manage.py", "run_gpu_workers", "--help"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_answers_help(name):
+    result = _run(COMMANDS[name]())
+    assert result.returncode == 0, f"{name} --help failed:\n{result.stderr[-3000:]}"
+    text = result.stdout
+    assert "--devices" in text and "--help" in text, text
+    assert "devices[i % n]" in " ".join(text.split()), "the help says how devices are given out"
+    assert "``" not in text, "help text is read in a terminal, not rendered from reStructuredText"
+    assert "Traceback" not in result.stderr
+
+
+def test_the_streamer_worker_help_gives_an_example_that_names_a_real_model():
+    result = _run(COMMANDS["streamer-worker"]())
+    [example] = [line for line in result.stdout.splitlines() if "streamer-worker example_flask" in line] or [""]
+    model = example.split("streamer-worker ", 1)[1].split()[0] if example else ""
+    module, _, attribute = model.partition(":")
+    assert module and attribute, result.stdout
+    check = _run([sys.executable, "-c", f"import {module}; print({module}.{attribute}.__name__)"])
+    assert check.returncode == 0 and check.stdout.strip() == attribute, check.stderr

@@ -1,0 +1,206 @@
+"""The documented way to load the models as a server process boots, not on
+its first request: the examples' ``gunicorn.conf.py`` (``post_worker_init``
+calls ``start_streamers``), for Flask and Django, and ``start_streamers()``
+at the end of ``asgi.py`` under uvicorn. Each server runs for real on
+127.0.0.1; the model marks its loading with a file named by its pid, so the
+test sees it loaded before any request is sent, in the process that then
+answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Server:
+    """``python -m <args>`` (or the program ``argv``) on 127.0.0.1, in a
+    process group of its own, killed whole by :meth:`stop`."""
+
+    def __init__(self, args: List[str], env: Dict[str, str], log: Path, argv: Optional[List[str]] = None) -> None:
+        self.log_path = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                argv or [sys.executable, "-m", *args],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator:
+    started: List[Server] = []
+
+    def start(*args: str, **env: str) -> Server:
+        server = Server(list(args), env, tmp_path / f"server-{len(started)}.log")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _post(url: str, data: dict) -> object:
+    request = urllib.request.Request(url, json.dumps(data).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _marks(folder: Path) -> List[int]:
+    return sorted(int(path.name.split("-")[1]) for path in folder.glob("built-*"))
+
+
+def _loaded_at_boot(server: Server, folder: Path, url: str, answer_pid) -> None:
+    """The model loads with no request sent; the first request is answered
+    by the process that loaded it."""
+    assert wait_for(lambda: _marks(folder), 60), f"the model did not load as the server booted:\n{server.log()[-2000:]}"
+    [pid] = _marks(folder)
+    assert server.process.poll() is None
+    host, port = url.split("/")[2].split(":")
+    assert wait_for(lambda: _listening(host, int(port)), 30), server.log()[-2000:]
+    answer = _post(url, {"x": 5})
+    assert answer_pid(answer) == pid, f"answered by {answer}, loaded in {pid}"
+    assert _marks(folder) == [pid], "the request should not have built the model again"
+
+
+def test_gunicorn_loads_a_flask_apps_models_as_it_boots(servers, tmp_path):
+    port = free_port()
+    server = servers(
+        "gunicorn", "-c", "example_flask/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+        "tests.flask.warm_app:create_app()", MARK_FOLDER=str(tmp_path),
+    )  # fmt: skip
+    _loaded_at_boot(server, tmp_path, f"http://127.0.0.1:{port}/marked", lambda answer: answer[1])
+
+
+def test_control_without_the_hook_a_flask_model_loads_on_its_first_request(servers, tmp_path):
+    port = free_port()
+    servers(
+        "gunicorn", "--bind", f"127.0.0.1:{port}", "--threads", "4", "tests.flask.warm_app:create_app()",
+        MARK_FOLDER=str(tmp_path),
+    )  # fmt: skip
+    assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/nothing"), 30)
+    time.sleep(0.5)
+    assert _marks(tmp_path) == [], "without the hook nothing loads before a request"
+    _post(f"http://127.0.0.1:{port}/marked", {"x": 1})
+    assert len(_marks(tmp_path)) == 1
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except urllib.error.HTTPError:
+        return True  # the server is up (a 404 is an answer)
+    except OSError:
+        return False
+    return True
+
+
+DJANGO_ENV = {"DJANGO_SETTINGS_MODULE": "tests.django.settings"}
+
+
+def test_gunicorn_loads_a_django_projects_models_as_it_boots(servers, tmp_path):
+    port = free_port()
+    server = servers(
+        "gunicorn", "-c", "example_django/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+        "django.core.wsgi:get_wsgi_application()", TEST_STREAMER_FOLDER=str(tmp_path), **DJANGO_ENV,
+    )  # fmt: skip
+    _loaded_at_boot(server, tmp_path, f"http://127.0.0.1:{port}/pid", lambda answer: answer[1])
+
+
+def test_uvicorn_loads_a_django_projects_models_as_it_boots(servers, tmp_path):
+    port = free_port()
+    server = servers(
+        "uvicorn", "tests.django.asgi:application", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+        "warning", TEST_STREAMER_FOLDER=str(tmp_path), **DJANGO_ENV,
+    )  # fmt: skip
+    _loaded_at_boot(server, tmp_path, f"http://127.0.0.1:{port}/pid", lambda answer: answer[1])
+
+
+def test_uwsgi_with_lazy_apps_loads_the_models_as_each_worker_imports_the_app(servers, tmp_path):
+    port = free_port()
+    uwsgi = str(Path(sys.executable).with_name("uwsgi"))
+    server = Server(
+        [], {"MARK_FOLDER": str(tmp_path)}, tmp_path / "uwsgi.log",
+        argv=[uwsgi, "--http-socket", f"127.0.0.1:{port}", "--module", "tests.flask.warm_wsgi:app", "--master",
+              "--processes", "1", "--threads", "8", "--lazy-apps", "--die-on-term", "--disable-logging"],
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: _marks(tmp_path), 60), server.log()[-2000:]
+        [pid] = _marks(tmp_path)
+        assert pid != server.process.pid, "the master must not load the model: only the worker serves"
+        _loaded_at_boot(server, tmp_path, f"http://127.0.0.1:{port}/marked", lambda answer: answer[1])
+    finally:
+        server.stop()
+
+
+# -- streamers started before a fork ---------------------------------------------------------
+
+
+def _answered_by_workers(server: Server, url: str, answer_pid, calls: int = 24) -> set:
+    host, port = url.split("/")[2].split(":")
+    assert wait_for(lambda: _listening(host, int(port)), 30), server.log()[-2000:]
+    pids = set()
+    for x in range(calls):
+        pids.add(answer_pid(_post(url, {"x": x})))
+    return pids
+
+
+def test_gunicorn_preload_with_a_flask_streamer_started_in_the_master(servers, tmp_path):
+    """``--preload`` imports the app in the master, which here starts its
+    streamer (a warm-up in the wrong place); the forked workers must each
+    start their own rather than use the master's, whose threads they lack."""
+    port = free_port()
+    server = servers(
+        "gunicorn", "--preload", "-w", "2", "--threads", "8", "--bind", f"127.0.0.1:{port}",
+        "tests.flask.warm_wsgi:app", MARK_FOLDER=str(tmp_path), FLASK_STREAMER_TIMEOUT="5",
+    )  # fmt: skip
+    pids = _answered_by_workers(server, f"http://127.0.0.1:{port}/marked", lambda answer: answer[1])
+    assert server.process.pid in _marks(tmp_path), "the master started a streamer before forking"
+    assert server.process.pid not in pids and pids <= set(_marks(tmp_path))
+
+
+def test_gunicorn_preload_with_django_streamers_started_in_the_master(servers, tmp_path):
+    port = free_port()
+    server = servers(
+        "gunicorn", "--preload", "-w", "2", "--threads", "8", "--bind", f"127.0.0.1:{port}",
+        "tests.django.wsgi_started:application", TEST_STREAMER_FOLDER=str(tmp_path), **DJANGO_ENV,
+    )  # fmt: skip
+    pids = _answered_by_workers(server, f"http://127.0.0.1:{port}/pid", lambda answer: answer[1])
+    assert server.process.pid in _marks(tmp_path), "the master started the streamers before forking"
+    assert pids and server.process.pid not in pids, f"answered by {pids}, the master is {server.process.pid}"
