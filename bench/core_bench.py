@@ -78,12 +78,31 @@ class ModelCost:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One load shape: a backend, a number of worker processes and of clients."""
+    """One load shape: a backend, a number of worker processes and of clients;
+    optionally a model cost of its own (fields left ``None`` take the run's)
+    and the kind of input each client sends (see :func:`make_payload`)."""
 
     name: str
     backend: str  # "thread", "process" or "redis" (bench/redis_bench.py)
     clients: int
     workers: int = 1
+    batch_size: Optional[int] = None
+    fixed_ms: Optional[float] = None
+    per_item_ms: Optional[float] = None
+    payload: str = "int"
+
+    def cost(self, base: ModelCost) -> ModelCost:
+        """The model cost this scenario runs with."""
+        overrides = {
+            name: value
+            for name, value in (
+                ("batch_size", self.batch_size),
+                ("fixed_ms", self.fixed_ms),
+                ("per_item_ms", self.per_item_ms),
+            )
+            if value is not None
+        }
+        return replace(base, **overrides)
 
 
 DEFAULT_SCENARIOS: Tuple[Scenario, ...] = (
@@ -114,7 +133,7 @@ class RunSpec:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> RunSpec:
         raw = json.loads(text)
         return cls(
             library=raw["library"],
@@ -211,9 +230,12 @@ class _Client(threading.Thread):
     """One closed-loop caller: submit one item, wait for it, repeat until the
     window ends. Records the latency of each request completed in the window."""
 
-    def __init__(self, index: int, streamer: Any, window: _Window, go: threading.Event, timeout_s: float) -> None:
+    def __init__(
+        self, index: int, streamer: Any, window: _Window, go: threading.Event, timeout_s: float, payload: str = "int"
+    ) -> None:
         super().__init__(name=f"bench-client-{index}", daemon=True)
         self.index = index
+        self.payload = payload
         self.streamer = streamer
         self.window = window
         self.go = go
@@ -224,14 +246,14 @@ class _Client(threading.Thread):
     def run(self) -> None:
         self.go.wait()
         window, submit, timeout_s = self.window, self.streamer.submit, self.timeout_s
-        base = (self.index + 1) * 1_000_000_000  # unique inputs: a misrouted answer shows
+        make = make_payload(self.payload, self.index)
         seq = 0
         while True:
             sent = time.monotonic()
             if sent >= window.end:
                 return
             seq += 1
-            value = base + seq
+            value, expected = make(seq)
             try:
                 output = submit([value]).result(timeout=timeout_s)
             except Exception as exc:  # a timeout, or the library's own bug
@@ -241,10 +263,45 @@ class _Client(threading.Thread):
             done = time.monotonic()
             if not window.start <= done <= window.end:
                 continue
-            if output != [value]:
+            if len(output) != 1 or not expected(output[0]):
                 self.errors["WrongResult"] += 1
             else:
                 self.latencies_s.append(done - sent)
+
+
+#: What a client sends, and how it checks the answer is its own.
+Payload = Tuple[Any, Callable[[Any], bool]]
+
+#: Shape and dtype of the "image" payload: an ImageNet-sized float32 tensor (588 KB).
+IMAGE_SHAPE = (3, 224, 224)
+
+
+def make_payload(kind: str, index: int) -> Callable[[int], Payload]:
+    """Client ``index``'s request number ``seq``: ``"int"``, a unique number
+    (answered with itself); ``"image"``, a (3, 224, 224) float32 array whose
+    first two values are the client's index and ``seq`` (answered, as by an
+    image classifier, with 1,000 float32 scores that start with those two).
+    Each client reuses one array, as a server reuses a decode buffer."""
+    if kind == "int":
+        base = (index + 1) * 1_000_000_000  # unique inputs: a misrouted answer shows
+
+        def number(seq: int) -> Payload:
+            value = base + seq
+            return value, lambda output: output == value
+
+        return number
+    if kind == "image":
+        import numpy
+
+        image = numpy.random.default_rng(index).random(IMAGE_SHAPE, dtype=numpy.float32)
+
+        def picture(seq: int) -> Payload:
+            image[0, 0, 0], image[0, 0, 1] = index, seq % (1 << 24)  # exact in float32
+            marks = (float(image[0, 0, 0]), float(image[0, 0, 1]))
+            return image, lambda output: (float(output[0]), float(output[1])) == marks
+
+        return picture
+    raise ValueError(f"unknown payload kind {kind!r}")
 
 
 def _read_batch_log(directory: str, window: _Window) -> List[int]:
@@ -323,7 +380,10 @@ def run_child(
         result.ready_s = time.monotonic() - started
 
         window, go = _Window(), threading.Event()
-        clients = [_Client(i, streamer, window, go, spec.request_timeout_s) for i in range(spec.scenario.clients)]
+        clients = [
+            _Client(i, streamer, window, go, spec.request_timeout_s, spec.scenario.payload)
+            for i in range(spec.scenario.clients)
+        ]
         for client in clients:
             client.start()
         window.start = time.monotonic() + spec.warmup_s
@@ -468,8 +528,8 @@ def results_table(
     ``extra_columns``: (header, cell of a result) appended to each row."""
     extra_head = "".join(f" {header} |" for header, _ in extra_columns)
     lines = [
-        "| scenario | library | clients | workers | req/s | of ideal | p50 ms | p99 ms | p50 / model | mean batch | errors |"
-        + extra_head,
+        "| scenario | library | clients | workers | req/s | of ideal | p50 ms | p99 ms | p50 / model "
+        "| mean batch | errors |" + extra_head,
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + "---|" * len(extra_columns),
     ]
     for result in results:
@@ -481,10 +541,9 @@ def results_table(
                 f"| FAILED: {result.failure} | | | | | | |" + extra
             )
             continue
-        of_ideal = result.throughput_rps / cost.ideal_rps(scenario.workers)
-        p50_ratio = (
-            None if scenario.clients != 1 or result.p50_ms is None else result.p50_ms / cost.single_item_ms
-        )
+        own = scenario.cost(cost)
+        of_ideal = result.throughput_rps / own.ideal_rps(scenario.workers)
+        p50_ratio = None if scenario.clients != 1 or result.p50_ms is None else result.p50_ms / own.single_item_ms
         rps = f"{result.throughput_rps:.0f}"
         if len(result.runs_rps) > 1:
             rps += f" ({min(result.runs_rps):.0f}-{max(result.runs_rps):.0f})"
@@ -507,14 +566,24 @@ class Measures:
         self.cost = cost
         self.scenarios = scenarios
 
+    def _cost(self, name: str) -> ModelCost:
+        return self.scenarios[name].cost(self.cost) if name in self.scenarios else self.cost
+
     def of_ideal(self, library: str, name: str) -> Optional[float]:
         run = self.by_key.get((library, name))
         workers = self.scenarios[name].workers if name in self.scenarios else 1
-        return None if run is None else run.throughput_rps / self.cost.ideal_rps(workers)
+        return None if run is None else run.throughput_rps / self._cost(name).ideal_rps(workers)
 
     def p50_ratio(self, library: str, name: str) -> Optional[float]:
         run = self.by_key.get((library, name))
-        return None if run is None or run.p50_ms is None else run.p50_ms / self.cost.single_item_ms
+        return None if run is None or run.p50_ms is None else run.p50_ms / self._cost(name).single_item_ms
+
+    def versus(self, library: str, other: str, name: str) -> Optional[float]:
+        """Throughput of ``library`` over that of ``other`` in scenario ``name``."""
+        mine, theirs = self.by_key.get((library, name)), self.by_key.get((other, name))
+        if library == other or mine is None or theirs is None or theirs.throughput_rps == 0:
+            return None
+        return mine.throughput_rps / theirs.throughput_rps
 
     def scaling(self, library: str, one_name: str, two_name: str) -> Optional[float]:
         """Throughput of scenario ``two_name`` over that of ``one_name``."""
@@ -528,8 +597,14 @@ class Measures:
 Target = Tuple[str, Callable[[Measures, str], str]]
 
 CORE_TARGETS: Tuple[Target, ...] = (
-    ("thread, 64 clients: throughput >= 0.95 of ideal", lambda m, lib: _verdict(m.of_ideal(lib, "thread-64c"), 0.95, True)),
-    ("process 1 worker, 64 clients: >= 0.92 of ideal", lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c"), 0.92, True)),
+    (
+        "thread, 64 clients: throughput >= 0.95 of ideal",
+        lambda m, lib: _verdict(m.of_ideal(lib, "thread-64c"), 0.95, True),
+    ),
+    (
+        "process 1 worker, 64 clients: >= 0.92 of ideal",
+        lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c"), 0.92, True),
+    ),
     (
         "process, 128 clients: 2 workers >= 1.8x 1 worker",
         lambda m, lib: _verdict(m.scaling(lib, "proc1w-128c", "proc2w-128c"), 1.8, True),
@@ -610,7 +685,7 @@ def plan(args: argparse.Namespace, scenarios: Sequence[Scenario]) -> Tuple[Model
     chosen = _select(args.scenarios, scenarios)
     libraries = ["ours", "theirs"] if args.only == "both" else [args.only]
     specs = [
-        RunSpec(lib, scenario, cost, args.duration, args.warmup, args.request_timeout)
+        RunSpec(lib, scenario, scenario.cost(cost), args.duration, args.warmup, args.request_timeout)
         for scenario in chosen
         for lib in libraries  # alternate libraries, so drifting machine noise hits both alike
     ]
@@ -622,7 +697,8 @@ def header_line(cost: ModelCost, args: argparse.Namespace) -> str:
         f"batch {cost.batch_size}, fixed {cost.fixed_ms:g} ms, per-item {cost.per_item_ms:g} ms, "
         f"max_latency {cost.max_latency_s:g} s; ideal {cost.ideal_rps(1):.0f} req/s per worker; "
         f"model time for one item {cost.single_item_ms:g} ms; {args.duration:g} s measured after "
-        f"{args.warmup:g} s warm-up, {args.repeat} run(s) each; {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        f"{args.warmup:g} s warm-up, {args.repeat} run(s) each; "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
 
 

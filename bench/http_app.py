@@ -65,8 +65,9 @@ FIELD = "s"
 class BenchModel:
     """A batch function and what the benchmark needs to know about it."""
 
-    def __init__(self, name: str, predict: Callable[[List[Any]], Sequence[Any]], batch_ms: float,
-                 batch_size: int, detail: str) -> None:
+    def __init__(
+        self, name: str, predict: Callable[[List[Any]], Sequence[Any]], batch_ms: float, batch_size: int, detail: str
+    ) -> None:
         self.name = name
         self.predict = predict
         self.batch_ms = batch_ms  # device time of one full batch; 0 for the zero model
@@ -90,8 +91,13 @@ def load_model(name: str, batch_size: int) -> BenchModel:
 
         fixed_ms = _env_float("BENCH_HTTP_FIXED_MS", 10.0)
         per_item_ms = _env_float("BENCH_HTTP_PER_ITEM_MS", 0.2)
-        return BenchModel(name, sim.make_predict(fixed_ms, per_item_ms), fixed_ms + per_item_ms * batch_size,
-                          batch_size, f"sleep {fixed_ms:g} ms + {per_item_ms:g} ms/item under a device lock")
+        return BenchModel(
+            name,
+            sim.make_predict(fixed_ms, per_item_ms),
+            fixed_ms + per_item_ms * batch_size,
+            batch_size,
+            f"sleep {fixed_ms:g} ms + {per_item_ms:g} ms/item under a device lock",
+        )
     if name == "zero":
         return BenchModel(name, list, 0.0, batch_size, "returns its inputs at once")
     if name == "minilm":
@@ -113,10 +119,15 @@ def load_model(name: str, batch_size: int) -> BenchModel:
         import torch
 
         # The fastest call is the model's own time: on a shared machine, noise only adds.
-        return BenchModel(name, predict, min(timings), batch_size,
-                          f"all-MiniLM-L6-v2 on {model.device}, torch threads {torch.get_num_threads()}; "
-                          f"a batch of {batch_size} took {min(timings):.0f} ms at best, median "
-                          f"{statistics.median(timings):.0f}, worst {max(timings):.0f} (7 calls at start-up)")
+        return BenchModel(
+            name,
+            predict,
+            min(timings),
+            batch_size,
+            f"all-MiniLM-L6-v2 on {model.device}, torch threads {torch.get_num_threads()}; "
+            f"a batch of {batch_size} took {min(timings):.0f} ms at best, median "
+            f"{statistics.median(timings):.0f}, worst {max(timings):.0f} (7 calls at start-up)",
+        )
     raise ValueError(f"unknown BENCH_HTTP_MODEL {name!r}: sim, minilm or zero")
 
 

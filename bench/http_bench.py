@@ -108,8 +108,14 @@ _RESULT_LINE = re.compile(r"^BENCH_RESULT (\{.*\})\s*$", re.MULTILINE)
 def run_wrk(url: str, connections: int, duration_s: float, timeout_s: float, body: str) -> Tuple[Dict[str, Any], float]:
     """Run wrk once; its summary (from the Lua ``done`` hook) and its CPU seconds."""
     command = [
-        "wrk", "-t2", f"-c{connections}", f"-d{max(1, round(duration_s))}s", f"--timeout={max(1, round(timeout_s))}s",
-        "-s", LUA_SCRIPT, url,
+        "wrk",
+        "-t2",
+        f"-c{connections}",
+        f"-d{max(1, round(duration_s))}s",
+        f"--timeout={max(1, round(timeout_s))}s",
+        "-s",
+        LUA_SCRIPT,
+        url,
     ]
     env = dict(os.environ, BENCH_HTTP_BODY=body)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -151,7 +157,7 @@ def _cpu_ticks(root_pid: int) -> int:
                 stat = handle.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         pid = int(entry)
         children.setdefault(int(fields[1]), []).append(pid)
         ticks[pid] = int(fields[11]) + int(fields[12])
@@ -184,8 +190,21 @@ class Server:
         if kind == "gunicorn":
             threads = max(args.connections)  # one thread per connection, as the dev server has
             command = [
-                sys.executable, "-m", "gunicorn", "-w", "1", "-k", "gthread", "--threads", str(threads),
-                "--backlog", "2048", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-w",
+                "1",
+                "-k",
+                "gthread",
+                "--threads",
+                str(threads),
+                "--backlog",
+                "2048",
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--log-level",
+                "warning",
                 "bench.http_app:create_app()",
             ]
         else:
@@ -289,8 +308,11 @@ def measure(server: Server, endpoint: str, connections: int, args: argparse.Name
             best = result
         if (result.others_cpu or 0.0) <= args.max_others:
             break
-        print(f"    (others used {result.others_cpu:.0f}% of a core during /{endpoint}: again)", file=sys.stderr,
-              flush=True)
+        print(
+            f"    (others used {result.others_cpu:.0f}% of a core during /{endpoint}: again)",
+            file=sys.stderr,
+            flush=True,
+        )
     assert best is not None
     best.attempts = result.attempts
     return best
@@ -334,7 +356,9 @@ def measure_once(server: Server, endpoint: str, connections: int, args: argparse
     return result
 
 
-def run_session(kind: str, model: str, args: argparse.Namespace, log_dir: str, body: str) -> Tuple[List[WrkResult], Dict[str, Any]]:
+def run_session(
+    kind: str, model: str, args: argparse.Namespace, log_dir: str, body: str
+) -> Tuple[List[WrkResult], Dict[str, Any]]:
     """Start one server with one model, measure every endpoint at every
     connection count, stop it. The results and the server's ``/info``."""
     server = Server(kind, model, args, log_dir)
@@ -417,8 +441,11 @@ def verdict(stream: Optional[WrkResult], noop: Optional[WrkResult], ideal: Optio
     return f"{ratio:.3f}", mark
 
 
-def tables(summaries: Dict[Tuple[str, str, int, str], WrkResult], ideals: Dict[Tuple[str, str], Optional[float]],
-           args: argparse.Namespace) -> str:
+def tables(
+    summaries: Dict[Tuple[str, str, int, str], WrkResult],
+    ideals: Dict[Tuple[str, str], Optional[float]],
+    args: argparse.Namespace,
+) -> str:
     lines = [
         "| server | model | conns | ideal req/s | /noop (ceiling) | /naive | /stream | /ss_stream "
         "| /stream ÷ ceiling | /ss_stream ÷ ceiling | target: /stream ≥ 0.85 × ceiling |",
@@ -452,8 +479,10 @@ def tables(summaries: Dict[Tuple[str, str, int, str], WrkResult], ideals: Dict[T
                     if result is None:
                         continue
                     if result.failure:
-                        lines.append(f"| {kind} | {model} | {connections} | /{endpoint} | FAILED: {result.failure} "
-                                     "| | | | | | | | |")
+                        lines.append(
+                            f"| {kind} | {model} | {connections} | /{endpoint} | FAILED: {result.failure} "
+                            "| | | | | | | | |"
+                        )
                         continue
                     cpu_ms = None
                     if result.server_cpu is not None and result.rps:
@@ -488,24 +517,42 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="measured seconds per wrk run (default 8)")
     parser.add_argument("--warmup", type=float, help="seconds of unmeasured load before each run (default 1; 0: none)")
     parser.add_argument("--connections", help="comma-separated wrk connection counts (default 64,128)")
-    parser.add_argument("--servers", help=f"comma-separated, of {','.join(SERVERS)} (default dev,gevent,gevent-patched)")
+    parser.add_argument(
+        "--servers", help=f"comma-separated, of {','.join(SERVERS)} (default dev,gevent,gevent-patched)"
+    )
     parser.add_argument("--model", dest="models", help=f"comma-separated, of {','.join(MODELS)} (default sim,minilm)")
-    parser.add_argument("--endpoints", help=f"comma-separated, of {','.join(ENDPOINTS)} (default: all but core_stream, a diagnostic)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 2 s runs, 0.5 s warm-up, sim only, 128 connections (explicit options win)")
+    parser.add_argument(
+        "--endpoints", help=f"comma-separated, of {','.join(ENDPOINTS)} (default: all but core_stream, a diagnostic)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2 s runs, 0.5 s warm-up, sim only, 128 connections (explicit options win)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-latency", type=float, default=0.1, help="seconds, both libraries (default 0.1)")
     parser.add_argument("--fixed-ms", type=float, default=10.0, help="sim: ms per batch (default 10)")
     parser.add_argument("--per-item-ms", type=float, default=0.2, help="sim: ms per item (default 0.2)")
     parser.add_argument("--wrk-timeout", type=float, default=10.0, help="wrk's --timeout in seconds (default 10)")
-    parser.add_argument("--max-others", type=float, default=30.0,
-                        help="%% of one core other processes may use during a run before it is taken again (default 30)")
+    parser.add_argument(
+        "--max-others",
+        type=float,
+        default=30.0,
+        help="%% of one core other processes may use during a run before it is taken again (default 30)",
+    )
     parser.add_argument("--retries", type=int, default=2, help="times a disturbed run is taken again (default 2)")
-    parser.add_argument("--quiet-wait", type=float, default=60.0,
-                        help="seconds to wait at most, before each run, for the machine to be quiet (default 60; 0: never)")
-    parser.add_argument("--gevent-nagle", action="store_true",
-                        help="leave Nagle's algorithm on for gevent's connections, as WSGIServer does by default "
-                        "(a ~40 ms stall per keep-alive response; see the README)")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait at most, before each run, for the machine to be quiet (default 60; 0: never)",
+    )
+    parser.add_argument(
+        "--gevent-nagle",
+        action="store_true",
+        help="leave Nagle's algorithm on for gevent's connections, as WSGIServer does by default "
+        "(a ~40 ms stall per keep-alive response; see the README)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON here")
     parser.add_argument("--from-json", metavar="PATH", help="print the tables of a run saved with --json, and exit")
     args = parser.parse_args(argv)
@@ -514,7 +561,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args.duration = args.duration or (2.0 if quick else 8.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if quick else 1.0)
     try:
-        args.connections = [int(c) for c in (args.connections or ("128" if quick else "64,128")).split(",") if c.strip()]
+        args.connections = [
+            int(c) for c in (args.connections or ("128" if quick else "64,128")).split(",") if c.strip()
+        ]
         args.servers = _list(args.servers or "dev,gevent,gevent-patched", SERVERS, "--servers")
         args.models = _list(args.models or ("sim" if quick else "sim,minilm"), MODELS, "--model")
         args.endpoints = _list(args.endpoints or ",".join(DEFAULT_ENDPOINTS), ENDPOINTS, "--endpoints")
@@ -525,14 +574,20 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def report(args: argparse.Namespace, header: str, runs: Dict[Tuple[str, str, int, str], List[WrkResult]],
-           infos: Dict[Tuple[str, str], List[Dict[str, Any]]]) -> str:
+def report(
+    args: argparse.Namespace,
+    header: str,
+    runs: Dict[Tuple[str, str, int, str], List[WrkResult]],
+    infos: Dict[Tuple[str, str], List[Dict[str, Any]]],
+) -> str:
     """The tables (markdown) and the models' notes, from every run."""
     summaries = {key: summarize(value) for key, value in runs.items()}
     # One ideal per model: the median over every server start (MiniLM is timed at each).
     ideals: Dict[Tuple[str, str], Optional[float]] = {}
     for model in args.models:
-        values = [info["ideal_rps"] for (_, m), seen in infos.items() if m == model for info in seen if info.get("ideal_rps")]
+        values = [
+            info["ideal_rps"] for (_, m), seen in infos.items() if m == model for info in seen if info.get("ideal_rps")
+        ]
         for kind in args.servers:
             ideals[(kind, model)] = statistics.median(values) if values else None
     details = []
@@ -543,14 +598,22 @@ def report(args: argparse.Namespace, header: str, runs: Dict[Tuple[str, str, int
         line = f"{model}: {seen[0]['model_detail']}"
         batch_ms = [info["batch_ms"] for info in seen]
         if len(set(batch_ms)) > 1:  # timed at every start: say how much that varied
-            line += (f"; over the {len(seen)} server starts, the best batch time ranged "
-                     f"{min(batch_ms):.0f}-{max(batch_ms):.0f} ms (ideal from the median)")
+            line += (
+                f"; over the {len(seen)} server starts, the best batch time ranged "
+                f"{min(batch_ms):.0f}-{max(batch_ms):.0f} ms (ideal from the median)"
+            )
         details.append(line)
     return "\n".join([header, "", tables(summaries, ideals, args), ""] + [f"* {line}" for line in details])
 
 
-def _from_json(path: str) -> Tuple[argparse.Namespace, str, Dict[Tuple[str, str, int, str], List[WrkResult]],
-                                   Dict[Tuple[str, str], List[Dict[str, Any]]]]:
+def _from_json(
+    path: str,
+) -> Tuple[
+    argparse.Namespace,
+    str,
+    Dict[Tuple[str, str, int, str], List[WrkResult]],
+    Dict[Tuple[str, str], List[Dict[str, Any]]],
+]:
     """What ``--json`` wrote, to print its tables again."""
     with open(path) as handle:
         document = json.load(handle)
@@ -590,7 +653,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for number in range(1, args.repeat + 1):
             for kind in args.servers:
                 for model in args.models:
-                    print(f"[run {number}/{args.repeat}] {SERVER_LABELS[kind]}, model {model}", file=sys.stderr, flush=True)
+                    print(
+                        f"[run {number}/{args.repeat}] {SERVER_LABELS[kind]}, model {model}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     results, info = run_session(kind, model, args, log_dir, body)
                     for result in results:
                         runs.setdefault((kind, model, result.connections, result.endpoint), []).append(result)
@@ -606,9 +673,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
-            json.dump({"header": header, "args": vars(args),
-                       "infos": {f"{k[0]}/{k[1]}": v for k, v in infos.items()},
-                       "runs": [asdict(run) for value in runs.values() for run in value]}, handle, indent=2)
+            json.dump(
+                {
+                    "header": header,
+                    "args": vars(args),
+                    "infos": {f"{k[0]}/{k[1]}": v for k, v in infos.items()},
+                    "runs": [asdict(run) for value in runs.values() for run in value],
+                },
+                handle,
+                indent=2,
+            )
     return 0
 
 
