@@ -222,12 +222,14 @@ class _ProcessBackend(Backend):
         if kind == "done":
             self._on_done(slot, message[1], message[2])
         elif kind == "ready":
+            # The line is written before wait_ready() can return: once it
+            # says ready, the log says so too.
+            config = self._config
+            line = ready_line(message[2], config.batch_size, config.max_latency)
+            logger.info("worker %d (pid %d): %s", slot.index, message[1], line)
             with self._lock:
                 slot.state, slot.start_failures, slot.pid = "ready", 0, message[1]
                 self._changed.notify_all()
-            config = self._config
-            line = ready_line(message[2], config.batch_size, config.max_latency)
-            logger.info("worker %d (pid %d): %s", slot.index, slot.pid, line)
             self._scheduler.add_slot()
         elif kind == "init_error":
             error = decode_exception(message[1])
