@@ -21,7 +21,8 @@ django_streamer.E006    ``CUDA_DEVICES`` is not a list of device indexes or GPU 
 django_streamer.E007    the redis backend without ``REDIS_URL``, or a malformed one
 django_streamer.E008    an unknown key in ``STREAMER`` or in a model's entry (a typo)
 django_streamer.E009    another option is wrong: ``PREFIX``, ``CODEC``, ``INIT_ARGS``,
-                        ``INIT_KWARGS``
+                        ``INIT_KWARGS``, ``ITEM_COST``, ``MAX_BATCH_COST``,
+                        ``BATCH_COST``
 django_streamer.E010    a batched view names a model that ``STREAMER["MODELS"]`` lacks
 ======================  =================================================================
 

@@ -67,6 +67,9 @@ DEFAULTS: Dict[str, Tuple[str, Any]] = {
     "CUDA_DEVICES": ("cuda_devices", None),
     "REDIS_URL": ("redis_url", None),
     "CODEC": ("codec", "msgpack"),
+    "ITEM_COST": ("item_cost", None),
+    "MAX_BATCH_COST": ("max_batch_cost", None),
+    "BATCH_COST": ("batch_cost", "max"),
 }
 
 #: Keys only a model's own entry may hold.

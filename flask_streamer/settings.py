@@ -1,19 +1,22 @@
 """The ``STREAMER_*`` settings in ``app.config``, their defaults and checks.
 
-==========================  ==============  ==============================================
-setting                     default         meaning
-==========================  ==============  ==============================================
-``STREAMER_BACKEND``        ``"thread"``    ``"thread"``, ``"process"`` or ``"redis"``
-``STREAMER_BATCH_SIZE``     ``64``          the most inputs in one model call
-``STREAMER_MAX_LATENCY``    ``0.1``         seconds the oldest input may wait for companions
-``STREAMER_WORKER_NUM``     ``1``           worker processes per route (process, redis)
-``STREAMER_CUDA_DEVICES``   ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
-``STREAMER_REDIS_URL``      ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
-``STREAMER_PREFIX``         ``app.name``    names this app's Redis keys (web and workers agree)
-``STREAMER_TIMEOUT``        ``20.0``        seconds a request may wait for its result (then 504)
-``STREAMER_MAX_QUEUE``      ``None``        inputs queued per route before 503; None: no limit
-``STREAMER_CODEC``          ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
-==========================  ==============  ==============================================
+===========================  ==============  ==============================================
+setting                      default         meaning
+===========================  ==============  ==============================================
+``STREAMER_BACKEND``         ``"thread"``    ``"thread"``, ``"process"`` or ``"redis"``
+``STREAMER_BATCH_SIZE``      ``64``          the most inputs in one model call
+``STREAMER_MAX_LATENCY``     ``0.1``         seconds the oldest input may wait for companions
+``STREAMER_WORKER_NUM``      ``1``           worker processes per route (process, redis)
+``STREAMER_CUDA_DEVICES``    ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
+``STREAMER_REDIS_URL``       ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
+``STREAMER_PREFIX``          ``app.name``    names this app's Redis keys (web and workers agree)
+``STREAMER_TIMEOUT``         ``20.0``        seconds a request may wait for its result (then 504)
+``STREAMER_MAX_QUEUE``       ``None``        inputs queued per route before 503; None: no limit
+``STREAMER_CODEC``           ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
+``STREAMER_ITEM_COST``       ``None``        a function of one input (or its import path) giving its cost
+``STREAMER_MAX_BATCH_COST``  ``None``        the most one batch may cost; None: no limit but the size
+``STREAMER_BATCH_COST``      ``"max"``       ``"max"``: length times the costliest input; ``"sum"``
+===========================  ==============  ==============================================
 
 Every route may override any of them by the keyword of the same name
 (``batch_size=8``, ``redis_url=...``). The Redis keys of a route are
@@ -46,6 +49,9 @@ DEFAULTS: Dict[str, Any] = {
     "timeout": DEFAULT_TIMEOUT,
     "max_queue": None,
     "codec": "msgpack",
+    "item_cost": None,
+    "max_batch_cost": None,
+    "batch_cost": "max",
 }
 
 #: The settings a route may override (every one): a route's ``prefix`` is

@@ -22,6 +22,7 @@ from .config import BatchingConfig
 from .errors import (
     BatchLengthError,
     BrokerUnavailableError,
+    ItemCostError,
     NoWorkerError,
     QueueFullError,
     RemoteError,
@@ -60,6 +61,7 @@ __all__ = [
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",
+    "ItemCostError",
     "RemoteError",
     "RemoteTraceback",
 ]

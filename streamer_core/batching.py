@@ -57,6 +57,9 @@ _COMEBACK_DECAY = 0.9
 # At most this share of a batch's time is spent waiting for callers known to
 # come back: a batch run without them would make them wait a whole batch.
 _COMEBACK_SHARE = 1.0
+# A batch shaped by cost is chosen among the next this many batches' worth of
+# waiting inputs: enough to find like companions, few enough to sort each time.
+_SHAPING_WINDOW = 8
 # Slack on top of a call's deadline before ``BatchFuture.result()`` gives up on
 # its own; the dispatcher normally fails an overdue call right at the deadline.
 _RESULT_GRACE = 1.0
@@ -206,14 +209,21 @@ class _Item:
     """One input of a task, queued for the model. ``value`` is what the backend
     sends to its worker (the input itself, or its pickle)."""
 
-    __slots__ = ("task", "index", "value", "arrival", "crashes")
+    __slots__ = ("task", "index", "value", "arrival", "crashes", "cost")
 
-    def __init__(self, task: _Task, index: int, value: Any, arrival: float) -> None:
+    def __init__(self, task: _Task, index: int, value: Any, arrival: float, cost: float = 1.0) -> None:
         self.task = task
         self.index = index
         self.value = value
         self.arrival = arrival
         self.crashes = 0
+        self.cost = cost
+
+
+def batch_cost(rule: str, costs: Sequence[float]) -> float:
+    """What a batch of inputs of these ``costs`` costs: its length times the
+    costliest (``"max"``: the model pads to the longest) or their sum."""
+    return len(costs) * max(costs) if rule == "max" else float(sum(costs))
 
 
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
@@ -372,21 +382,25 @@ class Scheduler:
         self._busy = 0  # workers holding one batch (room for a full one more)
         self._in_flight = 0  # batches handed out and not yet done or lost
         self._policy = HoldPolicy(config.max_latency)
+        self._shaped = config.shapes_by_cost
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
 
     # -- the callers' side -------------------------------------------------
 
-    def put(self, values: Sequence[Any], timeout: float) -> BatchFuture:
-        """Queue one call's inputs (already encoded by the backend)."""
+    def put(self, values: Sequence[Any], timeout: float, costs: Optional[Sequence[float]] = None) -> BatchFuture:
+        """Queue one call's inputs (already encoded by the backend), with
+        their costs when the streamer has an ``item_cost``."""
         future = BatchFuture()
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout
         task = _Task(future, n, timeout)
-        if n == 1:
-            items: Sequence[_Item] = (_Item(task, 0, values[0], now),)
+        if costs is not None:
+            items: Sequence[_Item] = [_Item(task, i, v, now, c) for i, (v, c) in enumerate(zip(values, costs))]
+        elif n == 1:
+            items = (_Item(task, 0, values[0], now),)
         else:
             items = [_Item(task, i, v, now) for i, v in enumerate(values)]
         cond = self._cond
@@ -409,7 +423,7 @@ class Scheduler:
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
             due = self._policy.arrived(n, now)
-            full = len(queue) >= self._config.batch_size
+            full = len(queue) >= self._config.batch_size or (self._shaped and self._over_budget())
             if (self._idle > 0 and (was_empty or due == 0 or full)) or (full and self._busy > 0):
                 cond.notify()
         return future
@@ -435,7 +449,7 @@ class Scheduler:
                         return batch, 0
                     wake = min(wake, hold_until)
                 elif self._busy > 0 and self._full_batch_waiting():
-                    batch = self._pop(self._config.batch_size)
+                    batch = self._take()
                     if batch:
                         self._handed(1)
                         return batch, 1
@@ -460,7 +474,18 @@ class Scheduler:
         return queue
 
     def _full_batch_waiting(self) -> bool:
-        return len(self._skip_given_up()) >= self._config.batch_size
+        queue = self._skip_given_up()
+        return len(queue) >= self._config.batch_size or (self._shaped and bool(queue) and self._over_budget())
+
+    def _over_budget(self) -> bool:
+        """Whether the queued inputs are more than one batch's budget: a batch
+        is as full as it can be. Called only with fewer than ``batch_size``
+        inputs queued, so it looks at fewer than ``batch_size``."""
+        budget = self._config.max_batch_cost
+        if budget is None:
+            return False
+        live = [item.cost for item in self._queue if item.task.live()]
+        return bool(live) and batch_cost(self._config.batch_cost, live) > budget
 
     def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
         """With a free worker: the batch to run now, or when to look again."""
@@ -473,13 +498,59 @@ class Scheduler:
         if not queue:
             self._dead = 0
             return None, float("inf")
-        size = self._config.batch_size
-        if len(queue) >= size or self._closing:
-            return self._pop(size), now
+        if len(queue) >= self._config.batch_size or self._closing or (self._shaped and self._over_budget()):
+            return self._take(), now
         hold_until = self._policy.hold_until(queue[0].arrival, now)
         if now >= hold_until:
-            return self._pop(size), now
+            return self._take(), now
         return None, hold_until
+
+    def _take(self) -> List[_Item]:
+        """The next batch: the oldest inputs, or shaped by cost."""
+        if self._shaped:
+            return self._pop_shaped()
+        return self._pop(self._config.batch_size)
+
+    def _pop_shaped(self) -> List[_Item]:
+        """A batch led by the oldest waiting input, filled from the next
+        ``_SHAPING_WINDOW`` batches' worth of waiting inputs with those
+        closest to it in cost (all of them in arrival order without an
+        ``item_cost``), within ``batch_size`` and ``max_batch_cost``. The
+        oldest input always goes, so none waits behind a stream of others."""
+        config = self._config
+        queue = self._skip_given_up()
+        if not queue:
+            return []
+        first = queue.popleft()
+        budget = config.max_batch_cost
+        if budget is not None and first.cost > budget:
+            return [first]  # over the budget by itself: it runs alone
+        window: List[_Item] = []
+        room = _SHAPING_WINDOW * config.batch_size
+        while queue and len(window) < room:
+            item = queue.popleft()
+            if item.task.live():
+                window.append(item)
+        order: Sequence[int] = range(len(window))
+        if config.item_cost is not None:
+            lead = first.cost
+            order = sorted(order, key=lambda i: abs(window[i].cost - lead))  # stable: ties by arrival
+        batch, taken = [first], set()
+        padded = config.batch_cost == "max"
+        top = total = first.cost
+        for i in order:
+            if len(batch) >= config.batch_size:
+                break
+            cost = window[i].cost
+            if budget is not None:
+                after = (len(batch) + 1) * max(top, cost) if padded else total + cost
+                if after > budget:
+                    continue  # a cheaper one further on may still fit
+            batch.append(window[i])
+            taken.add(i)
+            top, total = max(top, cost), total + cost
+        queue.extendleft(reversed([item for i, item in enumerate(window) if i not in taken]))
+        return batch
 
     def _pop(self, size: int) -> List[_Item]:
         queue = self._queue

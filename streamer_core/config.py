@@ -9,8 +9,9 @@ message that says how to fix it, not at the first request.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 __all__ = ["BatchingConfig", "DeviceId"]
 
@@ -22,6 +23,8 @@ DeviceId = Union[int, str]
 
 DEFAULT_MAX_LATENCY = 0.1
 DEFAULT_TIMEOUT = 20.0
+#: How a batch's cost follows from its inputs' costs (``batch_cost``).
+BATCH_COST_RULES = ("max", "sum")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -40,6 +43,16 @@ def _check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {seconds!r}")
     return seconds
+
+
+def check_cost(name: str, value: Any) -> float:
+    """A cost: a finite number > 0 (an int, a float, a NumPy scalar)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {value!r} ({type(value).__name__})")
+    cost = float(value)
+    if not math.isfinite(cost) or cost <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return cost
 
 
 def check_devices(name: str, devices: Optional[Sequence[DeviceId]]) -> Optional[Tuple[DeviceId, ...]]:
@@ -81,6 +94,20 @@ class BatchingConfig:
     isolate_errors
         When the model raises on a batch, re-run halves of it to find the
         items that fail, so only their callers get the exception.
+    item_cost
+        A function of one input returning its cost, a positive number (a
+        text's token count, an image's pixels). When set, a batch starts with
+        the oldest waiting input and fills with the waiting inputs closest to
+        it in cost, so that inputs of like cost run together. It runs in the
+        caller's thread, before the input is queued.
+    max_batch_cost
+        The most one batch may cost; ``None``: no limit but ``batch_size``.
+        An input whose own cost is over it runs alone. Without ``item_cost``
+        each input costs 1.
+    batch_cost
+        How a batch's cost follows from its inputs': ``"max"`` (its length
+        times its costliest input: what a model that pads its batch pays) or
+        ``"sum"`` (for a model that does not pad).
     """
 
     batch_size: int
@@ -88,6 +115,9 @@ class BatchingConfig:
     timeout: float = DEFAULT_TIMEOUT
     max_queue: Optional[int] = None
     isolate_errors: bool = True
+    item_cost: Optional[Callable[[Any], float]] = None
+    max_batch_cost: Optional[float] = None
+    batch_cost: str = "max"
 
     def __post_init__(self) -> None:
         _check_int("batch_size", self.batch_size, 1)
@@ -97,6 +127,22 @@ class BatchingConfig:
             _check_int("max_queue", self.max_queue, 1)
         if not isinstance(self.isolate_errors, bool):
             raise TypeError(f"isolate_errors must be True or False, got {self.isolate_errors!r}")
+        if self.item_cost is not None and not callable(self.item_cost):
+            raise TypeError(
+                f"item_cost must be a function of one input returning a positive number, got {self.item_cost!r}"
+            )
+        if self.max_batch_cost is not None:
+            object.__setattr__(self, "max_batch_cost", check_cost("max_batch_cost", self.max_batch_cost))
+        if self.batch_cost not in BATCH_COST_RULES:
+            raise ValueError(
+                f"batch_cost must be 'max' (length times the costliest input: a padding model) "
+                f"or 'sum' (the inputs' costs added), got {self.batch_cost!r}"
+            )
+
+    @property
+    def shapes_by_cost(self) -> bool:
+        """Whether batches are shaped by cost at all (else: first in, first out, by count)."""
+        return self.item_cost is not None or self.max_batch_cost is not None
 
     def call_timeout(self, timeout: Optional[float]) -> float:
         """The timeout of one call: its own, validated, or the configured one."""

@@ -21,6 +21,7 @@ __all__ = [
     "WorkerDiedError",
     "BatchLengthError",
     "SerializationError",
+    "ItemCostError",
     "RemoteError",
     "RemoteTraceback",
 ]
@@ -78,6 +79,12 @@ class BatchLengthError(StreamerError):
 
 class SerializationError(StreamerError, TypeError):
     """A value could not be sent between processes (it cannot be pickled)."""
+
+
+class ItemCostError(StreamerError, ValueError):
+    """``item_cost`` raised for an input of this call, or did not return a
+    positive number; the call was not queued (HTTP 400: it is the input that
+    cannot be costed). The function's own exception is ``__cause__``."""
 
 
 class RemoteError(StreamerError):

@@ -25,6 +25,7 @@ import traceback
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from .errors import (
+    ItemCostError,
     QueueFullError,
     RemoteTraceback,
     StreamerClosedError,
@@ -98,6 +99,8 @@ def status_for(exc: BaseException) -> int:
     hook, and an output that cannot, by the model."""
     if isinstance(exc, InvalidInput):
         return exc.status
+    if isinstance(exc, ItemCostError):
+        return 400  # the input could not be costed: the client's to fix
     if isinstance(exc, StreamerTimeoutError):
         return 504
     if isinstance(exc, (UnavailableError, StreamerClosedError)):

@@ -22,7 +22,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, DeviceId, _check_int, _check_seconds
+from .config import (
+    BATCH_COST_RULES,
+    DEFAULT_MAX_LATENCY,
+    DEFAULT_TIMEOUT,
+    DeviceId,
+    _check_int,
+    _check_seconds,
+    check_cost,
+)
 from .errors import StreamerError, WorkerStartError
 from .managed_model import ManagedModel, load_predict
 from .streamer import BaseStreamer, callable_name
@@ -86,6 +94,9 @@ class ModelSpec:
     init_args: Tuple[Any, ...] = ()
     init_kwargs: Dict[str, Any] = field(default_factory=dict)
     codec: str = "msgpack"
+    item_cost: Any = None  # a function of one input, or its import path ("myapp.ml:token_count")
+    max_batch_cost: Optional[float] = None
+    batch_cost: str = "max"
 
     def problems(self, setting: Callable[[str], str] = str) -> List[Problem]:
         """Every wrong value, each message naming the setting to change
@@ -135,6 +146,7 @@ class ModelSpec:
                 "option",
                 f"must be 'msgpack' or 'pickle' (pickle only with a trusted broker), got {self.codec!r}",
             )
+        found.extend(self._cost_problems(setting))
         if not isinstance(self.init_args, (tuple, list)):
             add("init_args", "option", f"must be a list of arguments for init_model, got {self.init_args!r}")
         if not isinstance(self.init_kwargs, dict):
@@ -142,6 +154,62 @@ class ModelSpec:
                 "init_kwargs", "option", f"must be a dict of keyword arguments for init_model, got {self.init_kwargs!r}"
             )
         return found
+
+    def _cost_problems(self, setting: Callable[[str], str]) -> List[Problem]:
+        found = []
+        if self.item_cost is not None:
+            try:
+                self.cost_function()
+            except ValueError as exc:
+                found.append(Problem("item_cost", "option", f"{setting('item_cost')} {exc}"))
+        if self.max_batch_cost is not None:
+            try:
+                check_cost("", self.max_batch_cost)
+            except (TypeError, ValueError):
+                found.append(
+                    Problem(
+                        "max_batch_cost",
+                        "option",
+                        f"{setting('max_batch_cost')} must be a finite number > 0 (the most one batch may cost, "
+                        f"in item_cost's units), or None for no limit; got {self.max_batch_cost!r}",
+                    )
+                )
+        if self.batch_cost not in BATCH_COST_RULES:
+            found.append(
+                Problem(
+                    "batch_cost",
+                    "option",
+                    f"{setting('batch_cost')} must be 'max' (length times the costliest input, for a model "
+                    f"that pads its batch) or 'sum'; got {self.batch_cost!r}",
+                )
+            )
+        if self.backend == "redis":
+            for name in ("item_cost", "max_batch_cost"):
+                if getattr(self, name) is not None:
+                    found.append(
+                        Problem(
+                            name,
+                            "option",
+                            f"{setting(name)} is not supported by the redis backend yet (its workers shape "
+                            "batches by count): leave it unset, or use the thread or process backend",
+                        )
+                    )
+        return found
+
+    def cost_function(self) -> Optional[Callable[[Any], float]]:
+        """``item_cost`` as a function (imported when given as a path);
+        raises ``ValueError`` saying what is wrong with it."""
+        cost = self.item_cost
+        if isinstance(cost, str):
+            from .cli import import_target
+
+            try:
+                cost = import_target(cost)
+            except ValueError as exc:
+                raise ValueError(f"is {self.item_cost!r}, which does not import: {exc}") from None
+        if cost is not None and (isinstance(cost, type) or not callable(cost)):
+            raise ValueError(f"must be a function of one input returning a positive number, got {cost!r}")
+        return cost
 
     def check(self, setting: Callable[[str], str] = str) -> ModelSpec:
         """Raise :class:`ConfigurationError` listing every problem; return self."""
@@ -158,6 +226,10 @@ class ModelSpec:
         from .backends.thread import ThreadedStreamer
 
         common: Dict[str, Any] = dict(timeout=self.timeout, max_queue=self.max_queue)
+        if self.backend != "redis":
+            common.update(
+                item_cost=self.cost_function(), max_batch_cost=self.max_batch_cost, batch_cost=self.batch_cost
+            )
         devices = parse_devices(self.cuda_devices)
         if self.backend == "thread":
             predict = self.model

@@ -14,11 +14,11 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 from .batching import BatchFuture, Scheduler, _Item
-from .config import BatchingConfig
-from .errors import StreamerClosedError, StreamerError
+from .config import BatchingConfig, check_cost
+from .errors import ItemCostError, StreamerClosedError, StreamerError
 
 __all__ = ["BaseStreamer", "Backend"]
 
@@ -61,6 +61,25 @@ class Backend:
         """Stop every worker, by ``deadline`` (a ``time.monotonic()`` value) if
         they do not stop by themselves."""
         raise NotImplementedError
+
+
+def item_costs(item_cost: Callable[[Any], float], inputs: List[Any]) -> List[float]:
+    """The cost of each input, by ``item_cost``. Raises :class:`ItemCostError`
+    naming the input at fault when it raises or returns anything but a
+    positive number: that call is refused, no other is touched."""
+    costs = []
+    for index, value in enumerate(inputs):
+        try:
+            cost = item_cost(value)
+        except Exception as exc:
+            raise ItemCostError(
+                f"item_cost {callable_name(item_cost)} raised {type(exc).__name__} for input {index}: {exc}"
+            ) from exc
+        try:
+            costs.append(check_cost(f"item_cost {callable_name(item_cost)} of input {index}", cost))
+        except (TypeError, ValueError) as exc:
+            raise ItemCostError(str(exc)) from None
+    return costs
 
 
 class _Engine:
@@ -145,16 +164,18 @@ class BaseStreamer:
             )
         if engine.closed:
             raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
+        inputs = batch if isinstance(batch, list) else list(batch)
+        costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
         if engine.backend.copies_inputs:
             encode = engine.backend.encode
-            values = [encode(value, index) for index, value in enumerate(batch)]
+            values = [encode(value, index) for index, value in enumerate(inputs)]
         else:
-            values = batch if isinstance(batch, list) else list(batch)
+            values = inputs
         if not values:
             future = BatchFuture()
             future.set_result([])
             return future
-        return engine.scheduler.put(values, call_timeout)
+        return engine.scheduler.put(values, call_timeout, costs)
 
     def predict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
         """Run ``batch`` through the model and return its results in order;

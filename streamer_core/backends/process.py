@@ -33,7 +33,7 @@ import signal
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
@@ -407,7 +407,8 @@ class Streamer(BaseStreamer):
 
     Batching options as for :class:`ThreadedStreamer` (``batch_size``,
     ``max_latency`` in seconds, and keyword-only ``timeout``, ``max_queue``,
-    ``isolate_errors``), plus ``max_item_crashes`` (default 2): a worker that
+    ``isolate_errors``, ``item_cost``, ``max_batch_cost``, ``batch_cost``;
+    ``item_cost`` runs in this process, so it need not pickle), plus ``max_item_crashes`` (default 2): a worker that
     dies mid-batch is restarted and its inputs are run again one by one; an
     input that has been in this many batches whose worker died fails with
     :class:`WorkerDiedError` instead of killing more workers.
@@ -430,9 +431,14 @@ class Streamer(BaseStreamer):
         timeout: float = DEFAULT_TIMEOUT,
         max_queue: Optional[int] = None,
         isolate_errors: bool = True,
+        item_cost: Optional[Callable[[Any], float]] = None,
+        max_batch_cost: Optional[float] = None,
+        batch_cost: str = "max",
         max_item_crashes: int = 2,
     ) -> None:
-        config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)
+        config = BatchingConfig(
+            batch_size, max_latency, timeout, max_queue, isolate_errors, item_cost, max_batch_cost, batch_cost
+        )
         _check_int("worker_num", worker_num, 1)
         _check_int("max_item_crashes", max_item_crashes, 1)
         devices = check_devices("cuda_devices", cuda_devices)

@@ -105,7 +105,9 @@ class ThreadedStreamer(BaseStreamer):
     are coming. Keyword-only options: ``timeout`` (seconds a call may take,
     default 20), ``max_queue`` (refuse calls past this many queued inputs,
     default no limit), ``isolate_errors`` (default True: when the model raises,
-    only the inputs that cause it fail).
+    only the inputs that cause it fail), and ``item_cost``, ``max_batch_cost``
+    and ``batch_cost`` to shape batches by what their inputs cost (a text's
+    tokens, say) rather than by count alone: see :class:`BatchingConfig`.
 
     Same signature as service_streamer's ``ThreadedStreamer``.
     """
@@ -119,6 +121,9 @@ class ThreadedStreamer(BaseStreamer):
         timeout: float = DEFAULT_TIMEOUT,
         max_queue: Optional[int] = None,
         isolate_errors: bool = True,
+        item_cost: Optional[Callable[[Any], float]] = None,
+        max_batch_cost: Optional[float] = None,
+        batch_cost: str = "max",
     ) -> None:
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
@@ -128,7 +133,9 @@ class ThreadedStreamer(BaseStreamer):
             )
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
-        config = BatchingConfig(batch_size, max_latency, timeout, max_queue, isolate_errors)
+        config = BatchingConfig(
+            batch_size, max_latency, timeout, max_queue, isolate_errors, item_cost, max_batch_cost, batch_cost
+        )
         super().__init__(config, _ThreadBackend(predict, isolate_errors))
         facts = model_facts(predict, None)
         logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))

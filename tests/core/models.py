@@ -41,6 +41,12 @@ def batch_info(batch: List[Any]) -> List[Any]:
     return [(x, len(batch), os.getpid()) for x in batch]
 
 
+def with_batch(batch: List[Any]) -> List[Any]:
+    """Each input with the whole batch it was in, so a test can tell the batches apart."""
+    time.sleep(0.005)
+    return [(x, list(batch)) for x in batch]
+
+
 def kill_self_on_poison(batch: List[str]) -> List[str]:
     time.sleep(0.02)
     if "poison" in batch:

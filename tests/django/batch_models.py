@@ -25,6 +25,19 @@ def sizes(batch: List[Any]) -> List[Any]:
     return [[x, len(batch)] for x in batch]
 
 
+def with_batch(batch: List[Any]) -> List[Any]:
+    """``[x, the whole batch]`` per input."""
+    time.sleep(0.005)
+    return [[x, list(batch)] for x in batch]
+
+
+def text_cost(text: Any) -> int:
+    """An ``ITEM_COST``: a text's length; anything else cannot be costed."""
+    if not isinstance(text, str):
+        raise TypeError(f"expected a text, got {type(text).__name__}")
+    return len(text)
+
+
 def slow(batch: List[Any]) -> List[Any]:
     """Takes longer than the tests' short TIMEOUT."""
     time.sleep(1.0)

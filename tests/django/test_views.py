@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict
 
 import pytest
@@ -206,3 +207,32 @@ def test_a_batch_in_hand_when_the_program_ends_is_finished_and_answered(commands
     (tmp_path / "hold").unlink()
     assert program.wait(30) == 0, commands.log(program)
     assert "ANSWERED [42]" in commands.log(program), f"the batch in hand at exit was cut off: {commands.log(program)}"
+
+
+def test_a_cost_budget_shapes_the_batches_and_an_input_without_a_cost_is_400(streamer_settings):
+    """``ITEM_COST`` as an import path, ``MAX_BATCH_COST`` and ``BATCH_COST``:
+    no batch goes over the budget, and an input that cannot be costed is the
+    client's error (400), refused before it reaches the model."""
+    streamer_settings(
+        {
+            "sizes": {
+                "MODEL": "tests.django.batch_models.with_batch",
+                "ITEM_COST": "tests.django.batch_models.text_cost",
+                "MAX_BATCH_COST": 12,
+                "BATCH_COST": "sum",
+                "MAX_LATENCY": 0.02,
+            },
+            "double": {"MODEL": "tests.django.batch_models.double"},
+        }
+    )
+    texts = ["x" * (1 + i % 6) for i in range(48)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda t: post(Client(), "/asizes", {"x": t}).json(), texts))
+    assert [x for x, _ in answers] == texts
+    for _, batch in answers:
+        assert len(batch) == 1 or sum(map(len, batch)) <= 12, f"over the budget: {batch}"
+    assert max(len(batch) for _, batch in answers) > 1, "nothing was ever batched"
+    response = post(Client(), "/asizes", {"x": 7})
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["type"] == "ItemCostError" and "expected a text, got int" in error["message"]

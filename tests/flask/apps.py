@@ -31,6 +31,18 @@ def sized(batch: List[Any]) -> List[Dict[str, Any]]:
     return [{"x": x, "n": len(batch)} for x in batch]
 
 
+def with_batch(batch: List[Any]) -> List[Dict[str, Any]]:
+    """Each input with the whole batch it ran in."""
+    return [{"x": x, "batch": list(batch)} for x in batch]
+
+
+def text_cost(text: Any) -> int:
+    """An ``item_cost``: a text's length; anything but a text cannot be costed."""
+    if not isinstance(text, str):
+        raise TypeError(f"expected a text, got {type(text).__name__}")
+    return len(text)
+
+
 def fail_on_boom(batch: List[Any]) -> List[str]:
     """Raises for any batch holding ``"boom"``; the other inputs get ``ok:<x>``."""
     if "boom" in batch:

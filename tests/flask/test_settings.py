@@ -16,7 +16,7 @@ from flask import Flask
 import flask_streamer.settings
 from flask_streamer import DEFAULTS, ConfigurationError, FlaskStreamer
 from streamer_core import ThreadedStreamer
-from tests.flask.apps import double, sized
+from tests.flask.apps import double, sized, text_cost, with_batch
 from tests.flask.conftest import error_of, queue_behind_hold, spec_of
 
 #: The settings the issue asks for, each with a default and a per-route override.
@@ -90,6 +90,16 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_TIMEOUT": "20"}, "STREAMER_TIMEOUT", "in seconds"),
         ({"STREAMER_MAX_QUEUE": 0}, "STREAMER_MAX_QUEUE", "or None for no limit"),
         ({"STREAMER_CODEC": "json"}, "STREAMER_CODEC", "'msgpack' or 'pickle'"),
+        ({"STREAMER_ITEM_COST": "tests.flask.apps:nothing"}, "STREAMER_ITEM_COST", "does not import"),
+        ({"STREAMER_ITEM_COST": 12}, "STREAMER_ITEM_COST", "must be a function of one input"),
+        ({"STREAMER_MAX_BATCH_COST": 0}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
+        ({"STREAMER_MAX_BATCH_COST": "1024"}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
+        ({"STREAMER_BATCH_COST": "mean"}, "STREAMER_BATCH_COST", "'max' (length times the costliest input"),
+        (
+            {"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis://127.0.0.1:1/0", "STREAMER_MAX_BATCH_COST": 9},
+            "STREAMER_MAX_BATCH_COST",
+            "not supported by the redis backend yet",
+        ),
     ],
 )
 def test_a_bad_setting_fails_init_app_naming_it_and_the_fix(make_app, config, setting, hint):
@@ -362,3 +372,24 @@ def test_one_extension_serves_several_apps_each_with_its_own_settings_and_stream
     assert second.test_client().post("/sized", json="b").get_json() == {"x": "b", "n": 1}
     with first.app_context():
         assert [route.name for route in streamer.routes()] == ["sized", "double"]
+
+
+def test_a_cost_budget_from_the_settings_and_the_route_shapes_the_batches(make_app, pool):
+    """``STREAMER_ITEM_COST`` as an import path, ``max_batch_cost`` and
+    ``batch_cost`` as route keywords: no batch goes over the budget, and an
+    input that cannot be costed is the client's error (400), alone."""
+    app, streamer = make_app({"STREAMER_ITEM_COST": "tests.flask.apps:text_cost", "STREAMER_MAX_LATENCY": 0.02})
+    streamer.add_batched_route("/batch", "batch", with_batch, batch_size=8, max_batch_cost=12, batch_cost="sum")
+    spec = spec_of(app, "batch")
+    assert (spec.cost_function(), spec.max_batch_cost, spec.batch_cost) == (text_cost, 12, "sum")
+    texts = ["x" * (1 + i % 6) for i in range(60)]
+    responses = list(pool.map(lambda t: app.test_client().post("/batch", json=t), texts))
+    answers = [response.get_json() for response in responses]
+    assert [answer["x"] for answer in answers] == texts
+    batches = [answer["batch"] for answer in answers]
+    for batch in batches:
+        assert len(batch) == 1 or sum(map(len, batch)) <= 12, f"over the budget: {batch}"
+    assert max(map(len, batches)) > 1, "nothing was ever batched"
+    error = error_of(app.test_client().post("/batch", json=[1, 2]), 400)
+    assert error["type"] == "ItemCostError" and "expected a text, got list" in error["message"]
+    assert app.test_client().post("/batch", json="still").get_json() == {"x": "still", "batch": ["still"]}
