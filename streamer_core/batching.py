@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from .green import in_unpatched_greenlet, wait_in_greenlet
+from .oom import CostCap
 
 __all__ = ["BatchFuture", "Scheduler", "HoldPolicy", "Outcome"]
 
@@ -382,6 +384,14 @@ class Scheduler:
         self._busy = 0  # workers holding one batch (room for a full one more)
         self._in_flight = 0  # batches handed out and not yet done or lost
         self._policy = HoldPolicy(config.max_latency)
+        # Batches are shaped by cost when the config asks, and while a cap
+        # learned from running out of memory holds (on the count, without
+        # an item_cost: each input costs 1).
+        if config.max_batch_cost is not None:
+            ceiling = config.max_batch_cost
+        else:
+            ceiling = math.inf if config.item_cost is not None else float(config.batch_size)
+        self._cap = CostCap(ceiling)
         self._shaped = config.shapes_by_cost
         self._closing = False
         self._stopped = False
@@ -477,12 +487,18 @@ class Scheduler:
         queue = self._skip_given_up()
         return len(queue) >= self._config.batch_size or (self._shaped and bool(queue) and self._over_budget())
 
+    def _budget(self) -> float:
+        """The most the next batch may cost: the configured budget or the
+        learned cap, whichever is lower (``inf``: neither)."""
+        budget = self._config.max_batch_cost
+        return min(math.inf if budget is None else budget, self._cap.limit)
+
     def _over_budget(self) -> bool:
         """Whether the queued inputs are more than one batch's budget: a batch
         is as full as it can be. Called only with fewer than ``batch_size``
         inputs queued, so it looks at fewer than ``batch_size``."""
-        budget = self._config.max_batch_cost
-        if budget is None:
+        budget = self._budget()
+        if math.isinf(budget):
             return False
         live = [item.cost for item in self._queue if item.task.live()]
         return bool(live) and batch_cost(self._config.batch_cost, live) > budget
@@ -515,15 +531,15 @@ class Scheduler:
         """A batch led by the oldest waiting input, filled from the next
         ``_SHAPING_WINDOW`` batches' worth of waiting inputs with those
         closest to it in cost (all of them in arrival order without an
-        ``item_cost``), within ``batch_size`` and ``max_batch_cost``. The
+        ``item_cost``), within ``batch_size`` and the budget. The
         oldest input always goes, so none waits behind a stream of others."""
         config = self._config
         queue = self._skip_given_up()
         if not queue:
             return []
         first = queue.popleft()
-        budget = config.max_batch_cost
-        if budget is not None and first.cost > budget:
+        budget = self._budget()
+        if first.cost > budget:
             return [first]  # over the budget by itself: it runs alone
         window: List[_Item] = []
         room = _SHAPING_WINDOW * config.batch_size
@@ -542,10 +558,9 @@ class Scheduler:
             if len(batch) >= config.batch_size:
                 break
             cost = window[i].cost
-            if budget is not None:
-                after = (len(batch) + 1) * max(top, cost) if padded else total + cost
-                if after > budget:
-                    continue  # a cheaper one further on may still fit
+            after = (len(batch) + 1) * max(top, cost) if padded else total + cost
+            if after > budget:
+                continue  # a cheaper one further on may still fit
             batch.append(window[i])
             taken.add(i)
             top, total = max(top, cost), total + cost
@@ -588,6 +603,29 @@ class Scheduler:
         with self._cond:
             self._idle += 1
             self._cond.notify()
+
+    def learn(self, items: Sequence[_Item], out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
+        """Learn from a batch that ran: if it ran out of memory (``ran``: the
+        spans of it whose model calls returned), cap later batches at the
+        cost of the costliest part that ran; if not, count it towards
+        lifting such a cap (see :class:`~streamer_core.oom.CostCap`)."""
+        cap = self._cap
+        if not out_of_memory and math.isinf(cap.limit):
+            return  # the common case: nothing to learn
+        rule = self._config.batch_cost
+        costs = [item.cost for item in items]
+        with self._cond:
+            if out_of_memory:
+                fitted = max((batch_cost(rule, costs[start:end]) for start, end in ran if end > start), default=0.0)
+                cap.ran_out(batch_cost(rule, costs), fitted)
+            elif costs:
+                cap.ran(batch_cost(rule, costs))
+            self._shaped = self._config.shapes_by_cost or not math.isinf(cap.limit)
+
+    @property
+    def cost_cap(self) -> float:
+        """The cap on a batch's cost learned from running out of memory (``inf``: none)."""
+        return self._cap.limit
 
     def batch_done(self, size: int, seconds: float, held_after: int) -> None:
         """A worker finished a batch of ``size`` items, which ran for

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
+
+from .oom import check_oom_errors
 
 __all__ = ["BatchingConfig", "DeviceId"]
 
@@ -108,6 +110,12 @@ class BatchingConfig:
         How a batch's cost follows from its inputs': ``"max"`` (its length
         times its costliest input: what a model that pads its batch pays) or
         ``"sum"`` (for a model that does not pad).
+    oom_errors
+        The exception types that mean the model ran out of memory: a batch
+        raising one is split and its halves retried (even with
+        ``isolate_errors`` off), and later batches are capped at the cost of
+        what ran (see :mod:`streamer_core.oom`). ``None``: torch's
+        ``torch.cuda.OutOfMemoryError`` when torch is loaded; ``()``: none.
     """
 
     batch_size: int
@@ -118,6 +126,7 @@ class BatchingConfig:
     item_cost: Optional[Callable[[Any], float]] = None
     max_batch_cost: Optional[float] = None
     batch_cost: str = "max"
+    oom_errors: Optional[Tuple[Type[BaseException], ...]] = None
 
     def __post_init__(self) -> None:
         _check_int("batch_size", self.batch_size, 1)
@@ -133,6 +142,7 @@ class BatchingConfig:
             )
         if self.max_batch_cost is not None:
             object.__setattr__(self, "max_batch_cost", check_cost("max_batch_cost", self.max_batch_cost))
+        object.__setattr__(self, "oom_errors", check_oom_errors(self.oom_errors))
         if self.batch_cost not in BATCH_COST_RULES:
             raise ValueError(
                 f"batch_cost must be 'max' (length times the costliest input: a padding model) "

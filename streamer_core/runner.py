@@ -6,34 +6,71 @@ Shared by the thread backend (in the model thread) and the process backend
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
 from .batching import Outcome
 from .errors import BatchLengthError
+from .oom import OomErrors, free_cached_memory, is_out_of_memory
 
-__all__ = ["run_batch"]
+__all__ = ["run_batch", "BatchRun"]
 
 PredictFunction = Callable[[List[Any]], Sequence[Any]]
 
 
-def run_batch(predict: PredictFunction, inputs: List[Any], isolate_errors: bool) -> List[Outcome]:
+class BatchRun(NamedTuple):
+    """What running one batch gave: an outcome per input, whether the model
+    ran out of memory on it (or on a part), and the spans ``[start, end)``
+    of the inputs whose model call returned."""
+
+    outcomes: List[Outcome]
+    out_of_memory: bool
+    ran: List[Tuple[int, int]]
+
+
+def run_batch(
+    predict: PredictFunction, inputs: List[Any], isolate_errors: bool, oom_errors: OomErrors = None
+) -> BatchRun:
     """Call ``predict(inputs)`` and return one outcome per input.
 
     When the call raises and ``isolate_errors`` is on, the two halves of the
     batch are run again, recursively, so only the inputs that raise on their
-    own get the exception and every other input gets its result. (A model that
-    fails only on large batches, say out of memory, recovers the same way.)
+    own get the exception and every other input gets its result. An
+    out-of-memory error (``oom_errors``, see :mod:`streamer_core.oom`) is
+    split the same way whether ``isolate_errors`` is on or not, after
+    freeing torch's cached memory: only an input too big alone fails.
     A result list of the wrong length fails the whole batch with
     :class:`BatchLengthError`: which output belongs to which input is unknown.
     """
+    ran: List[Tuple[int, int]] = []
+    flags = [False]
+    outcomes = _run(predict, inputs, 0, isolate_errors, oom_errors, ran, flags)
+    return BatchRun(outcomes, flags[0], ran)
+
+
+def _run(
+    predict: PredictFunction,
+    inputs: List[Any],
+    start: int,
+    isolate: bool,
+    oom_errors: OomErrors,
+    ran: List[Tuple[int, int]],
+    flags: List[bool],
+) -> List[Outcome]:
     n = len(inputs)
     try:
         outputs = predict(inputs)
     except Exception as exc:
-        if isolate_errors and n > 1:
+        out_of_memory = is_out_of_memory(exc, oom_errors)
+        if out_of_memory:
+            flags[0] = True
+            free_cached_memory()
+        if (isolate or out_of_memory) and n > 1:
             middle = n // 2
-            return run_batch(predict, inputs[:middle], True) + run_batch(predict, inputs[middle:], True)
+            return _run(predict, inputs[:middle], start, isolate, oom_errors, ran, flags) + _run(
+                predict, inputs[middle:], start + middle, isolate, oom_errors, ran, flags
+            )
         return [(False, exc)] * n
+    ran.append((start, start + n))
     try:
         results = _as_list(outputs, n)
     except BatchLengthError as exc:

@@ -33,7 +33,7 @@ import signal
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
@@ -135,7 +135,7 @@ class _ProcessBackend(Backend):
         parent_conn, child_conn = _ctx.Pipe()
         process = _ctx.Process(
             target=worker_main,
-            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate),
+            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate, self._config.oom_errors),
             name=f"streamer-worker-{slot.index}",
             daemon=True,
         )
@@ -220,7 +220,7 @@ class _ProcessBackend(Backend):
             return
         kind = message[0]
         if kind == "done":
-            self._on_done(slot, message[1], message[2])
+            self._on_done(slot, message[1], message[2], message[3])
         elif kind == "ready":
             # The line is written before wait_ready() can return: once it
             # says ready, the log says so too.
@@ -244,7 +244,7 @@ class _ProcessBackend(Backend):
             )
             self._check_broken()
 
-    def _on_done(self, slot: _Slot, batch_id: int, wire: List[Any]) -> None:
+    def _on_done(self, slot: _Slot, batch_id: int, wire: List[Any], ran_out: Optional[List[Tuple[int, int]]]) -> None:
         with self._lock:
             if not slot.batches or slot.batches[0].batch_id != batch_id:
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
@@ -255,6 +255,7 @@ class _ProcessBackend(Backend):
             elapsed = now - max(sent.sent_at, slot.last_done)
             slot.last_done = now
             held_after = len(slot.batches)
+        self._scheduler.learn(sent.items, ran_out is not None, ran_out or ())
         self._scheduler.batch_done(len(sent.items), elapsed, held_after)
         deliver(sent.items, [decode_outcome(ok, payload) for ok, payload in wire])
 
@@ -407,8 +408,9 @@ class Streamer(BaseStreamer):
 
     Batching options as for :class:`ThreadedStreamer` (``batch_size``,
     ``max_latency`` in seconds, and keyword-only ``timeout``, ``max_queue``,
-    ``isolate_errors``, ``item_cost``, ``max_batch_cost``, ``batch_cost``;
-    ``item_cost`` runs in this process, so it need not pickle), plus ``max_item_crashes`` (default 2): a worker that
+    ``isolate_errors``, ``item_cost``, ``max_batch_cost``, ``batch_cost``,
+    ``oom_errors``; ``item_cost`` runs in this process, so it need not
+    pickle), plus ``max_item_crashes`` (default 2): a worker that
     dies mid-batch is restarted and its inputs are run again one by one; an
     input that has been in this many batches whose worker died fails with
     :class:`WorkerDiedError` instead of killing more workers.
@@ -434,10 +436,19 @@ class Streamer(BaseStreamer):
         item_cost: Optional[Callable[[Any], float]] = None,
         max_batch_cost: Optional[float] = None,
         batch_cost: str = "max",
+        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         max_item_crashes: int = 2,
     ) -> None:
         config = BatchingConfig(
-            batch_size, max_latency, timeout, max_queue, isolate_errors, item_cost, max_batch_cost, batch_cost
+            batch_size,
+            max_latency,
+            timeout,
+            max_queue,
+            isolate_errors,
+            item_cost,
+            max_batch_cost,
+            batch_cost,
+            oom_errors,
         )
         _check_int("worker_num", worker_num, 1)
         _check_int("max_item_crashes", max_item_crashes, 1)

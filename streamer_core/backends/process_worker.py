@@ -80,7 +80,9 @@ def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
     return load_predict(target, device, args, kwargs)
 
 
-def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, isolate_errors: bool) -> None:
+def worker_main(
+    conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, isolate_errors: bool, oom_errors: Any = None
+) -> None:
     """Body of a worker process: load the model, then run batches until told
     to stop or until the parent goes away."""
     if device is not None:
@@ -107,7 +109,8 @@ def worker_main(conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, 
         if message is None or message[0] == "stop":
             return  # told to stop, or the parent closed its end
         _, batch_id, payloads = message
-        conn.send(("done", batch_id, _run(predict, payloads, isolate_errors)))
+        outcomes, ran_out = _run(predict, payloads, isolate_errors, oom_errors)
+        conn.send(("done", batch_id, outcomes, ran_out))
 
 
 def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
@@ -122,8 +125,14 @@ def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
             return
 
 
-def _run(predict: Any, payloads: List[bytes], isolate_errors: bool) -> List[Optional[WireOutcome]]:
-    """Unpickle a batch, run it, and pickle one outcome per input."""
+def _run(
+    predict: Any, payloads: List[bytes], isolate_errors: bool, oom_errors: Any
+) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]]]:
+    """Unpickle a batch, run it, and pickle one outcome per input. Also
+    returns, when the model ran out of memory, the spans of the batch (by
+    position) whose model calls returned, for the parent to learn from; a
+    span may take in an input that could not be unpickled between two that
+    ran, which only makes the learned cap a little generous."""
     from ..runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
@@ -135,7 +144,11 @@ def _run(predict: Any, payloads: List[bytes], isolate_errors: bool) -> List[Opti
         except Exception as exc:
             error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
             outcomes[position] = (False, encode_exception(error))
-    if inputs:
-        for position, (ok, value) in zip(positions, run_batch(predict, inputs, isolate_errors)):
-            outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
-    return outcomes
+    if not inputs:
+        return outcomes, None
+    run = run_batch(predict, inputs, isolate_errors, oom_errors)
+    for position, (ok, value) in zip(positions, run.outcomes):
+        outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
+    if not run.out_of_memory:
+        return outcomes, None
+    return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran]

@@ -10,7 +10,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
@@ -24,9 +24,10 @@ __all__ = ["ThreadedStreamer"]
 class _ThreadBackend(Backend):
     name = "thread"
 
-    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], isolate_errors: bool) -> None:
+    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig) -> None:
         self._predict = predict
-        self._isolate = isolate_errors
+        self._isolate = config.isolate_errors
+        self._oom_errors = config.oom_errors
         self._inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
         self._scheduler: Optional[Scheduler] = None
@@ -51,7 +52,7 @@ class _ThreadBackend(Backend):
     def _loop(self) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
-        predict, isolate, inbox = _off_the_hub(self._predict), self._isolate, self._inbox
+        predict, isolate, oom_errors, inbox = _off_the_hub(self._predict), self._isolate, self._oom_errors, self._inbox
         while True:
             items = inbox.get()
             if items is None:
@@ -62,7 +63,9 @@ class _ThreadBackend(Backend):
                 continue
             started = time.monotonic()
             try:
-                outcomes = run_batch(predict, [item.value for item in items], isolate)
+                run = run_batch(predict, [item.value for item in items], isolate, oom_errors)
+                outcomes = run.outcomes
+                scheduler.learn(items, run.out_of_memory, run.ran)
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
                 logger.exception("the model raised %r outside of its error isolation", exc)
                 outcomes = [(False, exc)] * len(items)
@@ -107,7 +110,8 @@ class ThreadedStreamer(BaseStreamer):
     default no limit), ``isolate_errors`` (default True: when the model raises,
     only the inputs that cause it fail), and ``item_cost``, ``max_batch_cost``
     and ``batch_cost`` to shape batches by what their inputs cost (a text's
-    tokens, say) rather than by count alone: see :class:`BatchingConfig`.
+    tokens, say) rather than by count alone, and ``oom_errors``, the errors
+    that mean out of memory: see :class:`BatchingConfig`.
 
     Same signature as service_streamer's ``ThreadedStreamer``.
     """
@@ -124,6 +128,7 @@ class ThreadedStreamer(BaseStreamer):
         item_cost: Optional[Callable[[Any], float]] = None,
         max_batch_cost: Optional[float] = None,
         batch_cost: str = "max",
+        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
     ) -> None:
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
@@ -134,8 +139,16 @@ class ThreadedStreamer(BaseStreamer):
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
         config = BatchingConfig(
-            batch_size, max_latency, timeout, max_queue, isolate_errors, item_cost, max_batch_cost, batch_cost
+            batch_size,
+            max_latency,
+            timeout,
+            max_queue,
+            isolate_errors,
+            item_cost,
+            max_batch_cost,
+            batch_cost,
+            oom_errors,
         )
-        super().__init__(config, _ThreadBackend(predict, isolate_errors))
+        super().__init__(config, _ThreadBackend(predict, config))
         facts = model_facts(predict, None)
         logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))

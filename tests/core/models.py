@@ -122,3 +122,23 @@ class GatedFailOnNegative(ManagedModel):
             while (self.folder / "hold").exists() and time.monotonic() < deadline:
                 time.sleep(0.005)
         return fail_on_negative(batch)
+
+
+class FakeOutOfMemory(RuntimeError):
+    """Stands for a GPU's out-of-memory error in the tests."""
+
+
+class MemoryBoundModel(ManagedModel):
+    """Runs out of memory (:class:`FakeOutOfMemory`) on any batch whose
+    inputs add up to more than ``limit``, a limit the streamer is not told;
+    answers each input with how many times it has run out so far."""
+
+    def init_model(self, limit: int = 40) -> None:
+        self.limit = limit
+        self.ran_out = 0
+
+    def predict(self, batch: List[int]) -> List[Any]:
+        if sum(batch) > self.limit:
+            self.ran_out += 1
+            raise FakeOutOfMemory(f"a batch of {sum(batch)} does not fit in {self.limit}")
+        return [(x * 2, self.ran_out) for x in batch]

@@ -267,7 +267,7 @@ class RedisWorker:
                 positions.append(position)
         started = time.monotonic()
         if inputs:
-            for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors)):
+            for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors).outcomes):
                 outcomes[position] = outcome
         seconds = time.monotonic() - started if inputs else 0.0
         self._outbox.put(([held.request for held in batch], outcomes))

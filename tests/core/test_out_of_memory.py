@@ -1,0 +1,156 @@
+"""Out of memory: a batch that runs out is split and its halves retried,
+whatever ``isolate_errors`` says, so no caller sees the error unless its
+input alone is too big; and the streamer caps later batches at the cost of
+what ran, letting the cap creep back up after a run of good batches."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List
+
+import pytest
+
+from streamer_core import Streamer, ThreadedStreamer
+from streamer_core.oom import GOOD_RUN
+from tests.core import models
+from tests.core.models import FakeOutOfMemory
+
+
+class MemoryBound:
+    """A model for the thread backend that runs out of memory on any batch
+    whose cost (``cost(batch)``) is over ``limit``, a limit the streamer is
+    not told; it records every call and whether it ran out."""
+
+    def __init__(self, limit: float, cost=sum, error: type = FakeOutOfMemory) -> None:
+        self.limit, self.cost, self.error = limit, cost, error
+        self.calls: List[tuple] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: List[Any]) -> List[Any]:
+        over = self.cost(batch) > self.limit
+        with self.lock:
+            self.calls.append((list(batch), over))
+        if over:
+            raise self.error(f"a batch costing {self.cost(batch)} does not fit in {self.limit}")
+        return [x * 2 for x in batch]
+
+    def ran_out(self, calls: List[tuple]) -> int:
+        return sum(over for _, over in calls)
+
+
+def run_load(streamer: Any, inputs: List[Any], threads: int = 32) -> List[Any]:
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda x: streamer.predict([x])[0], inputs))
+
+
+def test_no_caller_sees_running_out_and_later_batches_stop_running_out(closing, caplog):
+    """With ``isolate_errors`` off: every call is answered, the cap is learned
+    from the first batch that ran out, and afterwards few batches run out
+    (only when the cap creeps back up to try for more)."""
+    model = MemoryBound(limit=40)
+    streamer = closing(
+        ThreadedStreamer(
+            model,
+            batch_size=16,
+            max_latency=0.02,
+            isolate_errors=False,
+            item_cost=float,
+            batch_cost="sum",
+            oom_errors=(FakeOutOfMemory,),
+        )
+    )
+    inputs = [1 + (7 * i) % 10 for i in range(1500)]
+    with caplog.at_level(logging.WARNING, logger="streamer_core"):
+        assert run_load(streamer, inputs) == [x * 2 for x in inputs], "a caller saw the error"
+    assert model.ran_out(model.calls) >= 1, "the load never ran out of memory: the test proves nothing"
+    cap = streamer._engine.scheduler.cost_cap
+    assert cap <= 40 * 1.25**2, f"the cap learned ({cap}) is far over what fits"
+    later = [call for call in model.calls[len(model.calls) // 2 :] if len(call[0]) > 0]
+    share = model.ran_out(later) / len(later)
+    assert share < 0.15, f"{share:.0%} of the later model calls still ran out of memory"
+    lines = [r.getMessage() for r in caplog.records if "capped at" in r.getMessage()]
+    assert lines and all(r.levelno == logging.WARNING for r in caplog.records if "capped at" in r.getMessage())
+    assert any("out of memory on a batch costing" in line for line in lines), lines
+    assert all(a != b for a, b in zip(lines, lines[1:])), "a change was logged twice"
+
+
+def test_without_item_cost_the_cap_is_on_the_count(closing):
+    model = MemoryBound(limit=5, cost=len)
+    streamer = closing(
+        ThreadedStreamer(model, batch_size=16, max_latency=0.02, isolate_errors=False, oom_errors=(FakeOutOfMemory,))
+    )
+    inputs = list(range(800))
+    assert run_load(streamer, inputs) == [x * 2 for x in inputs]
+    assert model.ran_out(model.calls) >= 1
+    assert 1 <= streamer._engine.scheduler.cost_cap <= 5 * 1.25**2
+    later = model.calls[len(model.calls) // 2 :]
+    assert model.ran_out(later) / len(later) < 0.15
+
+
+def test_an_input_too_big_alone_fails_its_caller_only(closing):
+    model = MemoryBound(limit=40)
+    streamer = closing(
+        ThreadedStreamer(model, batch_size=8, max_latency=0.05, isolate_errors=False, oom_errors=(FakeOutOfMemory,))
+    )
+    calls = [streamer.submit([x]) for x in (3, 100, 4, 5)]
+    assert calls[0].result(5) == [6] and calls[2].result(5) == [8] and calls[3].result(5) == [10]
+    with pytest.raises(FakeOutOfMemory, match="costing 100"):
+        calls[1].result(5)
+
+
+def test_other_errors_are_not_split_when_isolation_is_off(closing):
+    """Only the out-of-memory errors split a batch with ``isolate_errors``
+    off: any other error fails the whole batch, as it did."""
+    model = MemoryBound(limit=40, error=ValueError)
+    streamer = closing(
+        ThreadedStreamer(model, batch_size=8, max_latency=0.2, isolate_errors=False, oom_errors=(FakeOutOfMemory,))
+    )
+    calls = [streamer.submit([x]) for x in (30, 30)]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call.result(5)
+    assert math.isinf(streamer._engine.scheduler.cost_cap)
+
+
+def test_torchs_error_is_the_default_once_torch_is_loaded(closing):
+    torch = pytest.importorskip("torch")
+    model = MemoryBound(limit=3, cost=len, error=torch.cuda.OutOfMemoryError)
+    streamer = closing(ThreadedStreamer(model, batch_size=16, max_latency=0.02, isolate_errors=False))
+    inputs = list(range(300))
+    assert run_load(streamer, inputs) == [x * 2 for x in inputs]
+    assert model.ran_out(model.calls) >= 1
+    assert streamer._engine.scheduler.cost_cap <= 3 * 1.25**2
+
+
+def test_a_process_worker_splits_and_the_parent_learns(closing):
+    streamer = closing(
+        Streamer(
+            models.MemoryBoundModel,
+            batch_size=16,
+            max_latency=0.02,
+            model_init_kwargs={"limit": 40},
+            isolate_errors=False,
+            item_cost=float,
+            batch_cost="sum",
+            oom_errors=(FakeOutOfMemory,),
+        )
+    )
+    assert streamer.wait_ready(60)
+    inputs = [1 + (7 * i) % 10 for i in range(1200)]
+    outputs = run_load(streamer, inputs)
+    assert [doubled for doubled, _ in outputs] == [x * 2 for x in inputs], "a caller saw the error"
+    times_ran_out = max(count for _, count in outputs)
+    assert times_ran_out >= 1, "the worker never ran out: the test proves nothing"
+    assert streamer._engine.scheduler.cost_cap <= 40 * 1.25**2
+    # Each good run of GOOD_RUN batches may try once for more: far fewer
+    # times out of memory than batches.
+    assert times_ran_out <= 10 + len(inputs) / 4 / GOOD_RUN
+
+
+@pytest.mark.parametrize("value", ["torch", [ValueError, "x"], 3])
+def test_oom_errors_must_be_exception_types(value):
+    with pytest.raises(TypeError, match=r"oom_errors must be a tuple of exception types"):
+        ThreadedStreamer(models.double, batch_size=4, oom_errors=value)
