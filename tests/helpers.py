@@ -29,3 +29,16 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def beating_workers(redis_url: str, prefix: str) -> int:
+    """How many workers beat in the presence sets under ``streamer:<prefix>``
+    (any model): a worker beats once its model has loaded."""
+    import redis
+
+    conn = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        keys = list(conn.scan_iter(match=f"streamer:{prefix}*:workers", count=1000))
+        return sum(int(conn.zcard(key)) for key in keys)
+    finally:
+        conn.close()

@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from django_streamer import get_streamer
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, beating_workers, wait_for
 from tests.servers import delete_prefix, free_port, worker_children
 
 
@@ -157,6 +157,9 @@ def test_workers_do_not_outlive_a_killed_command(commands, broker, redis_prefix)
     their parent is gone and exit by themselves, within a second or two."""
     workers = start_workers(commands, broker, redis_prefix, "--model", "double", "--workers", "2")
     assert wait_for(lambda: len(worker_children(workers.pid)) == 2, 30), commands.log(workers)
+    # Killed once their models are loaded: a worker still starting (its
+    # interpreter importing the app) watches its parent only from then on.
+    assert wait_for(lambda: beating_workers(broker, redis_prefix) == 2, 30), commands.log(workers)
     pids = worker_children(workers.pid)
     os.kill(workers.pid, signal.SIGKILL)
     workers.wait(5)

@@ -26,7 +26,7 @@ from flask import Flask
 from tests.flask.apps import create_redis_app
 from tests.flask.conftest import close_streamers, error_of
 from tests.flask.live import in_background
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, beating_workers, wait_for
 from tests.redis.models import Evil
 from tests.servers import delete_prefix, worker_children
 
@@ -278,11 +278,14 @@ def test_run_workers_needs_the_extension():
     assert result.exit_code == 2 and "flask_streamer is not set up on this app" in result.output
 
 
-def test_workers_do_not_outlive_a_killed_run_workers(run_workers):
+def test_workers_do_not_outlive_a_killed_run_workers(run_workers, redis_url, prefix):
     """SIGKILL leaves the command no time to stop its workers: they notice
     their parent is gone and exit by themselves, within a second or two."""
     cli = run_workers("--route", "double", "--workers", "2")
     assert wait_for(lambda: len(cli.workers()) == 2, 30), cli.log()
+    # Killed once their models are loaded: a worker still starting (its
+    # interpreter importing the app) watches its parent only from then on.
+    assert wait_for(lambda: beating_workers(redis_url, prefix) == 2, 30), cli.log()
     pids = cli.workers()
     os.kill(cli.pid, signal.SIGKILL)
     cli.process.wait(5)

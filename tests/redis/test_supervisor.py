@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.helpers import beating_workers
 from tests.redis.conftest import alive, wait_for, wait_serving, worker_children
 
 
@@ -184,6 +185,9 @@ def test_workers_do_not_outlive_a_killed_streamer_worker_command(broker, procs):
     their parent is gone and exit by themselves, within a second or two."""
     cli = procs.cli(broker, "tests.redis.models:double", "--workers", "2")
     assert wait_for(lambda: len(worker_children(cli.pid)) == 2, 30), procs.log(cli)
+    # Killed once their models are loaded: a worker still starting (its
+    # interpreter importing the app) watches its parent only from then on.
+    assert wait_for(lambda: beating_workers(broker.url, broker.prefix) == 2, 30), procs.log(cli)
     pids = worker_children(cli.pid)
     os.kill(cli.pid, signal.SIGKILL)
     cli.wait(5)
