@@ -228,6 +228,37 @@ def batch_cost(rule: str, costs: Sequence[float]) -> float:
     return len(costs) * max(costs) if rule == "max" else float(sum(costs))
 
 
+def shape_batch(costs: Sequence[float], size: int, budget: float, rule: str, grouped: bool) -> List[int]:
+    """Which of the waiting inputs (their ``costs``, oldest first) make the
+    next batch, by index: the oldest, then, when ``grouped``, those closest
+    to it in cost (else the next in line), each taken if the batch stays
+    within ``size`` inputs and costs at most ``budget`` by ``rule`` (see
+    :func:`batch_cost`). The oldest always goes, alone if it is over the
+    budget by itself, so no input waits behind a stream of others. Shared
+    by the in-process scheduler and the Redis worker."""
+    if not costs:
+        return []
+    lead = costs[0]
+    if lead > budget:
+        return [0]  # over the budget by itself: it runs alone
+    order: Sequence[int] = range(1, len(costs))
+    if grouped:
+        order = sorted(order, key=lambda i: abs(costs[i] - lead))  # stable: ties by arrival
+    taken = [0]
+    padded = rule == "max"
+    top = total = lead
+    for i in order:
+        if len(taken) >= size:
+            break
+        cost = costs[i]
+        after = (len(taken) + 1) * max(top, cost) if padded else total + cost
+        if after > budget:
+            continue  # a cheaper one further on may still fit
+        taken.append(i)
+        top, total = max(top, cost), total + cost
+    return taken
+
+
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
     """Hand each item its outcome (result or exception); wake the callers
     only once every result of the batch is in place."""
@@ -528,44 +559,27 @@ class Scheduler:
         return self._pop(self._config.batch_size)
 
     def _pop_shaped(self) -> List[_Item]:
-        """A batch led by the oldest waiting input, filled from the next
-        ``_SHAPING_WINDOW`` batches' worth of waiting inputs with those
-        closest to it in cost (all of them in arrival order without an
-        ``item_cost``), within ``batch_size`` and the budget. The
-        oldest input always goes, so none waits behind a stream of others."""
+        """A batch led by the oldest waiting input, shaped by
+        :func:`shape_batch` from the next ``_SHAPING_WINDOW`` batches' worth
+        of waiting inputs."""
         config = self._config
         queue = self._skip_given_up()
-        if not queue:
-            return []
-        first = queue.popleft()
-        budget = self._budget()
-        if first.cost > budget:
-            return [first]  # over the budget by itself: it runs alone
         window: List[_Item] = []
         room = _SHAPING_WINDOW * config.batch_size
         while queue and len(window) < room:
             item = queue.popleft()
             if item.task.live():
                 window.append(item)
-        order: Sequence[int] = range(len(window))
-        if config.item_cost is not None:
-            lead = first.cost
-            order = sorted(order, key=lambda i: abs(window[i].cost - lead))  # stable: ties by arrival
-        batch, taken = [first], set()
-        padded = config.batch_cost == "max"
-        top = total = first.cost
-        for i in order:
-            if len(batch) >= config.batch_size:
-                break
-            cost = window[i].cost
-            after = (len(batch) + 1) * max(top, cost) if padded else total + cost
-            if after > budget:
-                continue  # a cheaper one further on may still fit
-            batch.append(window[i])
-            taken.add(i)
-            top, total = max(top, cost), total + cost
-        queue.extendleft(reversed([item for i, item in enumerate(window) if i not in taken]))
-        return batch
+        taken = shape_batch(
+            [item.cost for item in window],
+            config.batch_size,
+            self._budget(),
+            config.batch_cost,
+            grouped=config.item_cost is not None,
+        )
+        chosen = set(taken)
+        queue.extendleft(reversed([item for i, item in enumerate(window) if i not in chosen]))
+        return [window[i] for i in taken]
 
     def _pop(self, size: int) -> List[_Item]:
         queue = self._queue
@@ -612,14 +626,9 @@ class Scheduler:
         cap = self._cap
         if not out_of_memory and math.isinf(cap.limit):
             return  # the common case: nothing to learn
-        rule = self._config.batch_cost
         costs = [item.cost for item in items]
         with self._cond:
-            if out_of_memory:
-                fitted = max((batch_cost(rule, costs[start:end]) for start, end in ran if end > start), default=0.0)
-                cap.ran_out(batch_cost(rule, costs), fitted)
-            elif costs:
-                cap.ran(batch_cost(rule, costs))
+            cap.learn(costs, self._config.batch_cost, out_of_memory, ran)
             self._shaped = self._config.shapes_by_cost or not math.isinf(cap.limit)
 
     @property

@@ -87,6 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["msgpack", "pickle"],
         help="wire format; pickle only with a trusted broker (default msgpack)",
     )
+    parser.add_argument(
+        "--max-batch-cost",
+        type=float,
+        default=None,
+        help="the most one batch may cost, in the units of the web side's item_cost (default: no limit)",
+    )
+    parser.add_argument(
+        "--batch-cost",
+        default="max",
+        choices=["max", "sum"],
+        help="a batch's cost: its length times its costliest input (max, for padding models) or the sum",
+    )
+    parser.add_argument(
+        "--item-cost",
+        default=None,
+        help="module:function giving an input's cost, for requests whose web side sent none",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -109,6 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             model_init_args=args.init_args,
             model_init_kwargs=args.init_kwargs,
             codec=args.codec,
+            max_batch_cost=args.max_batch_cost,
+            batch_cost=args.batch_cost,
+            item_cost=import_target(args.item_cost) if args.item_cost else None,
         )
     except (ValueError, TypeError) as exc:
         print(f"streamer-worker: error: {exc}", file=sys.stderr)

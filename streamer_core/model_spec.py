@@ -183,17 +183,6 @@ class ModelSpec:
                     f"that pads its batch) or 'sum'; got {self.batch_cost!r}",
                 )
             )
-        if self.backend == "redis":
-            for name in ("item_cost", "max_batch_cost"):
-                if getattr(self, name) is not None:
-                    found.append(
-                        Problem(
-                            name,
-                            "option",
-                            f"{setting(name)} is not supported by the redis backend yet (its workers shape "
-                            "batches by count): leave it unset, or use the thread or process backend",
-                        )
-                    )
         return found
 
     def cost_function(self) -> Optional[Callable[[Any], float]]:
@@ -225,11 +214,9 @@ class ModelSpec:
         from .backends.process import Streamer
         from .backends.thread import ThreadedStreamer
 
-        common: Dict[str, Any] = dict(timeout=self.timeout, max_queue=self.max_queue)
-        if self.backend != "redis":
-            common.update(
-                item_cost=self.cost_function(), max_batch_cost=self.max_batch_cost, batch_cost=self.batch_cost
-            )
+        common: Dict[str, Any] = dict(timeout=self.timeout, max_queue=self.max_queue, item_cost=self.cost_function())
+        if self.backend != "redis":  # Redis workers shape their batches: see worker_group
+            common.update(max_batch_cost=self.max_batch_cost, batch_cost=self.batch_cost)
         devices = parse_devices(self.cuda_devices)
         if self.backend == "thread":
             predict = self.model
@@ -270,6 +257,10 @@ class ModelSpec:
             model_init_args=list(self.init_args),
             model_init_kwargs=dict(self.init_kwargs),
             codec=self.codec,
+            # The web side computes item_cost and sends the cost with each
+            # request: the workers need only the budget.
+            max_batch_cost=self.max_batch_cost,
+            batch_cost=self.batch_cost,
         )
         count = worker_num if worker_num is not None else self.worker_num
         return WorkerGroup(self.name or callable_name(self.model), options, count, tuple(devices) if devices else None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Optional, Tuple, Type
+from typing import Any, Optional, Sequence, Tuple, Type
 
 __all__ = ["CostCap", "check_oom_errors", "is_out_of_memory", "free_cached_memory"]
 
@@ -92,6 +92,21 @@ class CostCap:
         self.limit = math.inf
         self._good = 0
         self.name = name
+
+    def learn(self, costs: Sequence[float], rule: str, out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
+        """Learn from a batch of inputs of these ``costs`` that ran: if it
+        ran out of memory (``ran``: the spans ``[start, end)`` of it whose
+        model calls returned), cap at the costliest span that ran; if not,
+        count it towards lifting the cap. ``rule`` is ``batch_cost``."""
+        if not out_of_memory and math.isinf(self.limit):
+            return  # the common case: nothing to learn
+        from .batching import batch_cost
+
+        if out_of_memory:
+            fitted = max((batch_cost(rule, costs[start:end]) for start, end in ran if end > start), default=0.0)
+            self.ran_out(batch_cost(rule, costs), fitted)
+        elif costs:
+            self.ran(batch_cost(rule, costs))
 
     def ran_out(self, cost: float, fitted: float) -> None:
         """A batch costing ``cost`` ran out of memory; the costliest part of

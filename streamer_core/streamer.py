@@ -64,22 +64,25 @@ class Backend:
 
 
 def item_costs(item_cost: Callable[[Any], float], inputs: List[Any]) -> List[float]:
-    """The cost of each input, by ``item_cost``. Raises :class:`ItemCostError`
-    naming the input at fault when it raises or returns anything but a
-    positive number: that call is refused, no other is touched."""
-    costs = []
-    for index, value in enumerate(inputs):
-        try:
-            cost = item_cost(value)
-        except Exception as exc:
-            raise ItemCostError(
-                f"item_cost {callable_name(item_cost)} raised {type(exc).__name__} for input {index}: {exc}"
-            ) from exc
-        try:
-            costs.append(check_cost(f"item_cost {callable_name(item_cost)} of input {index}", cost))
-        except (TypeError, ValueError) as exc:
-            raise ItemCostError(str(exc)) from None
-    return costs
+    """The cost of each input, by ``item_cost``: see :func:`item_cost_of`."""
+    return [item_cost_of(item_cost, value, index) for index, value in enumerate(inputs)]
+
+
+def item_cost_of(item_cost: Callable[[Any], float], value: Any, index: int = 0) -> float:
+    """The cost of input ``index`` of a call, by ``item_cost``. Raises
+    :class:`ItemCostError` naming the input at fault when it raises or
+    returns anything but a positive number: that call is refused, no other
+    is touched."""
+    try:
+        cost = item_cost(value)
+    except Exception as exc:
+        raise ItemCostError(
+            f"item_cost {callable_name(item_cost)} raised {type(exc).__name__} for input {index}: {exc}"
+        ) from exc
+    try:
+        return check_cost(f"item_cost {callable_name(item_cost)} of input {index}", cost)
+    except (TypeError, ValueError) as exc:
+        raise ItemCostError(str(exc)) from None
 
 
 class _Engine:

@@ -170,14 +170,6 @@ def test_e008_unknown_keys_with_did_you_mean(streamer_settings):
         ({"MAX_BATCH_COST": 0}, {}),
         ({}, {"MAX_BATCH_COST": "big"}),
         ({"BATCH_COST": "mean"}, {}),
-        (
-            {
-                "BACKEND": "redis",
-                "REDIS_URL": "redis://127.0.0.1:1/0",
-                "ITEM_COST": "tests.django.batch_models.text_cost",
-            },
-            {},
-        ),
     ],
 )
 def test_e009_other_options(streamer_settings, entry, top):

@@ -95,11 +95,6 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_MAX_BATCH_COST": 0}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
         ({"STREAMER_MAX_BATCH_COST": "1024"}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
         ({"STREAMER_BATCH_COST": "mean"}, "STREAMER_BATCH_COST", "'max' (length times the costliest input"),
-        (
-            {"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis://127.0.0.1:1/0", "STREAMER_MAX_BATCH_COST": 9},
-            "STREAMER_MAX_BATCH_COST",
-            "not supported by the redis backend yet",
-        ),
     ],
 )
 def test_a_bad_setting_fails_init_app_naming_it_and_the_fix(make_app, config, setting, hint):

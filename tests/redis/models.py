@@ -45,6 +45,16 @@ def with_pid(batch: List[Any]) -> List[Any]:
     return [[x, os.getpid()] for x in batch]
 
 
+def with_batch(batch: List[Any]) -> List[Any]:
+    """Each input with the whole batch it ran in."""
+    return [[x, list(batch)] for x in batch]
+
+
+def text_cost(text: Any) -> int:
+    """An item_cost: a text's length."""
+    return len(text)
+
+
 class HoldModel(ManagedModel):
     """While the file ``hold`` exists in ``folder``, a batch announces itself
     (file ``inside-<pid>``, holding the batch) and waits, so a test can kill

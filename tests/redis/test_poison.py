@@ -98,6 +98,8 @@ BAD_REQUESTS = {
     "no payload": {"c": "web", "i": "ab", "t": 60_000, "k": "msgpack"},
     "a version that is not a number": {"v": "one", "c": "web", "i": "ab", "t": 60_000, "k": "msgpack", "p": SECRET},
     "a buffer b1 without b0": {"c": "web", "i": "ab", "t": 60_000, "k": "msgpack", "p": SECRET, "b1": b"x"},
+    "a cost that is not a number": {"c": "web", "i": "ab", "t": 60_000, "k": "msgpack", "p": SECRET, "w": "lots"},
+    "a cost of zero": {"c": "web", "i": "ab", "t": 60_000, "k": "msgpack", "p": SECRET, "w": "0"},
 }
 
 

@@ -13,7 +13,7 @@ from ...batching import Scheduler, _Item, deliver
 from ...codec import Buffers, decode_error, get_codec
 from ...config import DEFAULT_TIMEOUT, BatchingConfig
 from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
-from ...streamer import Backend, BaseStreamer
+from ...streamer import Backend, BaseStreamer, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
 from .wire import (
     LIVE_WORKERS_SCRIPT,
@@ -56,8 +56,16 @@ class _RedisClientBackend(Backend):
     name = "redis"
     copies_inputs = True
 
-    def __init__(self, redis_broker: str, prefix: str, codec: str, require_workers: bool = False) -> None:
+    def __init__(
+        self,
+        redis_broker: str,
+        prefix: str,
+        codec: str,
+        require_workers: bool = False,
+        item_cost: Optional[Callable[[Any], float]] = None,
+    ) -> None:
         self._require_workers = require_workers
+        self._item_cost = item_cost
         self._workers_seen = float("-inf")  # monotonic time a live worker was last seen
         self._workers_checked = False
         self._codec = get_codec(codec)
@@ -91,11 +99,15 @@ class _RedisClientBackend(Backend):
         self._collector.start()
         self._deleter.start()
 
-    def encode(self, value: Any, index: int) -> Tuple[bytes, Buffers]:
+    def encode(self, value: Any, index: int) -> Tuple[bytes, Buffers, Optional[float]]:
+        """The input's payload, buffers and cost (by ``item_cost``, which
+        travels with the request for the workers to shape batches by)."""
+        cost = item_cost_of(self._item_cost, value, index) if self._item_cost is not None else None
         try:
-            return self._codec.dumps(value)
+            payload, buffers = self._codec.dumps(value)
         except SerializationError as exc:
             raise SerializationError(f"input {index}: {exc}") from exc
+        return payload, buffers, cost
 
     # sending
 
@@ -167,9 +179,9 @@ class _RedisClientBackend(Backend):
                     if future is None:
                         continue
                     remaining_ms = max(1, int((future._deadline - now) * 1000))
-                    payload, buffers = item.value
+                    payload, buffers, cost = item.value
                     fields = request_fields(
-                        self._client_id, request_id, remaining_ms, self._codec.name, payload, buffers
+                        self._client_id, request_id, remaining_ms, self._codec.name, payload, buffers, cost
                     )
                     pipe.xadd(self._keys.requests, fields)
                     sent.append(request_id)
@@ -410,7 +422,9 @@ class RedisStreamer(BaseStreamer):
     must be started with too), and ``require_workers`` (default False: calls
     wait in Redis for a worker to come; True: while no worker has been alive
     for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
-    web service wants). Same signature as service_streamer's
+    web service wants), and ``item_cost`` (a function of one input giving its
+    cost: computed here, it travels with the request to workers started with
+    a ``max_batch_cost``). Same signature as service_streamer's
     ``RedisStreamer``.
     """
 
@@ -423,11 +437,14 @@ class RedisStreamer(BaseStreamer):
         max_queue: Optional[int] = None,
         codec: str = "msgpack",
         require_workers: bool = False,
+        item_cost: Optional[Callable[[Any], float]] = None,
     ) -> None:
         config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
-        self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers)
+        if item_cost is not None and not callable(item_cost):
+            raise TypeError(f"item_cost must be a function of one input returning a positive number, got {item_cost!r}")
+        self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers, item_cost)
         super().__init__(config, self._backend)
 
     def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:

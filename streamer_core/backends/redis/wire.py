@@ -17,6 +17,7 @@ A request entry (written by :func:`request_fields`, read by :func:`parse_request
     k   the codec of the payload ("msgpack", "pickle")
     p   the payload
     b0, b1, ...  the payload's out-of-band buffers (raw bytes of large arrays)
+    w   optional: the input's cost, by the web side's ``item_cost``
 
 A result entry holds every answer of one batch for one web process
 (written by :func:`result_entry`, read by :func:`parse_results`)::
@@ -44,6 +45,7 @@ on. A key that holds the wrong Redis type is deleted and made again by
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -181,6 +183,7 @@ class Request(NamedTuple):
     payload: bytes
     buffers: Tuple[bytes, ...]
     version: int
+    cost: Optional[float] = None  # by the web side's item_cost, when it has one
 
     def created_ms(self) -> int:
         """When Redis added the entry, by the server's clock (its id's first part)."""
@@ -188,10 +191,20 @@ class Request(NamedTuple):
 
 
 def request_fields(
-    client: str, item_id: bytes, timeout_ms: int, codec: str, payload: bytes, buffers: Sequence[Any] = ()
+    client: str,
+    item_id: bytes,
+    timeout_ms: int,
+    codec: str,
+    payload: bytes,
+    buffers: Sequence[Any] = (),
+    cost: Optional[float] = None,
 ) -> Dict[str, Any]:
-    """The fields of a request entry."""
+    """The fields of a request entry. ``cost`` (field ``w``, optional: a
+    worker that does not know it ignores it) is the input's cost by the web
+    side's ``item_cost``, for workers that shape batches by cost."""
     fields: Dict[str, Any] = {"v": WIRE_VERSION, "c": client, "i": item_id, "t": timeout_ms, "k": codec, "p": payload}
+    if cost is not None:
+        fields["w"] = repr(float(cost))
     for n, buffer in enumerate(buffers):
         fields[f"b{n}"] = buffer
     return fields
@@ -206,7 +219,7 @@ def parse_request(entry_id: Any, fields: Any) -> Request:
     timeout_ms = _int(fields, b"t", 1, _MAX_TIMEOUT_MS)
     return Request(
         entry_id, client.decode(), item_id, timeout_ms, _codec_name(fields), _bytes(fields, b"p"),
-        _buffers(fields), _version(fields),
+        _buffers(fields), _version(fields), _cost(fields),
     )  # fmt: skip
 
 
@@ -316,6 +329,22 @@ def _int(fields: Dict[Any, Any], name: bytes, low: int, high: int) -> int:
     if not low <= number <= high:
         raise MalformedEntry(f"field {name.decode()!r} is out of range ({low} to {high})")
     return number
+
+
+def _cost(fields: Dict[Any, Any]) -> Optional[float]:
+    """Field ``w``, the input's cost: absent, or a finite number > 0."""
+    value = fields.get(b"w")
+    if value is None:
+        return None
+    if not isinstance(value, bytes) or not 0 < len(value) <= 32 or not value.isascii():
+        raise MalformedEntry("field 'w' is not a cost")
+    try:
+        cost = float(value)
+    except ValueError:
+        raise MalformedEntry("field 'w' is not a cost") from None
+    if not math.isfinite(cost) or cost <= 0:
+        raise MalformedEntry("field 'w' is not a cost (it must be a finite number > 0)")
+    return cost
 
 
 def _codec_name(fields: Dict[Any, Any]) -> str:

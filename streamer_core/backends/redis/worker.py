@@ -19,6 +19,7 @@ taken over by the others after ``claim_after``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import signal
@@ -26,15 +27,16 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
 
-from ...batching import HoldPolicy
+from ...batching import HoldPolicy, batch_cost, shape_batch
 from ...codec import Codec, encode_error, get_codec
 from ...config import DEFAULT_MAX_LATENCY, BatchingConfig, DeviceId, _check_int, _check_seconds
-from ...errors import SerializationError, WorkerDiedError, WorkerStartError
+from ...errors import ItemCostError, SerializationError, WorkerDiedError, WorkerStartError
 from ...managed_model import check_model, load_predict, model_facts, ready_line
+from ...oom import CostCap
 from ...runner import run_batch
-from ...streamer import callable_name
+from ...streamer import callable_name, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
 from .wire import (
     BEAT_S,
@@ -77,12 +79,15 @@ class _Input:
     """A request in this worker's hands: its input, decoded by the reader,
     or the error that answers it without running the model."""
 
-    __slots__ = ("request", "value", "error")
+    __slots__ = ("request", "value", "error", "cost")
 
-    def __init__(self, request: Request, value: Any = None, error: Optional[BaseException] = None) -> None:
+    def __init__(
+        self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
+    ) -> None:
         self.request = request
         self.value = value
         self.error = error
+        self.cost = cost
 
 
 class RedisWorker:
@@ -94,8 +99,11 @@ class RedisWorker:
     function taking a list. Keyword-only: ``codec`` (``"msgpack"``, or
     ``"pickle"`` to accept pickled inputs from a trusted broker),
     ``isolate_errors``, ``claim_after`` (seconds an entry may go without a
-    heartbeat before another worker takes it over, default 2) and
-    ``max_item_crashes`` (default 2).
+    heartbeat before another worker takes it over, default 2),
+    ``max_item_crashes`` (default 2), and the options that shape batches by
+    cost, as on every streamer (:class:`~streamer_core.BatchingConfig`):
+    ``max_batch_cost``, ``batch_cost``, ``oom_errors``, and ``item_cost``,
+    used for requests whose web side sent no cost of its own.
     """
 
     def __init__(
@@ -112,8 +120,25 @@ class RedisWorker:
         isolate_errors: bool = True,
         claim_after: float = 2.0,
         max_item_crashes: int = 2,
+        item_cost: Optional[Callable[[Any], float]] = None,
+        max_batch_cost: Optional[float] = None,
+        batch_cost: str = "max",
+        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
     ) -> None:
-        self._config = BatchingConfig(batch_size, max_latency, isolate_errors=isolate_errors)
+        self._config = config = BatchingConfig(
+            batch_size,
+            max_latency,
+            isolate_errors=isolate_errors,
+            item_cost=item_cost,
+            max_batch_cost=max_batch_cost,
+            batch_cost=batch_cost,
+            oom_errors=oom_errors,
+        )
+        # Batches are shaped by cost when asked, and while a cap learned from
+        # running out of memory holds (see streamer_core.oom). Without a
+        # budget the cap has no ceiling: the costs may be the web side's.
+        self._cap = CostCap(math.inf if config.max_batch_cost is None else config.max_batch_cost)
+        self._shaping = config.max_batch_cost is not None
         check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
@@ -235,11 +260,19 @@ class RedisWorker:
             while True:
                 if self._next:
                     now = time.monotonic()
-                    go = self._next_alone or len(self._next) >= size or self._stopping.is_set() or self._reader_done
+                    go = (
+                        self._next_alone
+                        or len(self._next) >= size
+                        or self._stopping.is_set()
+                        or self._reader_done
+                        or (self._shaping and self._over_budget())
+                    )
                     hold_until = now if go else self._policy.hold_until(self._next_first_seen, now)
                     if now >= hold_until:
                         batch, alone = self._next, self._next_alone
                         self._next, self._next_alone = [], False
+                        if self._shaping and not alone:
+                            batch, self._next = self._shape(batch)
                         self._running = True
                         self._cond.notify_all()  # the reader may fill the next one
                         return batch, alone
@@ -248,6 +281,23 @@ class RedisWorker:
                     return None, False
                 else:
                     self._cond.wait()
+
+    def _budget(self) -> float:
+        budget = self._config.max_batch_cost
+        return min(math.inf if budget is None else budget, self._cap.limit)
+
+    def _over_budget(self) -> bool:
+        """Whether what was read is more than one batch's budget."""
+        return batch_cost(self._config.batch_cost, [held.cost for held in self._next]) > self._budget()
+
+    def _shape(self, held: List[_Input]) -> Tuple[List[_Input], List[_Input]]:
+        """The batch to run out of what was read (the oldest, then those
+        closest to it in cost, within the budget), and what is left for the
+        next one: still pending under this worker, within one batch."""
+        config = self._config
+        taken = shape_batch([h.cost for h in held], config.batch_size, self._budget(), config.batch_cost, True)
+        chosen = set(taken)
+        return [held[i] for i in taken], [h for i, h in enumerate(held) if i not in chosen]
 
     def _run(self, predict: Any, batch: List[_Input]) -> Tuple[int, float]:
         """Run ``batch`` and queue its answers for the writer; return how
@@ -267,8 +317,13 @@ class RedisWorker:
                 positions.append(position)
         started = time.monotonic()
         if inputs:
-            for position, outcome in zip(positions, run_batch(predict, inputs, self._config.isolate_errors).outcomes):
+            config = self._config
+            run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
+            for position, outcome in zip(positions, run.outcomes):
                 outcomes[position] = outcome
+            self._cap.learn([batch[p].cost for p in positions], config.batch_cost, run.out_of_memory, run.ran)
+            with self._cond:
+                self._shaping = config.max_batch_cost is not None or not math.isinf(self._cap.limit)
         seconds = time.monotonic() - started if inputs else 0.0
         self._outbox.put(([held.request for held in batch], outcomes))
         return sum(outcome is not None for outcome in outcomes), seconds
@@ -484,10 +539,17 @@ class RedisWorker:
             error = SerializationError(f"the worker refuses {request.codec!r} payloads; it reads {self._codec.name!r}")
             return _Input(request, error=error)
         try:
-            return _Input(request, self._codec.loads(request.payload, request.buffers))
+            value = self._codec.loads(request.payload, request.buffers)
         except Exception as exc:
             logger.warning("rejected a payload from client %s: %s", request.client, exc)
             return _Input(request, error=SerializationError(f"the worker could not read this input: {exc}"))
+        cost = request.cost
+        if cost is None and self._config.item_cost is not None:
+            try:
+                cost = item_cost_of(self._config.item_cost, value)
+            except ItemCostError as exc:
+                return _Input(request, error=exc)
+        return _Input(request, value, cost=1.0 if cost is None else cost)
 
     def _server_now_ms(self, refresh: bool = True) -> float:
         """The Redis server's clock (entry ids are its time), from an offset
