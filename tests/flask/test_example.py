@@ -182,3 +182,28 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
             pass
         cli.wait(10)
         delete_prefix(redis_url, prefix)
+
+
+def test_the_example_shapes_its_batches_by_estimated_tokens(app):
+    """The example's ``item_cost`` estimates the tokenizer's count closely
+    enough to group texts by length, and a budget is set: a paragraph and
+    short sentences sent together are each answered with their own
+    embedding, as alone."""
+    from transformers import AutoTokenizer
+
+    from example_flask.embedding import resolve_model, token_estimate
+    from tests.flask.conftest import spec_of
+
+    spec = spec_of(app, "stream")
+    assert spec.cost_function() is token_estimate and spec.max_batch_cost == 512
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
+    paragraph = " ".join(SENTENCES * 6)
+    for text in [*SENTENCES, paragraph]:
+        tokens = min(256, len(tokenizer(text)["input_ids"]))
+        assert abs(token_estimate(text) - tokens) <= 0.35 * tokens + 3, (text, token_estimate(text), tokens)
+    texts = [paragraph, *SENTENCES]
+    alone = [embedding(app, text) for text in texts]
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(pool.map(lambda text: embedding(app, text), texts))
+    for one, other in zip(alone, together):
+        assert cosine(one, other) > 0.999

@@ -1,0 +1,22 @@
+"""service_streamer's side of ``bench/cost_bench.py``: the examples' model as
+a subclass of service_streamer's ``ManagedModel`` (each library checks that
+its workers' model derives from its own class)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import service_streamer
+
+from example_flask.embedding import embed, load_sentence_model
+
+
+class LegacySentenceEmbedder(service_streamer.ManagedModel):  # type: ignore[misc]
+    """all-MiniLM-L6-v2 for service_streamer 0.1.2's ``Streamer`` and Redis
+    workers (which call ``init_model()`` without arguments)."""
+
+    def init_model(self, *args: Any, **kwargs: Any) -> None:
+        self.model = load_sentence_model()
+
+    def predict(self, batch: List[str]) -> List[List[float]]:
+        return embed(self.model, batch)
