@@ -518,17 +518,11 @@ class Scheduler:
         queue = self._skip_given_up()
         return len(queue) >= self._config.batch_size or (self._shaped and bool(queue) and self._over_budget())
 
-    def _budget(self) -> float:
-        """The most the next batch may cost: the configured budget or the
-        learned cap, whichever is lower (``inf``: neither)."""
-        budget = self._config.max_batch_cost
-        return min(math.inf if budget is None else budget, self._cap.limit)
-
     def _over_budget(self) -> bool:
         """Whether the queued inputs are more than one batch's budget: a batch
         is as full as it can be. Called only with fewer than ``batch_size``
         inputs queued, so it looks at fewer than ``batch_size``."""
-        budget = self._budget()
+        budget = self._cap.budget(self._config.max_batch_cost)
         if math.isinf(budget):
             return False
         live = [item.cost for item in self._queue if item.task.live()]
@@ -573,7 +567,7 @@ class Scheduler:
         taken = shape_batch(
             [item.cost for item in window],
             config.batch_size,
-            self._budget(),
+            self._cap.budget(config.max_batch_cost),
             config.batch_cost,
             grouped=config.item_cost is not None,
         )
@@ -624,12 +618,12 @@ class Scheduler:
         cost of the costliest part that ran; if not, count it towards
         lifting such a cap (see :class:`~streamer_core.oom.CostCap`)."""
         cap = self._cap
-        if not out_of_memory and math.isinf(cap.limit):
-            return  # the common case: nothing to learn
+        if not out_of_memory and not cap.active:
+            return  # the common case: no lock taken, no list made
         costs = [item.cost for item in items]
         with self._cond:
             cap.learn(costs, self._config.batch_cost, out_of_memory, ran)
-            self._shaped = self._config.shapes_by_cost or not math.isinf(cap.limit)
+            self._shaped = self._config.shapes_by_cost or cap.active
 
     @property
     def cost_cap(self) -> float:

@@ -93,12 +93,22 @@ class CostCap:
         self._good = 0
         self.name = name
 
+    @property
+    def active(self) -> bool:
+        """Whether a cap holds (batches are then shaped by cost)."""
+        return not math.isinf(self.limit)
+
+    def budget(self, configured: Optional[float]) -> float:
+        """The most the next batch may cost: the configured
+        ``max_batch_cost`` or this cap, whichever is lower (``inf``: neither)."""
+        return min(math.inf if configured is None else configured, self.limit)
+
     def learn(self, costs: Sequence[float], rule: str, out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
         """Learn from a batch of inputs of these ``costs`` that ran: if it
         ran out of memory (``ran``: the spans ``[start, end)`` of it whose
         model calls returned), cap at the costliest span that ran; if not,
         count it towards lifting the cap. ``rule`` is ``batch_cost``."""
-        if not out_of_memory and math.isinf(self.limit):
+        if not out_of_memory and not self.active:
             return  # the common case: nothing to learn
         from .batching import batch_cost
 

@@ -282,20 +282,18 @@ class RedisWorker:
                 else:
                     self._cond.wait()
 
-    def _budget(self) -> float:
-        budget = self._config.max_batch_cost
-        return min(math.inf if budget is None else budget, self._cap.limit)
-
     def _over_budget(self) -> bool:
         """Whether what was read is more than one batch's budget."""
-        return batch_cost(self._config.batch_cost, [held.cost for held in self._next]) > self._budget()
+        budget = self._cap.budget(self._config.max_batch_cost)
+        return batch_cost(self._config.batch_cost, [held.cost for held in self._next]) > budget
 
     def _shape(self, held: List[_Input]) -> Tuple[List[_Input], List[_Input]]:
         """The batch to run out of what was read (the oldest, then those
         closest to it in cost, within the budget), and what is left for the
         next one: still pending under this worker, within one batch."""
         config = self._config
-        taken = shape_batch([h.cost for h in held], config.batch_size, self._budget(), config.batch_cost, True)
+        budget = self._cap.budget(config.max_batch_cost)
+        taken = shape_batch([h.cost for h in held], config.batch_size, budget, config.batch_cost, True)
         chosen = set(taken)
         return [held[i] for i in taken], [h for i, h in enumerate(held) if i not in chosen]
 
@@ -323,7 +321,7 @@ class RedisWorker:
                 outcomes[position] = outcome
             self._cap.learn([batch[p].cost for p in positions], config.batch_cost, run.out_of_memory, run.ran)
             with self._cond:
-                self._shaping = config.max_batch_cost is not None or not math.isinf(self._cap.limit)
+                self._shaping = config.max_batch_cost is not None or self._cap.active
         seconds = time.monotonic() - started if inputs else 0.0
         self._outbox.put(([held.request for held in batch], outcomes))
         return sum(outcome is not None for outcome in outcomes), seconds
