@@ -183,3 +183,52 @@ def test_the_hold_never_passes_max_latency():
     policy.arrived(64, 100.012)
     policy.delivered(64, 0.020, 200.0)
     assert policy.hold_until(200.0, 200.001) == pytest.approx(200.005)
+
+
+def test_a_batch_a_worker_could_not_take_is_handed_out_again_first_and_whole():
+    """``Scheduler.batch_returned``: a batch meant for a worker that died
+    before taking it goes back to the head of the queue, in order, and the
+    worker's room is given back, no more: it is handed at most one batch
+    ahead of the one it runs. Every call is answered once its batch runs."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from streamer_core.batching import Scheduler, deliver
+    from streamer_core.config import BatchingConfig
+
+    scheduler = Scheduler(BatchingConfig(4, max_latency=0))
+    pool = ThreadPoolExecutor(1)
+
+    def answer(batch: Any) -> None:
+        deliver(batch, [(True, item.value * 10) for item in batch])
+
+    try:
+        scheduler.add_slot()
+        first = scheduler.put([1, 2, 3, 4, 5, 6], 30)
+        batch, held = pool.submit(scheduler.next_batch).result(5)
+        assert [item.value for item in batch] == [1, 2, 3, 4] and held == 0
+        later = scheduler.put(list(range(7, 16)), 30)
+        scheduler.batch_returned(batch, held)
+        assert scheduler.queued() == 15
+        again, held = pool.submit(scheduler.next_batch).result(5)
+        assert [item.value for item in again] == [1, 2, 3, 4] and held == 0, "not first, not whole, or no room back"
+        ahead, held = pool.submit(scheduler.next_batch).result(5)  # a full batch waits: the busy worker's next
+        assert [item.value for item in ahead] == [5, 6, 7, 8] and held == 1
+        blocked = pool.submit(scheduler.next_batch)
+        with pytest.raises(FutureTimeout):
+            blocked.result(0.3)  # the worker holds two batches: no room for a third
+        answer(again)
+        scheduler.batch_done(4, 0.001, 1)
+        third, held = blocked.result(5)
+        assert [item.value for item in third] == [9, 10, 11, 12] and held == 1
+        for done, batch_ in enumerate((ahead, third)):
+            answer(batch_)
+            scheduler.batch_done(4, 0.001, 1 - done)
+        last, held = pool.submit(scheduler.next_batch).result(5)
+        answer(last)
+        scheduler.batch_done(len(last), 0.001, 0)
+        assert first.result(1) == [10, 20, 30, 40, 50, 60]
+        assert later.result(1) == [x * 10 for x in range(7, 16)]
+        assert scheduler.wait_drained(time.monotonic() + 1.0), "a batch returned unrun still counts as running"
+    finally:
+        scheduler.stop(lambda: RuntimeError("test over"))
+        pool.shutdown(wait=True)

@@ -123,6 +123,40 @@ def test_sequences_other_than_lists_are_accepted(closing):
     assert streamer.predict([1, 2, 3]) == [2, 3, 4]
 
 
+def test_arrays_are_split_along_their_first_axis_and_iterators_consumed(closing):
+    numpy = pytest.importorskip("numpy")
+    arrays = closing(make_thread(lambda batch: numpy.array([[x, -x] for x in batch])))
+    assert [row.tolist() for row in arrays.predict([1, 2, 3])] == [[1, -1], [2, -2], [3, -3]]
+    iterators = closing(make_thread(lambda batch: (x * 3 for x in batch)))
+    assert iterators.predict([1, 2]) == [3, 6]
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (
+            {"a": 1},
+            r"^predict returned dict for a batch of 3 inputs; "
+            r"it must return a list with one result per input, in order$",
+        ),
+        ("abc", r"^predict returned str for a batch of 3 inputs; it must return a list"),
+        (b"abc", r"^predict returned bytes for a batch of 3 inputs"),
+        (
+            7,
+            r"^predict returned int, which is not a sequence; "
+            r"it must return a list with one result per input \(3 here\)$",
+        ),
+    ],
+    ids=["dict", "str", "bytes", "int"],
+)
+def test_an_output_that_is_not_one_result_per_input_is_named_in_the_error(closing, output, message):
+    """A dict, a string or bytes have a length, but are not a result per
+    input: the error names what the model returned and what it must."""
+    streamer = closing(make_thread(lambda batch: output))
+    with pytest.raises(BatchLengthError, match=message):
+        streamer.predict(["a", "b", "c"])
+
+
 def test_an_unpicklable_result_fails_only_its_item(closing):
     streamer = closing(make_process(models.unpicklable_result))
     with pytest.raises(SerializationError, match="cannot be sent back from the worker"):
