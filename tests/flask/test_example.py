@@ -123,6 +123,8 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
     try:
         ready = re.compile(r"streamer_core\[\d+\] INFO thread backend: model SentenceEmbedder ready on cpu in [\d.]+ s")
         assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
+        # The dev server's banner comes once it listens, a moment after the line.
+        assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
         text = log.read_text()
         assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
     finally:
