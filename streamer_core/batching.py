@@ -35,6 +35,7 @@ from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from .green import in_unpatched_greenlet, wait_in_greenlet
 from .oom import CostCap
+from .stats import ModelStats
 
 __all__ = ["BatchFuture", "Scheduler", "HoldPolicy", "Outcome"]
 
@@ -84,6 +85,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     """
 
     _deadline: float = float("inf")
+    #: Where the call's outcome is counted (set by the scheduler).
+    _stats: Optional[ModelStats] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,6 +100,9 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     def set_exception(self, exception: Optional[BaseException]) -> None:
         super().set_exception(exception)
         self._finished.release()
+        stats = self._stats
+        if stats is not None and exception is not None:
+            stats.failed(exception)
 
     def _set_quietly(self, result: Any) -> bool:
         """Complete the future but leave its waiter asleep until
@@ -112,12 +118,18 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         self._finished.release()
 
     def cancel(self) -> bool:
+        return self._cancel("cancelled")
+
+    def _cancel(self, outcome: str) -> bool:
         with self._condition:
             if self._state not in ("PENDING", "RUNNING"):
                 return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
             cancelled = super().cancel()
         if cancelled:
             self._finished.release()
+            stats = self._stats
+            if stats is not None:
+                stats.finished(outcome)
         return cancelled
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
@@ -142,7 +154,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         elif self._finished.acquire(timeout=max(0.0, timeout)):
             self._finished.release()  # let any other waiter through too
             return
-        if self.cancel():
+        if self._cancel("timeout"):
             raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up")
         # It finished just as we gave up: its result (or error) stands.
 
@@ -269,6 +281,10 @@ def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
             completed.append(future)
     for future in completed:
         future._wake()
+    if completed:
+        stats = completed[0]._stats  # a batch's calls are all of one streamer
+        if stats is not None:
+            stats.succeeded(len(completed))
 
 
 class _Deadlines:
@@ -400,8 +416,10 @@ class Scheduler:
     always completes.
     """
 
-    def __init__(self, config: BatchingConfig, max_item_crashes: int = 2) -> None:
+    def __init__(self, config: BatchingConfig, max_item_crashes: int = 2, stats: Optional[ModelStats] = None) -> None:
         self._config = config
+        #: Where calls and batches are counted; backends record model calls here.
+        self.stats = stats
         self._max_item_crashes = max_item_crashes
         self._cond = threading.Condition(threading.Lock())
         self._queue: Deque[_Item] = deque()
@@ -434,6 +452,7 @@ class Scheduler:
         """Queue one call's inputs (already encoded by the backend), with
         their costs when the streamer has an ``item_cost``."""
         future = BatchFuture()
+        future._stats = self.stats
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout

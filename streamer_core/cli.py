@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="module:function giving an input's cost, for requests whose web side sent none",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the workers' Prometheus metrics on this port, at /metrics (needs prometheus_client)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -129,6 +135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             max_batch_cost=args.max_batch_cost,
             batch_cost=args.batch_cost,
             item_cost=import_target(args.item_cost) if args.item_cost else None,
+            metrics_port=args.metrics_port,
         )
     except (ValueError, TypeError) as exc:
         print(f"streamer-worker: error: {exc}", file=sys.stderr)

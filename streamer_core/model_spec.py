@@ -215,6 +215,8 @@ class ModelSpec:
         from .backends.thread import ThreadedStreamer
 
         common: Dict[str, Any] = dict(timeout=self.timeout, max_queue=self.max_queue, item_cost=self.cost_function())
+        if self.name:
+            common["name"] = self.name
         if self.backend != "redis":  # Redis workers shape their batches: see worker_group
             common.update(max_batch_cost=self.max_batch_cost, batch_cost=self.batch_cost)
         devices = parse_devices(self.cuda_devices)
@@ -262,6 +264,8 @@ class ModelSpec:
             max_batch_cost=self.max_batch_cost,
             batch_cost=self.batch_cost,
         )
+        if self.name:
+            options["name"] = self.name  # the metrics' model label, as on the web side
         count = worker_num if worker_num is not None else self.worker_num
         return WorkerGroup(self.name or callable_name(self.model), options, count, tuple(devices) if devices else None)
 
@@ -275,6 +279,10 @@ class LazyStreamer:
         self._lock = threading.Lock()
         self._streamer: Optional[BaseStreamer] = None
         self._pid = 0
+        self._starting: Optional[threading.Thread] = None
+        self._starting_pid = 0
+        #: Why the last start in the background failed, if it did.
+        self.start_error: Optional[BaseException] = None
 
     def get(self) -> BaseStreamer:
         streamer = self._streamer
@@ -300,6 +308,25 @@ class LazyStreamer:
                 self._streamer = streamer
                 self._pid = os.getpid()
             return streamer
+
+    def start_in_background(self) -> threading.Thread:
+        """Start the streamer on a thread of its own (a model built in this
+        process may take a while), unless that is under way; return the thread.
+        An error is kept in :attr:`start_error` for a readiness probe."""
+        with self._lock:
+            thread = self._starting
+            if thread is None or not thread.is_alive() or self._starting_pid != os.getpid():
+                thread = threading.Thread(target=self._start, name=f"streamer-start-{self.spec.name}", daemon=True)
+                self._starting, self._starting_pid = thread, os.getpid()
+                thread.start()
+            return thread
+
+    def _start(self) -> None:
+        try:
+            self.get()
+            self.start_error = None
+        except Exception as exc:
+            self.start_error = exc
 
     @property
     def started(self) -> bool:

@@ -14,11 +14,12 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .batching import BatchFuture, Scheduler, _Item
 from .config import BatchingConfig, check_cost
 from .errors import ItemCostError, StreamerClosedError, StreamerError
+from .stats import ModelStats, StreamerStats, stats_for
 
 __all__ = ["BaseStreamer", "Backend"]
 
@@ -52,6 +53,15 @@ class Backend:
 
     def wait_ready(self, timeout: float) -> bool:
         return True
+
+    def workers_now(self) -> int:
+        """How many workers can take a batch now (the Redis backend asks Redis)."""
+        return 1
+
+    def waiting(self) -> int:
+        """Inputs handed to the backend and not answered yet, beyond those
+        the scheduler holds (the Redis backend's, sent to Redis)."""
+        return 0
 
     def drain(self, deadline: float) -> None:
         """While closing, after the queue is empty: wait, until ``deadline``,
@@ -89,10 +99,10 @@ class _Engine:
     """Everything a streamer runs, kept apart from the streamer object so the
     finalizer can close it after the object is gone."""
 
-    def __init__(self, config: BatchingConfig, backend: Backend, max_item_crashes: int) -> None:
+    def __init__(self, config: BatchingConfig, backend: Backend, max_item_crashes: int, stats: ModelStats) -> None:
         self.config = config
         self.backend = backend
-        self.scheduler = Scheduler(config, max_item_crashes)
+        self.scheduler = Scheduler(config, max_item_crashes, stats)
         self._close_lock = threading.Lock()
         self.closed = False
         backend.start(self.scheduler)
@@ -100,6 +110,12 @@ class _Engine:
             target=self._dispatch, name=f"streamer-{backend.name}-dispatch", daemon=True
         )
         self._dispatcher.start()
+
+    def gauges(self) -> Tuple[int, int]:
+        """``(inputs queued, workers live)``, for the stats."""
+        if self.closed:
+            return 0, 0
+        return self.scheduler.queued() + self.backend.waiting(), self.backend.workers_now()
 
     def _dispatch(self) -> None:
         scheduler, backend = self.scheduler, self.backend
@@ -138,10 +154,48 @@ class BaseStreamer:
     """Methods every streamer has; see :class:`ThreadedStreamer` and
     :class:`Streamer` for how to make one."""
 
-    def __init__(self, config: BatchingConfig, backend: Backend, *, max_item_crashes: int = 2) -> None:
+    def __init__(
+        self, config: BatchingConfig, backend: Backend, *, max_item_crashes: int = 2, name: Optional[str] = None
+    ) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty string (the model label of its metrics), got {name!r}")
         self._config = config
-        self._engine = _Engine(config, backend, max_item_crashes)
+        self._stats = stats_for(name or self._default_name())
+        self._engine = engine = _Engine(config, backend, max_item_crashes, self._stats)
         self._finalizer = weakref.finalize(self, self._engine.close, 2.0)
+        # The engine, not the streamer: the stats must not keep it alive.
+        self._stats.watch(engine)
+
+    def _default_name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def name(self) -> str:
+        """The model's name in :meth:`stats` and the metrics' ``model`` label."""
+        return self._stats.model
+
+    def stats(self) -> StreamerStats:
+        """This model's numbers in this process so far: calls by outcome,
+        batch sizes, queue waits and model seconds (histograms), the inputs
+        queued and the workers live now. Every streamer of the same ``name``
+        in the process adds to the same numbers; see :mod:`streamer_core.stats`."""
+        return self._stats.snapshot()
+
+    def live_workers(self) -> int:
+        """How many workers can take a batch now (the thread backend: 1)."""
+        return 0 if self._engine.closed else self._engine.backend.workers_now()
+
+    def why_not_ready(self) -> Optional[str]:
+        """``None`` when a call made now can be served (a worker is ready);
+        otherwise why not, in words, for a readiness probe."""
+        engine = self._engine
+        if engine.closed:
+            return "the streamer is closed"
+        if engine.scheduler.broken:
+            return "no worker can start: the model failed to load (see the log)"
+        if self.live_workers() < 1:
+            return "no worker is ready yet: the model is loading"
+        return None
 
     @property
     def config(self) -> BatchingConfig:
@@ -166,19 +220,24 @@ class BaseStreamer:
                 "wrap a single input in a list: predict([x])[0]"
             )
         if engine.closed:
+            self._stats.finished("unavailable")
             raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
         inputs = batch if isinstance(batch, list) else list(batch)
-        costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
-        if engine.backend.copies_inputs:
-            encode = engine.backend.encode
-            values = [encode(value, index) for index, value in enumerate(inputs)]
-        else:
-            values = inputs
-        if not values:
-            future = BatchFuture()
-            future.set_result([])
-            return future
-        return engine.scheduler.put(values, call_timeout, costs)
+        try:
+            costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
+            if engine.backend.copies_inputs:
+                encode = engine.backend.encode
+                values = [encode(value, index) for index, value in enumerate(inputs)]
+            else:
+                values = inputs
+            if not values:
+                future = BatchFuture()
+                future.set_result([])
+                return future
+            return engine.scheduler.put(values, call_timeout, costs)
+        except StreamerError as exc:  # refused before it was queued
+            self._stats.failed(exc)
+            raise
 
     def predict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
         """Run ``batch`` through the model and return its results in order;

@@ -220,7 +220,7 @@ class _ProcessBackend(Backend):
             return
         kind = message[0]
         if kind == "done":
-            self._on_done(slot, message[1], message[2], message[3])
+            self._on_done(slot, message[1], message[2], message[3], message[4])
         elif kind == "ready":
             # The line is written before wait_ready() can return: once it
             # says ready, the log says so too.
@@ -244,7 +244,14 @@ class _ProcessBackend(Backend):
             )
             self._check_broken()
 
-    def _on_done(self, slot: _Slot, batch_id: int, wire: List[Any], ran_out: Optional[List[Tuple[int, int]]]) -> None:
+    def _on_done(
+        self,
+        slot: _Slot,
+        batch_id: int,
+        wire: List[Any],
+        ran_out: Optional[List[Tuple[int, int]]],
+        model_seconds: float,
+    ) -> None:
         with self._lock:
             if not slot.batches or slot.batches[0].batch_id != batch_id:
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
@@ -255,8 +262,11 @@ class _ProcessBackend(Backend):
             elapsed = now - max(sent.sent_at, slot.last_done)
             slot.last_done = now
             held_after = len(slot.batches)
-        self._scheduler.learn(sent.items, ran_out is not None, ran_out or ())
-        self._scheduler.batch_done(len(sent.items), elapsed, held_after)
+        scheduler = self._scheduler
+        scheduler.learn(sent.items, ran_out is not None, ran_out or ())
+        scheduler.batch_done(len(sent.items), elapsed, held_after)
+        if scheduler.stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
+            scheduler.stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items])
         deliver(sent.items, [decode_outcome(ok, payload) for ok, payload in wire])
 
     def _died(self, slot: _Slot) -> None:
@@ -343,6 +353,10 @@ class _ProcessBackend(Backend):
             raise WorkerStartError(f"no worker could start: {self._slots[0].error}") from self._slots[0].error
         return all(state == "ready" for state in states)
 
+    def workers_now(self) -> int:
+        with self._lock:
+            return sum(1 for slot in self._slots if slot.state == "ready" and slot.conn is not None)
+
     def pids(self) -> List[int]:
         with self._lock:
             return [slot.pid for slot in self._slots if slot.conn is not None and slot.pid is not None]
@@ -413,7 +427,9 @@ class Streamer(BaseStreamer):
     pickle), plus ``max_item_crashes`` (default 2): a worker that
     dies mid-batch is restarted and its inputs are run again one by one; an
     input that has been in this many batches whose worker died fails with
-    :class:`WorkerDiedError` instead of killing more workers.
+    :class:`WorkerDiedError` instead of killing more workers, and ``name``
+    (the model's name in :meth:`stats` and the metrics; default the
+    function's or class's name).
 
     The constructor returns at once; calls queue until a worker is ready
     (:meth:`wait_ready` waits for that). Same signature as service_streamer's
@@ -438,6 +454,7 @@ class Streamer(BaseStreamer):
         batch_cost: str = "max",
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         max_item_crashes: int = 2,
+        name: Optional[str] = None,
     ) -> None:
         config = BatchingConfig(
             batch_size,
@@ -460,7 +477,12 @@ class Streamer(BaseStreamer):
         self._backend = _ProcessBackend(
             target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, config
         )
-        super().__init__(config, self._backend, max_item_crashes=max_item_crashes)
+        super().__init__(
+            config,
+            self._backend,
+            max_item_crashes=max_item_crashes,
+            name=callable_name(target) if name is None else name,
+        )
 
     def worker_pids(self) -> List[int]:
         """Process ids of the workers alive now."""

@@ -109,8 +109,8 @@ def worker_main(
         if message is None or message[0] == "stop":
             return  # told to stop, or the parent closed its end
         _, batch_id, payloads = message
-        outcomes, ran_out = _run(predict, payloads, isolate_errors, oom_errors)
-        conn.send(("done", batch_id, outcomes, ran_out))
+        outcomes, ran_out, seconds = _run(predict, payloads, isolate_errors, oom_errors)
+        conn.send(("done", batch_id, outcomes, ran_out, seconds))
 
 
 def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
@@ -127,12 +127,13 @@ def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
 
 def _run(
     predict: Any, payloads: List[bytes], isolate_errors: bool, oom_errors: Any
-) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]]]:
+) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]], float]:
     """Unpickle a batch, run it, and pickle one outcome per input. Also
     returns, when the model ran out of memory, the spans of the batch (by
-    position) whose model calls returned, for the parent to learn from; a
+    position) whose model calls returned, for the parent to learn from (a
     span may take in an input that could not be unpickled between two that
-    ran, which only makes the learned cap a little generous."""
+    ran, which only makes the learned cap a little generous), and the
+    seconds the model ran, for the parent's stats."""
     from ..runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
@@ -145,10 +146,12 @@ def _run(
             error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
             outcomes[position] = (False, encode_exception(error))
     if not inputs:
-        return outcomes, None
+        return outcomes, None, 0.0
+    started = time.monotonic()
     run = run_batch(predict, inputs, isolate_errors, oom_errors)
+    seconds = time.monotonic() - started
     for position, (ok, value) in zip(positions, run.outcomes):
         outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
     if not run.out_of_memory:
-        return outcomes, None
-    return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran]
+        return outcomes, None, seconds
+    return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran], seconds

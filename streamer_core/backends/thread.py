@@ -16,7 +16,7 @@ from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
 from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import run_batch
-from ..streamer import Backend, BaseStreamer, logger
+from ..streamer import Backend, BaseStreamer, callable_name, logger
 
 __all__ = ["ThreadedStreamer"]
 
@@ -53,6 +53,7 @@ class _ThreadBackend(Backend):
         scheduler = self._scheduler
         assert scheduler is not None
         predict, isolate, oom_errors, inbox = _off_the_hub(self._predict), self._isolate, self._oom_errors, self._inbox
+        stats = scheduler.stats
         while True:
             items = inbox.get()
             if items is None:
@@ -69,8 +70,14 @@ class _ThreadBackend(Backend):
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
                 logger.exception("the model raised %r outside of its error isolation", exc)
                 outcomes = [(False, exc)] * len(items)
-            scheduler.batch_done(len(items), time.monotonic() - started, self._finished_one())
+            seconds = time.monotonic() - started
+            scheduler.batch_done(len(items), seconds, self._finished_one())
+            if stats is not None:
+                stats.batch_ran(started, seconds, [item.arrival for item in items])
             deliver(items, outcomes)
+
+    def workers_now(self) -> int:
+        return int(self._thread.is_alive())
 
     def stop(self, deadline: float) -> None:
         self._inbox.put(None)
@@ -111,7 +118,8 @@ class ThreadedStreamer(BaseStreamer):
     only the inputs that cause it fail), and ``item_cost``, ``max_batch_cost``
     and ``batch_cost`` to shape batches by what their inputs cost (a text's
     tokens, say) rather than by count alone, and ``oom_errors``, the errors
-    that mean out of memory: see :class:`BatchingConfig`.
+    that mean out of memory: see :class:`BatchingConfig`; ``name`` is the
+    model's name in :meth:`stats` and the metrics (default the function's).
 
     Same signature as service_streamer's ``ThreadedStreamer``.
     """
@@ -129,6 +137,7 @@ class ThreadedStreamer(BaseStreamer):
         max_batch_cost: Optional[float] = None,
         batch_cost: str = "max",
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
+        name: Optional[str] = None,
     ) -> None:
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
@@ -149,6 +158,6 @@ class ThreadedStreamer(BaseStreamer):
             batch_cost,
             oom_errors,
         )
-        super().__init__(config, _ThreadBackend(predict, config))
+        super().__init__(config, _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name)
         facts = model_facts(predict, None)
         logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))

@@ -315,6 +315,16 @@ class _RedisClientBackend(Backend):
             self._workers_seen = time.monotonic()
         return live
 
+    def workers_now(self) -> int:
+        return self.live_workers()
+
+    @property
+    def requests_key(self) -> str:
+        return str(self._keys.requests)
+
+    def waiting(self) -> int:
+        return self.unanswered()
+
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
         deadline = time.monotonic() + timeout
@@ -424,7 +434,8 @@ class RedisStreamer(BaseStreamer):
     for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
     web service wants), and ``item_cost`` (a function of one input giving its
     cost: computed here, it travels with the request to workers started with
-    a ``max_batch_cost``). Same signature as service_streamer's
+    a ``max_batch_cost``), and ``name`` (this model's name in :meth:`stats`
+    and the metrics, default ``prefix``). Same signature as service_streamer's
     ``RedisStreamer``.
     """
 
@@ -438,6 +449,7 @@ class RedisStreamer(BaseStreamer):
         codec: str = "msgpack",
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
+        name: Optional[str] = None,
     ) -> None:
         config = BatchingConfig(_SEND_BATCH, 0.0, timeout, max_queue)
         if not isinstance(require_workers, bool):
@@ -445,16 +457,18 @@ class RedisStreamer(BaseStreamer):
         if item_cost is not None and not callable(item_cost):
             raise TypeError(f"item_cost must be a function of one input returning a positive number, got {item_cost!r}")
         self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers, item_cost)
-        super().__init__(config, self._backend)
+        super().__init__(config, self._backend, name=(prefix or "redis") if name is None else name)
 
     def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:
         if self._backend.workers_missing():
+            self._stats.finished("unavailable")
             raise self._backend.no_worker_error()
         limit = self._config.max_queue
         if limit is not None and not isinstance(batch, (str, bytes)):
             batch = list(batch)
             waiting = self._backend.unanswered() + self.queued()
             if waiting + len(batch) > limit:
+                self._stats.finished("rejected")
                 raise QueueFullError(
                     f"{waiting} inputs of this process wait for an answer and max_queue is {limit}: "
                     "retry later, add workers, or raise max_queue"
@@ -470,6 +484,19 @@ class RedisStreamer(BaseStreamer):
             return self._backend.live_workers()
         except broker_errors() as exc:
             raise BrokerUnavailableError(broker_problem(exc)) from exc
+
+    def why_not_ready(self) -> Optional[str]:
+        if self.closed:
+            return "the streamer is closed"
+        try:
+            live = self.live_workers()
+        except BrokerUnavailableError as exc:
+            return str(exc)
+        if live < 1:
+            return f"no worker serves {self._backend.requests_key} (start workers: streamer-worker, run-workers)"
+        return None
+
+    why_not_ready.__doc__ = BaseStreamer.why_not_ready.__doc__
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until at least one worker serves this prefix (workers load

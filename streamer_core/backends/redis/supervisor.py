@@ -8,7 +8,9 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -65,13 +67,17 @@ def run_redis_workers_forever(
     prefix: str = "",
     model_init_args: Optional[Sequence[Any]] = None,
     model_init_kwargs: Optional[Dict[str, Any]] = None,
+    *,
+    metrics_port: Optional[int] = None,
     **options: Any,
 ) -> int:
     """Run ``worker_num`` :class:`RedisWorker` processes, worker ``i`` on
     device ``cuda_devices[i % len(cuda_devices)]``, and keep them running:
     one that dies is started again (one whose model cannot load is not).
     SIGTERM or Ctrl-C lets every worker finish its batch in hand, then
-    returns 0. Extra keyword options go to :class:`RedisWorker`.
+    returns 0. ``metrics_port``: serve the workers' Prometheus metrics
+    there (see :func:`run_worker_groups`). Extra keyword options go to
+    :class:`RedisWorker`.
 
     Same signature as service_streamer's ``run_redis_workers_forever``.
     """
@@ -88,10 +94,57 @@ def run_redis_workers_forever(
     group = WorkerGroup(
         callable_name(model_class), worker_options, worker_num, check_devices("cuda_devices", cuda_devices)
     )
-    return run_worker_groups([group])
+    return run_worker_groups([group], metrics_port=metrics_port)
 
 
-def run_worker_groups(groups: Sequence[WorkerGroup]) -> int:
+class _MetricsServer:
+    """The workers' Prometheus metrics on ``port`` (every interface, as
+    ``prometheus_client`` serves them), added up over the worker processes
+    through its multiprocess mode: in a directory of its own unless
+    ``PROMETHEUS_MULTIPROC_DIR`` is set already."""
+
+    def __init__(self, port: int) -> None:
+        from ...metrics import available, multiprocess_mode
+
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"metrics_port must be a TCP port number (0 to 65535), got {port!r}")
+        if not available():
+            raise ValueError("metrics_port needs prometheus_client: pip install 'streamer-core[metrics]'")
+        from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+        self._own_dir: Optional[str] = None
+        if not multiprocess_mode():
+            self._own_dir = tempfile.mkdtemp(prefix="streamer-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._own_dir  # the workers inherit it
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        try:
+            self._server, _ = start_http_server(port, registry=registry)
+        except OSError as exc:
+            self.close()
+            raise ValueError(f"cannot serve metrics on port {port}: {exc}") from exc
+        self.port = self._server.server_port
+        logger.info("serving the workers' metrics at http://0.0.0.0:%d/metrics", self.port)
+
+    @staticmethod
+    def process_ended(pid: Optional[int]) -> None:
+        """Drop a dead worker's gauges (its counters and histograms stay)."""
+        from prometheus_client import multiprocess
+
+        if pid is not None:
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._own_dir is not None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+
+
+def run_worker_groups(groups: Sequence[WorkerGroup], metrics_port: Optional[int] = None) -> int:
     """Run the workers of every group in spawned processes and keep them
     running until SIGTERM or Ctrl-C (in the main thread), then let each finish
     its batch in hand and return 0. A worker that dies is restarted, with a
@@ -99,9 +152,23 @@ def run_worker_groups(groups: Sequence[WorkerGroup]) -> int:
     worker has failed to load its model. Waits for Redis first, logging
     while it does not answer.
 
+    ``metrics_port``: serve the workers' Prometheus metrics (batch sizes,
+    queue waits, model seconds, see :mod:`streamer_core.metrics`) on this
+    port, added up over the workers by ``prometheus_client``'s multiprocess
+    mode; 0 picks a free port.
+
     Everything is validated before any process starts: a bad option raises
     ``TypeError`` or ``ValueError`` here.
     """
+    metrics = _MetricsServer(metrics_port) if metrics_port is not None else None
+    try:
+        return _supervise(groups, metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer]) -> int:
     slots: List[Tuple[WorkerGroup, int, Optional[DeviceId]]] = []
     for group in groups:
         _check_int(f"worker_num of {group.name}", group.worker_num, 1)
@@ -159,6 +226,8 @@ def run_worker_groups(groups: Sequence[WorkerGroup]) -> int:
                 n = alive[sentinel]
                 process = processes[n]
                 process.join()
+                if metrics is not None:
+                    metrics.process_ended(process.pid)
                 if stopping.is_set():
                     break
                 group, i, _ = slots[n]

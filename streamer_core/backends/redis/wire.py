@@ -6,6 +6,7 @@ Keys, for a prefix ``P`` (``streamer`` alone when the prefix is empty)::
     streamer:P:requests          stream; consumer group "workers"
     streamer:P:results:<client>  stream per web process, expires when unread
     streamer:P:workers           sorted set: worker name -> its last beat (server ms)
+    streamer:P:worker-info       hash: worker name -> JSON {"host", "pid", "device"}, for status
     streamer:P:dead              stream, capped: entries that did not parse
 
 A request entry (written by :func:`request_fields`, read by :func:`parse_request`):
@@ -148,6 +149,7 @@ class Keys:
         self.namespace = f"streamer:{prefix}" if prefix else "streamer"
         self.requests = f"{self.namespace}:requests"
         self.workers = f"{self.namespace}:workers"  # a sorted set: worker -> its last beat, server ms
+        self.worker_info = f"{self.namespace}:worker-info"  # a hash: worker -> JSON of its host, pid, device
         self.dead = f"{self.namespace}:dead"
 
     def results(self, client_id: str) -> str:

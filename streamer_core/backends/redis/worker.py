@@ -18,6 +18,7 @@ taken over by the others after ``claim_after``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -36,6 +37,7 @@ from ...errors import ItemCostError, SerializationError, WorkerDiedError, Worker
 from ...managed_model import check_model, load_predict, model_facts, ready_line
 from ...oom import CostCap
 from ...runner import run_batch
+from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
 from .wire import (
@@ -103,7 +105,8 @@ class RedisWorker:
     ``max_item_crashes`` (default 2), and the options that shape batches by
     cost, as on every streamer (:class:`~streamer_core.BatchingConfig`):
     ``max_batch_cost``, ``batch_cost``, ``oom_errors``, and ``item_cost``,
-    used for requests whose web side sent no cost of its own.
+    used for requests whose web side sent no cost of its own; ``name``, the
+    model's name in :meth:`stats` and the metrics (default ``prefix``).
     """
 
     def __init__(
@@ -124,7 +127,10 @@ class RedisWorker:
         max_batch_cost: Optional[float] = None,
         batch_cost: str = "max",
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
+        name: Optional[str] = None,
     ) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty string (the model label of its metrics), got {name!r}")
         self._config = config = BatchingConfig(
             batch_size,
             max_latency,
@@ -179,6 +185,21 @@ class RedisWorker:
         self._next_claim = 0.0
         self._next_sweep = 0.0
         self.consumer = ""
+        self._stats = stats_for((prefix or "redis") if name is None else name)
+        self._info = "{}"
+        self._serving = False
+
+    def stats(self) -> StreamerStats:
+        """This worker process's numbers: its batches, their queue waits (from
+        each request's arrival in Redis) and model seconds, the inputs it
+        holds read ahead (``queue_depth``) and whether it serves
+        (``workers_live``). Calls are counted by the web processes."""
+        return self._stats.snapshot()
+
+    def gauges(self) -> Tuple[int, int]:
+        """``(inputs read ahead, 1 while serving)``, for the stats."""
+        with self._cond:
+            return len(self._next), int(self._serving)
 
     def stop(self) -> None:
         """Finish the batches in hand, then return from :meth:`run_forever`."""
@@ -196,6 +217,8 @@ class RedisWorker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
+        self._info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
         threads = {
@@ -210,9 +233,13 @@ class RedisWorker:
             thread.start()
         line = ready_line(model_facts(predict, gpu_id), self._config.batch_size, self._config.max_latency)
         logger.info("worker %s serving %s: %s", self.consumer, self._keys.requests, line)
+        self._serving = True
+        self._stats.watch(self)
         try:
             self._serve(predict)
         finally:
+            self._serving = False
+            self._stats.unwatch(self)
             self._stopping.set()  # ends the reader and the heartbeat, and bounds the writer's retries
             with self._cond:
                 self._cond.notify_all()
@@ -323,6 +350,10 @@ class RedisWorker:
             with self._cond:
                 self._shaping = config.max_batch_cost is not None or self._cap.active
         seconds = time.monotonic() - started if inputs else 0.0
+        if inputs:
+            # Each request's wait, by the server's clock: from its entry's time to now.
+            arrivals = [started - max(0.0, now_ms - batch[p].request.created_ms()) / 1000 for p in positions]
+            self._stats.batch_ran(started, seconds, arrivals)
         self._outbox.put(([held.request for held in batch], outcomes))
         return sum(outcome is not None for outcome in outcomes), seconds
 
@@ -617,6 +648,7 @@ class RedisWorker:
         drop them, while left pending, another worker takes them over."""
         try:
             self._conn.zrem(self._keys.workers, self.consumer)
+            self._conn.hdel(self._keys.worker_info, self.consumer)
             if self._conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self.consumer):
                 return
             self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
@@ -645,6 +677,10 @@ class RedisWorker:
         and learn whether it is the only one."""
         try:
             conn.eval(BEAT_SCRIPT, 1, self._keys.workers, self.consumer, PRESENCE_TTL_MS)
+            pipe = conn.pipeline(transaction=False)
+            pipe.hset(self._keys.worker_info, self.consumer, self._info)
+            pipe.pexpire(self._keys.worker_info, PRESENCE_TTL_MS)
+            pipe.execute(raise_on_error=False)  # for the status command only: never worth failing a beat
             self._sole_worker = int(conn.eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS)) <= 1
         except Exception as exc:  # a blip: the next beat tries again
             logger.debug("presence beat failed: %s", exc)

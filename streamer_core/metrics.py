@@ -1,0 +1,212 @@
+"""Prometheus metrics of every streamer in this process, through ``prometheus_client``.
+
+Optional: with ``prometheus_client`` not installed nothing here is imported
+and nothing is exported (the plain-Python numbers of
+:mod:`streamer_core.stats` are still kept). Installed, every model name gets,
+with the label ``model``:
+
+=================================  =========  ==============================================
+``streamer_batch_size``            histogram  inputs per model call
+``streamer_queue_wait_seconds``    histogram  an input's arrival to the start of its call
+``streamer_model_seconds``         histogram  one model call
+``streamer_requests_total``        counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
+``streamer_queue_depth``           gauge      inputs waiting now
+``streamer_workers_live``          gauge      workers able to take a batch now
+=================================  =========  ==============================================
+
+In one process (the usual case) the numbers are read from
+:mod:`streamer_core.stats` when Prometheus scrapes, by a collector in
+``prometheus_client``'s default registry: recording costs nothing more than
+the plain-Python counting. Under several processes (gunicorn with several
+workers, the Redis worker supervisor) set ``PROMETHEUS_MULTIPROC_DIR``, as
+``prometheus_client``'s multiprocess mode asks, before the processes start:
+each then writes its numbers to files there as it records them, and
+:func:`exposition` adds up those of every process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .stats import BATCH_SIZE_BUCKETS, OUTCOMES, SECONDS_BUCKETS, ModelStats, StreamerStats, all_stats
+
+__all__ = ["available", "exposition", "multiprocess_mode", "render"]
+#: Seconds between two updates of a process's gauges in multiprocess mode.
+GAUGE_PERIOD_S = 1.0
+
+_install_lock = threading.Lock()
+_installed = False
+_mirrors: Optional[_Mirrors] = None
+
+
+def available() -> bool:
+    """Whether ``prometheus_client`` can be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def multiprocess_mode() -> bool:
+    """Whether ``prometheus_client``'s multiprocess mode is on (``PROMETHEUS_MULTIPROC_DIR`` set)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"))
+
+
+def install(stats: ModelStats) -> None:
+    """Export ``stats`` (a new model's) to Prometheus, if ``prometheus_client``
+    is installed: called by :func:`streamer_core.stats.stats_for`."""
+    global _installed, _mirrors
+    with _install_lock:
+        if not _installed:
+            _installed = True
+            if not available():
+                return
+            if multiprocess_mode():
+                _mirrors = _Mirrors()
+            else:
+                from prometheus_client import REGISTRY
+
+                REGISTRY.register(_Collector())
+        if _mirrors is not None:
+            stats._mirror = _mirrors.record
+            _mirrors.watch(stats)
+
+
+def exposition() -> Tuple[bytes, str]:
+    """This process's metrics (every process's, in multiprocess mode) in
+    Prometheus's text format, and its media type, for a ``/metrics`` view.
+    Raises ``RuntimeError`` saying what to install without ``prometheus_client``."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+    except ImportError:
+        raise RuntimeError(
+            "metrics need prometheus_client: pip install 'streamer-core[metrics]' (or prometheus_client)"
+        ) from None
+    if multiprocess_mode():
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
+    """Metric families of these snapshots, for a ``prometheus_client`` collector."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    histograms = [
+        ("streamer_batch_size", "Inputs per model call.", "batch_size"),
+        ("streamer_queue_wait_seconds", "Seconds from an input's arrival to the start of its model call.",
+         "queue_wait_seconds"),
+        ("streamer_model_seconds", "Seconds of one model call.", "model_seconds"),
+    ]  # fmt: skip
+    for name, help_text, field in histograms:
+        family = HistogramMetricFamily(name, help_text, labels=["model"])
+        for snap in snapshots:
+            histogram = getattr(snap, field)
+            buckets = [(_le(bound), float(count)) for bound, count in histogram.cumulative()]
+            family.add_metric([snap.model], buckets, histogram.sum)
+        yield family
+    requests = CounterMetricFamily("streamer_requests", "Calls, by how they ended.", labels=["model", "outcome"])
+    for snap in snapshots:
+        for outcome in OUTCOMES:
+            requests.add_metric([snap.model, outcome], float(snap.requests[outcome]))
+    yield requests
+    depth = GaugeMetricFamily("streamer_queue_depth", "Inputs waiting for a worker now.", labels=["model"])
+    live = GaugeMetricFamily("streamer_workers_live", "Workers able to take a batch now.", labels=["model"])
+    for snap in snapshots:
+        depth.add_metric([snap.model], float(snap.queue_depth))
+        live.add_metric([snap.model], float(snap.workers_live))
+    yield depth
+    yield live
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class _Collector:
+    """Reads every model's stats when Prometheus scrapes (one process)."""
+
+    def collect(self) -> Iterator[Any]:
+        return render([stats.snapshot() for stats in all_stats()])
+
+    def describe(self) -> List[Any]:
+        return []  # no samples at registration: names are checked at scrape
+
+
+class _Mirrors:
+    """Multiprocess mode: ``prometheus_client`` metrics that every record is
+    copied into as it is made (they write to ``PROMETHEUS_MULTIPROC_DIR``),
+    and a thread that sets this process's gauges every :data:`GAUGE_PERIOD_S`."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.batch_size = Histogram("streamer_batch_size", "Inputs per model call.", ["model"],
+                                    buckets=BATCH_SIZE_BUCKETS)  # fmt: skip
+        self.queue_wait = Histogram(
+            "streamer_queue_wait_seconds",
+            "Seconds from an input's arrival to the start of its model call.",
+            ["model"],
+            buckets=SECONDS_BUCKETS,
+        )
+        self.model_seconds = Histogram(
+            "streamer_model_seconds", "Seconds of one model call.", ["model"], buckets=SECONDS_BUCKETS
+        )
+        self.requests = Counter("streamer_requests", "Calls, by how they ended.", ["model", "outcome"])
+        self.depth = Gauge(
+            "streamer_queue_depth", "Inputs waiting for a worker now.", ["model"], multiprocess_mode="livesum"
+        )
+        self.live = Gauge(
+            "streamer_workers_live", "Workers able to take a batch now.", ["model"], multiprocess_mode="livesum"
+        )
+        self._watched: Dict[str, ModelStats] = {}
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._pid = 0
+
+    def watch(self, stats: ModelStats) -> None:
+        with self._lock:
+            self._watched[stats.model] = stats
+            for outcome in OUTCOMES:  # every series exists from the start, at 0
+                self.requests.labels(stats.model, outcome)
+            if self._thread is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._gauges, name="streamer-metrics-gauges", daemon=True)
+                self._thread.start()
+        self._set_gauges(stats)
+
+    def record(self, stats: ModelStats, what: str, *args: Any) -> None:
+        model = stats.model
+        if what == "batch":
+            size, seconds, waits = args
+            self.batch_size.labels(model).observe(size)
+            self.model_seconds.labels(model).observe(seconds)
+            queue_wait = self.queue_wait.labels(model)
+            for wait in waits:
+                queue_wait.observe(wait)
+        else:
+            self.requests.labels(model, what).inc(args[0])
+
+    def _set_gauges(self, stats: ModelStats) -> None:
+        queued, live = stats.gauges()
+        self.depth.labels(stats.model).set(queued)
+        self.live.labels(stats.model).set(live)
+
+    def _gauges(self) -> None:
+        import time
+
+        while True:
+            time.sleep(GAUGE_PERIOD_S)
+            with self._lock:
+                watched = list(self._watched.values())
+            for stats in watched:
+                try:
+                    self._set_gauges(stats)
+                except Exception:  # never let a broker's hiccup end the thread
+                    pass

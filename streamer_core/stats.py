@@ -1,0 +1,283 @@
+"""What every streamer counts as it runs, per model, in plain Python.
+
+Each model name (a Flask route's endpoint, a Django ``MODELS`` key, a bare
+streamer's ``name``) has one :class:`ModelStats` per process, shared by every
+streamer of that name the process has started: counters survive a streamer
+being closed and started again (after a fork, say), as Prometheus expects of
+counters. Recording is a few integer additions per batch and one per input,
+under a lock no caller waits on for long; :mod:`streamer_core.metrics` reads
+the same numbers for Prometheus, and :meth:`BaseStreamer.stats` returns them
+as a :class:`StreamerStats` for people who do not use Prometheus.
+
+What is counted, and where:
+
+* ``requests``: calls, by outcome (see :data:`OUTCOMES`), when their future
+  completes (``ok``: once per batch) or when ``submit`` refuses them;
+* ``batch_size``, ``model_seconds``: once per model call, by the backend that
+  ran it (the process backend's workers report the seconds to their parent;
+  Redis workers count in their own process);
+* ``queue_wait_seconds``: per input, from its arrival to the start of the
+  model call that ran it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Tuple
+
+from .errors import (
+    ItemCostError,
+    QueueFullError,
+    SerializationError,
+    StreamerClosedError,
+    StreamerTimeoutError,
+    UnavailableError,
+)
+
+__all__ = ["OUTCOMES", "Histogram", "ModelStats", "StreamerStats", "outcome_of", "stats_for", "all_stats"]
+
+#: How a call can end. ``model_error``: the model raised for one of its inputs
+#: (or its worker died on it); ``rejected``: the queue was full; ``unavailable``:
+#: no worker, no broker, or the streamer closing; ``invalid``: the input could
+#: not be read or sent (HTTP 400); ``cancelled``: the caller gave it up.
+OUTCOMES = ("ok", "model_error", "timeout", "rejected", "unavailable", "invalid", "cancelled")
+
+#: Histogram bucket upper bounds. Batch sizes in powers of two (a batch of 64
+#: is counted at ``le="64"``); seconds from half a millisecond to half a minute.
+BATCH_SIZE_BUCKETS: Tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SECONDS_BUCKETS: Tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The outcome label of a call that failed with ``exc``."""
+    if isinstance(exc, StreamerTimeoutError):
+        return "timeout"
+    if isinstance(exc, QueueFullError):
+        return "rejected"
+    if isinstance(exc, (UnavailableError, StreamerClosedError)):
+        return "unavailable"
+    if isinstance(exc, (ItemCostError, SerializationError)) or getattr(exc, "status", 500) < 500:
+        return "invalid"  # and the web layers' InvalidInput (its status is 4xx)
+    return "model_error"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts of observations per bucket: ``counts[i]`` fell at or below
+    ``bounds[i]`` and above the bound before it; the last count is above every
+    bound. ``sum`` is the total of the observed values."""
+
+    bounds: Tuple[float, ...]
+    counts: Tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        """How many values were observed."""
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> Optional[float]:
+        """Their mean, or ``None`` before the first."""
+        count = self.count
+        return self.sum / count if count else None
+
+    def cumulative(self) -> List[Tuple[float, int]]:
+        """``(upper bound, values at or below it)`` pairs, ending with ``inf``:
+        Prometheus's ``le`` buckets."""
+        pairs, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts):
+            running += count
+            pairs.append((bound, running))
+        return pairs
+
+
+class _Buckets:
+    """A histogram being recorded; the owner's lock is held around writes."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def frozen(self) -> Histogram:
+        return Histogram(self.bounds, tuple(self.counts), self.sum)
+
+
+@dataclass(frozen=True)
+class StreamerStats:
+    """A snapshot of one model's numbers in this process; see
+    :meth:`BaseStreamer.stats`.
+
+    ``requests`` counts calls by outcome (every name of :data:`OUTCOMES` is
+    present); ``batch_size`` (inputs per model call), ``queue_wait_seconds``
+    (per input, arrival to the start of its model call) and ``model_seconds``
+    (per model call) are histograms; ``queue_depth`` is how many inputs wait
+    now and ``workers_live`` how many workers can take batches now, over
+    every streamer of this name the process runs. With the Redis backend a
+    web process counts calls and the queue, its workers count batches.
+    """
+
+    model: str
+    requests: Dict[str, int]
+    batch_size: Histogram
+    queue_wait_seconds: Histogram
+    model_seconds: Histogram
+    queue_depth: int
+    workers_live: int
+
+    @property
+    def batches(self) -> int:
+        """Model calls run."""
+        return self.batch_size.count
+
+    @property
+    def mean_batch_size(self) -> Optional[float]:
+        """Inputs per model call, on average; ``None`` before the first."""
+        return self.batch_size.mean
+
+
+class GaugeSource(Protocol):
+    """Something whose present state counts in a model's gauges."""
+
+    def gauges(self) -> Tuple[int, int]:
+        """``(inputs queued, workers live)`` now."""
+        ...
+
+
+class ModelStats:
+    """The numbers of one model name in this process (see the module
+    docstring). Backends record through :meth:`batch_ran`; futures and
+    ``submit`` through :meth:`finished` and :meth:`succeeded`."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._lock = threading.Lock()
+        self._requests = dict.fromkeys(OUTCOMES, 0)
+        self._batch_size = _Buckets(BATCH_SIZE_BUCKETS)
+        self._queue_wait = _Buckets(SECONDS_BUCKETS)
+        self._model_seconds = _Buckets(SECONDS_BUCKETS)
+        # Live streamers of this name, read for the gauges; weak, so stats
+        # never keep a streamer (or its model) alive.
+        self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
+        self._mirror: Optional[Callable[..., None]] = None  # see streamer_core.metrics
+
+    def watch(self, source: GaugeSource) -> None:
+        """Count ``source.gauges()`` in the queue depth and live workers
+        while ``source`` lives and is not :meth:`unwatch`-ed."""
+        with self._lock:
+            self._sources.add(source)
+
+    def unwatch(self, source: GaugeSource) -> None:
+        with self._lock:
+            self._sources.discard(source)
+
+    def batch_ran(self, started: float, seconds: float, arrivals: Iterable[float]) -> None:
+        """A model call of the inputs that arrived at ``arrivals`` (monotonic
+        times) started at ``started`` and ran for ``seconds``."""
+        waits = [max(0.0, started - arrival) for arrival in arrivals]
+        with self._lock:
+            self._batch_size.observe(len(waits))
+            self._model_seconds.observe(seconds)
+            observe = self._queue_wait.observe
+            for wait in waits:
+                observe(wait)
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "batch", len(waits), seconds, waits)
+
+    def succeeded(self, calls: int) -> None:
+        """``calls`` calls completed with their results."""
+        with self._lock:
+            self._requests["ok"] += calls
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "ok", calls)
+
+    def finished(self, outcome: str) -> None:
+        """One call ended with ``outcome`` (one of :data:`OUTCOMES`)."""
+        with self._lock:
+            self._requests[outcome] += 1
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, outcome, 1)
+
+    def failed(self, exc: BaseException) -> None:
+        """One call failed with ``exc``."""
+        self.finished(outcome_of(exc))
+
+    def gauges(self) -> Tuple[int, int]:
+        """``(inputs queued, workers live)`` now, over this name's live streamers."""
+        with self._lock:
+            sources = list(self._sources)
+        queued = live = 0
+        for source in sources:
+            try:
+                q, w = source.gauges()
+            except Exception:  # a broker that cannot be reached has no live workers
+                q, w = 0, 0
+            queued, live = queued + q, live + w
+        return queued, live
+
+    def snapshot(self) -> StreamerStats:
+        queued, live = self.gauges()
+        with self._lock:
+            return StreamerStats(
+                self.model,
+                dict(self._requests),
+                self._batch_size.frozen(),
+                self._queue_wait.frozen(),
+                self._model_seconds.frozen(),
+                queued,
+                live,
+            )
+
+
+_registry: Dict[str, ModelStats] = {}
+_registry_lock = threading.Lock()
+
+
+def stats_for(model: str) -> ModelStats:
+    """This process's :class:`ModelStats` of ``model``, made on first use."""
+    stats = _registry.get(model)
+    if stats is not None:
+        return stats
+    with _registry_lock:
+        stats = _registry.get(model)
+        if stats is None:
+            from .metrics import install
+
+            stats = _registry[model] = ModelStats(model)
+            install(stats)  # exported to Prometheus, if prometheus_client is installed
+    return stats
+
+
+def all_stats() -> List[ModelStats]:
+    """Every model's numbers in this process, by name."""
+    with _registry_lock:
+        return [_registry[name] for name in sorted(_registry)]

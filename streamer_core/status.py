@@ -1,0 +1,167 @@
+"""What ``flask streamer status`` and ``manage.py streamer_status`` report.
+
+For each model: its backend and batch settings and, for the Redis backend,
+what Redis says now: the live workers (host, pid, device, last beat), the
+requests waiting for a worker and those a worker holds (pending), and the
+age of the oldest waiting request. A model is well when its settings are
+valid and, for Redis, the broker answers and at least one worker is live;
+the commands exit non-zero otherwise, so they serve as a container's health
+check. Thread and process backends run inside each web process: a command
+run beside them can check their settings only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from .model_spec import ModelSpec
+
+__all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json"]
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One live Redis worker, as it announces itself."""
+
+    name: str
+    host: Optional[str]
+    pid: Optional[int]
+    device: Optional[str]
+    #: Seconds since its last heartbeat, by the Redis server's clock.
+    last_beat_s: float
+
+
+@dataclass
+class ModelStatus:
+    """One model's state; ``problems`` empty means well."""
+
+    name: str
+    backend: str
+    settings: Dict[str, Any]
+    problems: List[str] = field(default_factory=list)
+    workers: List[WorkerStatus] = field(default_factory=list)
+    #: Requests in Redis no worker has taken yet (Redis backend).
+    waiting: Optional[int] = None
+    #: Requests a worker has taken and not answered yet (Redis backend).
+    pending: Optional[int] = None
+    #: Seconds the oldest waiting request has waited (Redis backend; None: none waits).
+    oldest_waiting_s: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def model_status(spec: ModelSpec) -> ModelStatus:
+    """The state of ``spec``'s model: its settings, and for Redis, asked now."""
+    settings: Dict[str, Any] = {
+        "batch_size": spec.batch_size,
+        "max_latency": spec.max_latency,
+        "timeout": spec.timeout,
+        "max_queue": spec.max_queue,
+        "worker_num": spec.worker_num,
+    }
+    if spec.max_batch_cost is not None or spec.item_cost is not None:
+        settings.update(max_batch_cost=spec.max_batch_cost, batch_cost=spec.batch_cost)
+    status = ModelStatus(spec.name, spec.backend, settings)
+    status.problems.extend(problem.message for problem in spec.problems())
+    if spec.backend == "redis" and not status.problems:
+        from .backends.redis.connection import redact_url
+
+        settings.update(redis_url=redact_url(spec.redis_url or ""), prefix=spec.prefix)
+        _redis_status(spec, status)
+    return status
+
+
+def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
+    from .backends.redis.connection import broker_errors, broker_problem, connect
+    from .backends.redis.wire import GROUP, PRESENCE_MS, Keys
+
+    keys = Keys(spec.prefix)
+    conn = connect(spec.redis_url or "")
+    try:
+        seconds, micros = conn.time()
+        now_ms = seconds * 1000 + micros / 1000
+        beats = conn.zrangebyscore(keys.workers, now_ms - PRESENCE_MS, "+inf", withscores=True)
+        info = conn.hgetall(keys.worker_info) if conn.type(keys.worker_info) == b"hash" else {}
+        for member, beat_ms in beats:
+            status.workers.append(_worker(member, info.get(member), max(0.0, (now_ms - beat_ms) / 1000)))
+        if conn.type(keys.requests) == b"stream":
+            length = int(conn.xlen(keys.requests))
+            groups = {_text(g.get("name")): g for g in conn.xinfo_groups(keys.requests)}
+            group = groups.get(GROUP)
+            pending = int(group.get("pending") or 0) if group else 0
+            status.pending = pending
+            status.waiting = max(0, length - pending)
+            last = _text(group.get("last-delivered-id")) if group else "0-0"
+            oldest = conn.xrange(keys.requests, f"({last}", "+", count=1)
+            if oldest:
+                created_ms = int(_text(oldest[0][0]).partition("-")[0])
+                status.oldest_waiting_s = max(0.0, (now_ms - created_ms) / 1000)
+        else:
+            status.waiting, status.pending = 0, 0
+    except broker_errors() as exc:
+        status.problems.append(broker_problem(exc))
+        return
+    finally:
+        conn.close()
+    if not status.workers:
+        status.problems.append(
+            f"no live worker serves {keys.requests}: start them (flask streamer run-workers, "
+            "manage.py run_gpu_workers or streamer-worker)"
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _worker(member: Any, raw: Any, last_beat_s: float) -> WorkerStatus:
+    """A worker from its presence entry and its info, read defensively:
+    anyone with access to Redis may have written anything there."""
+    name = _text(member)
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    device: Optional[str] = None
+    try:
+        data = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        data = {}
+    if isinstance(data, dict):
+        host = data["host"] if isinstance(data.get("host"), str) else None
+        pid = data["pid"] if isinstance(data.get("pid"), int) else None
+        device = str(data["device"]) if isinstance(data.get("device"), (str, int)) else None
+    if host is None or pid is None:  # a worker of an older version: its name is host-pid-random
+        parts = name.rsplit("-", 2)
+        if len(parts) == 3 and parts[1].isdigit():
+            host, pid = host or parts[0], pid or int(parts[1])
+    return WorkerStatus(name, host, pid, device, round(last_beat_s, 3))
+
+
+def render_text(statuses: Sequence[ModelStatus]) -> str:
+    """The statuses as lines for a terminal."""
+    lines = []
+    for status in statuses:
+        mark = "ok" if status.ok else "PROBLEM"
+        settings = ", ".join(f"{key}={value}" for key, value in status.settings.items())
+        lines.append(f"{status.name} [{status.backend}] {mark}: {settings}")
+        if status.backend == "redis" and status.waiting is not None:
+            oldest = "" if status.oldest_waiting_s is None else f", oldest waiting {status.oldest_waiting_s:.3g}s"
+            lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
+            lines.append(f"  live workers: {len(status.workers)}")
+            for worker in status.workers:
+                device = worker.device if worker.device is not None else "default"
+                lines.append(
+                    f"    {worker.name}: host {worker.host}, pid {worker.pid}, device {device}, "
+                    f"last beat {worker.last_beat_s:.3g}s ago"
+                )
+        lines.extend(f"  problem: {problem}" for problem in status.problems)
+    return "\n".join(lines)
+
+
+def render_json(statuses: Sequence[ModelStatus]) -> str:
+    """The statuses as one JSON object: ``{"ok": bool, "models": {name: ...}}``."""
+    models = {status.name: dict(asdict(status), ok=status.ok) for status in statuses}
+    return json.dumps({"ok": all(status.ok for status in statuses), "models": models}, indent=2)

@@ -1,0 +1,237 @@
+"""``streamer.stats()`` and the Prometheus metrics: what is counted, where.
+
+Every streamer here has a name of its own (the numbers of one name are
+shared by the process), and the tests compare the numbers with the calls
+they made."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import time
+import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import pytest
+from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamer_core import (
+    ItemCostError,
+    QueueFullError,
+    Streamer,
+    StreamerClosedError,
+    StreamerTimeoutError,
+    ThreadedStreamer,
+)
+from streamer_core.metrics import exposition
+from streamer_core.stats import OUTCOMES, stats_for
+
+from ..conftest import Gate
+from ..helpers import wait_for
+from . import models
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def slow_double(batch: List[int]) -> List[int]:
+    time.sleep(0.02)
+    return [x * 2 for x in batch]
+
+
+def scrape() -> Dict[str, Dict[tuple, float]]:
+    """This process's metrics as ``{sample name: {labels: value}}``."""
+    body, _ = exposition()
+    samples: Dict[str, Dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def test_counts_every_call_batch_and_input(closing: Callable[[Any], Any]) -> None:
+    name = unique("double")
+    streamer = closing(ThreadedStreamer(slow_double, 8, 0.05, name=name))
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda x: streamer.predict([x])[0], range(200)))
+    assert results == [2 * x for x in range(200)]
+    stats = streamer.stats()
+    assert stats.model == name == streamer.name
+    assert stats.requests == dict.fromkeys(OUTCOMES, 0) | {"ok": 200}
+    assert stats.batch_size.sum == 200  # every input in exactly one model call
+    assert 200 / 8 <= stats.batches < 200  # batched, never more than batch_size at a time
+    assert stats.batch_size.counts[-1] == 0 and sum(stats.batch_size.counts[4:]) == 0  # none over 8
+    assert stats.queue_wait_seconds.count == 200
+    assert stats.model_seconds.count == stats.batches
+    assert stats.model_seconds.sum >= 0.02 * stats.batches * 0.9  # each call slept 20 ms
+    assert stats.queue_depth == 0 and stats.workers_live == 1
+
+
+def test_queue_wait_is_arrival_to_the_start_of_the_model_call(gate: Gate, closing: Callable[[Any], Any]) -> None:
+    streamer = closing(ThreadedStreamer(gate, 4, 0.0, name=unique("gate")))
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    waiting = streamer.submit(["a", "b"])  # queued behind the held batch
+    wait_for(lambda: streamer.stats().queue_depth == 2, 5)
+    time.sleep(0.3)
+    gate.release()
+    assert held.result(5) == ["ok:hold"] and waiting.result(5) == ["ok:a", "ok:b"]
+    stats = streamer.stats()
+    assert stats.queue_wait_seconds.count == 3
+    # "a" and "b" waited the 0.3 s the model was held; "hold" hardly at all.
+    assert stats.queue_wait_seconds.sum >= 2 * 0.3
+    assert stats.queue_wait_seconds.counts[-1] == 0  # none past 30 s
+    assert stats.queue_depth == 0
+
+
+def test_outcomes_are_counted_by_kind(closing: Callable[[Any], Any], gate: Gate) -> None:
+    name = unique("outcomes")
+
+    def cost(x: Any) -> int:
+        if x == "bad":
+            raise ValueError("no cost")
+        return 1
+
+    def model(batch: List[Any]) -> List[Any]:
+        if "slow" in batch:
+            time.sleep(0.5)
+        if "boom" in batch:
+            raise RuntimeError("boom")
+        return gate(batch)
+
+    streamer = closing(ThreadedStreamer(model, 4, 0.0, name=name, max_queue=3, item_cost=cost))
+    assert streamer.predict(["x"]) == ["ok:x"]  # ok
+    with pytest.raises(RuntimeError):
+        streamer.predict(["boom"])  # model_error
+    with pytest.raises(ItemCostError):
+        streamer.predict(["bad"])  # invalid
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["slow"], timeout=0.1)  # timeout
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    queued = streamer.submit(["q1", "q2"])  # 2 of max_queue 3 queued
+    with pytest.raises(QueueFullError):
+        streamer.submit(["over", "over"])  # rejected
+    streamer.submit(["gone"]).cancel()  # cancelled
+    gate.release()
+    assert held.result(5) == ["ok:hold"] and queued.result(5) == ["ok:q1", "ok:q2"]
+    streamer.close()
+    with pytest.raises(StreamerClosedError):
+        streamer.predict(["late"])  # unavailable
+    assert streamer.stats().requests == {
+        "ok": 3,
+        "model_error": 1,
+        "timeout": 1,
+        "rejected": 1,
+        "unavailable": 1,
+        "invalid": 1,
+        "cancelled": 1,
+    }
+    assert "gone" not in gate.seen()  # a cancelled call never reaches the model
+
+
+def test_process_workers_report_through_their_parent(closing: Callable[[Any], Any]) -> None:
+    name = unique("proc")
+    streamer = closing(Streamer(models.batch_info, 4, 0.02, worker_num=2, name=name))
+    assert streamer.wait_ready(60)
+    assert streamer.stats().workers_live == 2
+    with ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(lambda x: streamer.predict([x])[0], range(60)))
+    stats = streamer.stats()
+    assert stats.requests["ok"] == 60
+    assert stats.batch_size.sum == 60
+    # Each batch's size as the workers saw it, against the histogram.
+    assert stats.batches >= 60 / 4 and stats.model_seconds.count == stats.batches
+    assert max(size for _, size, _ in outputs) <= 4
+    assert stats.queue_wait_seconds.count == 60
+    streamer.close()
+    assert streamer.stats().workers_live == 0  # counters stay, gauges follow the live streamers
+    assert streamer.stats().requests["ok"] == 60
+
+
+def test_stats_of_one_name_are_shared_and_outlive_a_streamer(closing: Callable[[Any], Any]) -> None:
+    name = unique("shared")
+    first = ThreadedStreamer(models.double, 4, 0.0, name=name)
+    first.predict([1, 2])
+    first.close()
+    second = closing(ThreadedStreamer(models.double, 4, 0.0, name=name))
+    second.predict([3])
+    assert second.stats().requests["ok"] == 2  # one call on each
+    assert second.stats().batch_size.sum == 3
+    assert stats_for(name).snapshot() == second.stats()
+
+
+def test_default_names_and_a_bad_name() -> None:
+    with ThreadedStreamer(models.double, 4) as streamer:
+        assert streamer.name == "double"
+    with pytest.raises(TypeError, match="name must be a non-empty string"):
+        ThreadedStreamer(models.double, 4, name="")
+
+
+def test_prometheus_scrape_matches_the_calls(closing: Callable[[Any], Any]) -> None:
+    name = unique("scraped")
+    streamer = closing(ThreadedStreamer(models.fail_on_negative, 8, 0.01, name=name))
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(streamer.predict, [x]) for x in [*range(40), -1, -2]]
+    errors = sum(1 for f in futures if f.exception() is not None)
+    assert errors == 2
+    samples = scrape()
+    label = (("model", name),)
+    assert samples["streamer_requests_total"][(("model", name), ("outcome", "ok"))] == 40
+    assert samples["streamer_requests_total"][(("model", name), ("outcome", "model_error"))] == 2
+    assert samples["streamer_batch_size_sum"][label] == streamer.stats().batch_size.sum >= 42
+    assert samples["streamer_batch_size_count"][label] == streamer.stats().batches
+    assert samples["streamer_queue_wait_seconds_count"][label] == streamer.stats().queue_wait_seconds.count
+    assert samples["streamer_model_seconds_count"][label] == streamer.stats().batches
+    assert samples["streamer_batch_size_bucket"][(("le", "+Inf"), ("model", name))] == streamer.stats().batches
+    assert samples["streamer_queue_depth"][label] == 0
+    assert samples["streamer_workers_live"][label] == 1
+
+
+_CALLS = """
+import sys
+from streamer_core import ThreadedStreamer
+from tests.core.models import double
+streamer = ThreadedStreamer(double, 4, 0.0, name=sys.argv[1])
+for x in range(int(sys.argv[2])):
+    assert streamer.predict([x]) == [2 * x]
+streamer.close()
+"""
+
+
+def test_multiprocess_mode_adds_up_the_processes(tmp_path: Path) -> None:
+    """As under gunicorn with several workers: each process writes its numbers
+    under PROMETHEUS_MULTIPROC_DIR, and a scrape adds them up."""
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
+    name = unique("multi")
+    runs = [subprocess.Popen([sys.executable, "-c", _CALLS, name, str(n)], env=env, cwd=ROOT) for n in (7, 11)]
+    assert [run.wait(60) for run in runs] == [0, 0]
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+    ok = registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"})
+    inputs = registry.get_sample_value("streamer_batch_size_sum", {"model": name})
+    waits = registry.get_sample_value("streamer_queue_wait_seconds_count", {"model": name})
+    assert (ok, inputs, waits) == (18, 18, 18)
+
+
+def test_stats_keep_no_streamer_alive() -> None:
+    name = unique("gone")
+    streamer = ThreadedStreamer(models.double, 4, name=name)
+    streamer.predict([1])
+    engine = weakref.ref(streamer._engine)
+    streamer.close()
+    del streamer
+    gc.collect()
+    assert engine() is None, "the stats hold the streamer's engine (and its model) alive"
+    assert stats_for(name).snapshot().requests["ok"] == 1
