@@ -1,0 +1,150 @@
+"""Operating the Redis backend: the workers' own metrics (``--metrics-port``),
+readiness as workers come and go, and the status command against a real
+Redis with workers up and down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from typing import Any, Callable, Dict, Tuple
+
+from flask import Flask
+from prometheus_client.parser import text_string_to_metric_families
+
+from flask_streamer import FlaskStreamer
+from streamer_core import NoWorkerError
+from streamer_core.status import model_status
+from tests.redis.conftest import Broker, Processes, ThreadWorker, free_port, wait_for, wait_serving, worker_children
+from tests.redis.models import identity
+
+
+def samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def scrape(port: int) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return samples(response.read().decode())
+
+
+def redis_app(broker: Broker) -> Flask:
+    app = Flask(f"ops-{broker.prefix}")
+    app.config.update(
+        STREAMER_BACKEND="redis",
+        STREAMER_REDIS_URL=broker.url,
+        STREAMER_READY_ROUTE="/readyz",
+        STREAMER_TIMEOUT=10,
+    )
+    streamer = FlaskStreamer(app)
+    streamer.add_batched_route("/identity", "identity", identity, prefix=broker.prefix)
+    return app
+
+
+def test_worker_metrics_add_up_over_the_supervisors_workers(
+    broker: Broker, procs: Processes, make_streamer: Callable[..., Any]
+) -> None:
+    port = free_port()
+    cli = procs.cli(broker, "tests.redis.models:with_batch", "--workers", "2", "--metrics-port", str(port))
+    assert wait_for(lambda: len(worker_children(cli.pid)) == 2, 30)
+    wait_serving(procs, cli, worker_children(cli.pid))
+    streamer = make_streamer(broker, name="web")
+    for start in range(0, 90, 9):
+        assert [x for x, _ in streamer.predict(list(range(start, start + 9)))] == list(range(start, start + 9))
+    model = ("model", broker.prefix)  # a bare command's model is named by its prefix
+    found = wait_for(lambda: (f := scrape(port)).get(("streamer_batch_size_sum", (model,))) == 90 and f, 10)
+    assert found, scrape(port)
+    assert found[("streamer_queue_wait_seconds_count", (model,))] == 90
+    batches = found[("streamer_batch_size_count", (model,))]
+    assert found[("streamer_model_seconds_count", (model,))] == batches >= 90 / 8
+    assert wait_for(lambda: scrape(port)[("streamer_workers_live", (model,))] == 2, 5)
+    # The web side counts the calls, under its own name.
+    assert streamer.stats().requests["ok"] == 10
+    assert streamer.stats().workers_live == 2
+
+
+def test_readiness_follows_the_workers(
+    broker: Broker, procs: Processes, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    client = redis_app(broker).test_client()
+    before = client.get("/readyz")
+    assert before.status_code == 503
+    assert "no worker serves" in before.json["models"]["identity"]["reason"]
+    worker = procs.worker(broker, "identity")
+    wait_serving(procs, worker, [worker.pid])
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 5)
+    assert client.post("/identity", json=5).json == 5
+    os.kill(worker.pid, signal.SIGKILL)
+    # Taken for dead once it has not beaten for PRESENCE_MS (3 s).
+    after = wait_for(lambda: (r := client.get("/readyz")).status_code == 503 and r, 10)
+    assert after and "no worker serves" in after.json["models"]["identity"]["reason"]
+
+
+def test_readiness_when_redis_is_down(fault_broker: Broker, start_worker: Callable[..., ThreadWorker]) -> None:
+    client = redis_app(fault_broker).test_client()
+    start_worker(fault_broker, identity)
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 10)
+    assert fault_broker.server is not None
+    fault_broker.server.kill()
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    reason = response.json["models"]["identity"]["reason"]
+    assert "Redis" in reason or "redis" in reason, reason
+
+
+def test_status_command_with_workers_up_and_down(
+    broker: Broker, start_worker: Callable[..., ThreadWorker], make_streamer: Callable[..., Any]
+) -> None:
+    app = redis_app(broker)
+    runner = app.test_cli_runner()
+    down = runner.invoke(args=["streamer", "status"])
+    assert down.exit_code == 1, down.output
+    assert "identity [redis] PROBLEM" in down.output and "no live worker serves" in down.output
+
+    # Requests waiting with no worker: counted, and the oldest one's age.
+    waiting = make_streamer(broker, timeout=30)
+    futures = [waiting.submit([x]) for x in range(3)]
+    broker.wait_queued(3)
+    report = json.loads(runner.invoke(args=["streamer", "status", "--json"]).output)
+    assert report["ok"] is False and report["models"]["identity"]["waiting"] == 3
+    assert report["models"]["identity"]["oldest_waiting_s"] >= 0
+
+    worker = start_worker(broker, identity)
+    assert [f.result(10) for f in futures] == [[0], [1], [2]]
+    up = runner.invoke(args=["streamer", "status", "--json"])
+    assert up.exit_code == 0, up.output
+    model = json.loads(up.output)["models"]["identity"]
+    assert model["waiting"] == 0 and model["pending"] == 0 and model["oldest_waiting_s"] is None
+    [info] = model["workers"]
+    assert info["pid"] == os.getpid() and info["host"] and info["last_beat_s"] < 3
+    assert worker.worker.consumer == info["name"]
+    worker.stop()
+    assert runner.invoke(args=["streamer", "status"]).exit_code == 1
+
+
+def test_status_reads_a_garbled_worker_info_safely(broker: Broker, start_worker: Callable[..., ThreadWorker]) -> None:
+    start_worker(broker, identity)
+    spec = redis_app(broker).extensions["streamer"].handles
+    [handle] = spec.values()
+    assert wait_for(lambda: model_status(handle.spec).ok, 5)
+    key = f"streamer:{broker.prefix}:worker-info"
+    for value in [b"\xff\xfe", b"[1, 2]", b'{"pid": "x", "host": 3}']:
+        for name in broker.conn.hkeys(key):
+            broker.conn.hset(key, name, value)
+        status = model_status(handle.spec)
+        assert status.ok and len(status.workers) == 1
+        assert status.workers[0].pid == os.getpid()  # from the worker's name, host-pid-random
+
+
+def test_web_side_counts_calls_refused_for_want_of_workers(broker: Broker, make_streamer: Callable[..., Any]) -> None:
+    streamer = make_streamer(broker, require_workers=True, name=f"refused-{broker.prefix}")
+    try:
+        streamer.predict([1])
+    except NoWorkerError:
+        pass
+    assert streamer.stats().requests["unavailable"] == 1
