@@ -24,6 +24,10 @@ DEFAULTS: Dict[str, Any] = {
     # (bench/cost_bench.py; the README's Performance section).
     "STREAMER_ITEM_COST": "example_flask.embedding:token_estimate",
     "STREAMER_MAX_BATCH_COST": 512,
+    # Prometheus metrics, liveness and readiness (README: Operations).
+    "STREAMER_METRICS_ROUTE": "/metrics",
+    "STREAMER_HEALTH_ROUTE": "/healthz",
+    "STREAMER_READY_ROUTE": "/readyz",
     "EMBEDDING_MODEL": DEFAULT_MODEL,
 }
 
@@ -61,7 +65,13 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     @app.get("/")
     def index() -> Any:
         return jsonify(
-            endpoints={"POST /naive": "one model call per request", "POST /stream": "batched"},
+            endpoints={
+                "POST /naive": "one model call per request",
+                "POST /stream": "batched",
+                "GET /metrics": "Prometheus metrics",
+                "GET /healthz": "liveness",
+                "GET /readyz": "readiness: 200 once the model can serve",
+            },
             backend=app.config["STREAMER_BACKEND"],
             model=app.config["EMBEDDING_MODEL"],
         )

@@ -24,3 +24,12 @@ def post_worker_init(worker):
     from flask_streamer import start_streamers
 
     start_streamers(worker.wsgi)
+
+
+def child_exit(server, worker):
+    # Under prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR
+    # set, several workers): a dead worker's gauges go with it.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

@@ -1,13 +1,14 @@
 """``flask streamer``: commands for the batched routes of an app.
 
 flask --app example_flask streamer run-workers [--route NAME ...] [--workers N] [--devices 0,1]
+flask --app example_flask streamer status [--json]
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import click
 from flask import current_app
@@ -15,11 +16,45 @@ from flask.cli import AppGroup
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
 from streamer_core.config import LOG_FORMAT
-from streamer_core.model_spec import parse_devices
+from streamer_core.model_spec import ModelSpec, parse_devices
+from streamer_core.status import model_status, render_json, render_text
 
 __all__ = ["streamer_cli"]
 
 streamer_cli = AppGroup("streamer", help="Workers and information for flask_streamer's batched routes.")
+
+
+def _routes(names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
+    """The app's batched routes, or those named."""
+    extension = current_app.extensions.get("streamer")
+    if extension is None:
+        raise click.UsageError("flask_streamer is not set up on this app: call FlaskStreamer(app) or init_app(app)")
+    routes = extension.extension.routes(current_app)
+    if names:
+        known = {route.name: route for route in routes} | {route.endpoint: route for route in routes}
+        missing = [name for name in names if name not in known]
+        if missing:
+            raise click.UsageError(
+                f"no batched route named {', '.join(missing)}; "
+                f"the app has {', '.join(r.name for r in routes) or 'none'}"
+            )
+        routes = list(dict.fromkeys(known[name] for name in names))
+    if not routes:
+        raise click.UsageError("the app has no batched routes: declare them with @streamer.batched_route")
+    return [(route, extension.handles[route].spec) for route in routes]
+
+
+@streamer_cli.command("status")
+@click.option("--route", "names", multiple=True, metavar="NAME", help="Only this batched route; repeat for several.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+def status(names: Tuple[str, ...], as_json: bool) -> None:
+    """Each batched route's backend and batch settings and, for Redis, its
+    live workers (host, pid, device, last beat), the requests waiting and
+    pending and the oldest one's age. Exits 1 when a route cannot serve
+    (Redis unreachable, no live worker), so it works as a health check."""
+    statuses = [model_status(spec) for _route, spec in _routes(names)]
+    click.echo(render_json(statuses) if as_json else render_text(statuses))
+    sys.exit(0 if all(status.ok for status in statuses) else 1)
 
 
 @streamer_cli.command("run-workers")
@@ -43,31 +78,25 @@ streamer_cli = AppGroup("streamer", help="Workers and information for flask_stre
     help="CUDA devices, comma-separated; worker i gets devices[i % n] (default: STREAMER_CUDA_DEVICES).",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    metavar="PORT",
+    help="Serve the workers' Prometheus metrics on this port, at /metrics (needs prometheus_client).",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optional[str], log_level: str) -> None:
+def run_workers(
+    names: Tuple[str, ...], workers: Optional[int], devices: Optional[str], metrics_port: Optional[int], log_level: str
+) -> None:
     """Run the Redis workers of the app's batched routes until Ctrl-C or
     SIGTERM, which let every worker finish its batch in hand. A worker that
     dies is restarted. The web processes only enqueue."""
-    extension = current_app.extensions.get("streamer")
-    if extension is None:
-        raise click.UsageError("flask_streamer is not set up on this app: call FlaskStreamer(app) or init_app(app)")
-    routes = extension.extension.routes(current_app)
-    if names:
-        known = {route.name: route for route in routes} | {route.endpoint: route for route in routes}
-        missing = [name for name in names if name not in known]
-        if missing:
-            raise click.UsageError(
-                f"no batched route named {', '.join(missing)}; "
-                f"the app has {', '.join(r.name for r in routes) or 'none'}"
-            )
-        routes = list(dict.fromkeys(known[name] for name in names))
-    if not routes:
-        raise click.UsageError("the app has no batched routes: declare them with @streamer.batched_route")
-    specs = [extension.handles[route].spec for route in routes]
+    specs = [spec for _route, spec in _routes(names)]
     not_redis = [spec.name for spec in specs if spec.backend != "redis"]
     if not_redis:
         raise click.UsageError(
@@ -83,7 +112,7 @@ def run_workers(names: Tuple[str, ...], workers: Optional[int], devices: Optiona
             f"(keys streamer:{spec.prefix}:*)"
         )
     try:
-        code = run_worker_groups(groups)
+        code = run_worker_groups(groups, metrics_port=metrics_port)
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     sys.exit(code)

@@ -8,10 +8,10 @@ import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import werkzeug.exceptions
-from flask import Blueprint, Flask, Request, current_app, jsonify, request
+from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest, HTTPException
 
-from streamer_core.errors import SerializationError
+from streamer_core.errors import SerializationError, StreamerClosedError
 from streamer_core.http import (
     MISSING,
     InvalidInput,
@@ -21,10 +21,13 @@ from streamer_core.http import (
     item_from_request,
     to_jsonable,
 )
+from streamer_core.metrics import exposition
 from streamer_core.model_spec import LazyStreamer, ModelSpec
+from streamer_core.probes import liveness, readiness
+from streamer_core.stats import stats_for
 from streamer_core.streamer import BaseStreamer
 
-from .settings import ROUTE_OPTIONS, read_settings, setting_name
+from .settings import ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
 __all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "start_streamers"]
 
@@ -112,6 +115,8 @@ class _AppState:
         self.extension = extension
         self.settings = settings
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
+        #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
+        self.draining = False
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -163,6 +168,10 @@ class FlaskStreamer:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
         app.register_error_handler(werkzeug.exceptions.MethodNotAllowed, _method_not_allowed)
+        views = {"metrics_route": _metrics_view, "health_route": _health_view, "ready_route": _ready_view}
+        for field, rule in app_routes(app.config).items():
+            if rule is not None:
+                app.add_url_rule(rule, f"streamer_{field[: -len('_route')]}", views[field], methods=["GET"])
         from .cli import streamer_cli
 
         if streamer_cli.name not in app.cli.commands:
@@ -308,14 +317,30 @@ class FlaskStreamer:
 
     # -- requests ----------------------------------------------------------------
 
+    def drain(self, app: Optional[Flask] = None, timeout: float = 10.0) -> None:
+        """Shut this process's side down gracefully: from now on new calls to
+        a batched route get 503 with ``Retry-After`` (and readiness answers
+        503), while calls in hand finish for up to ``timeout`` seconds; then
+        every streamer stops. For a server's shutdown hook (see the README)."""
+        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        _state(app).draining = True
+        self.close(app, timeout)
+
     def _handle(self, route: BatchedRoute) -> Any:
         app = current_app._get_current_object()  # type: ignore[attr-defined]
-        handle = _state(app).handle(route)
+        state = _state(app)
+        handle = state.handle(route)
+        if state.draining:
+            stats_for(route.name).finished("unavailable")
+            status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
+            return jsonify(body), status, headers
         try:
             item = _parse(route)
         except InvalidInput as exc:
+            stats_for(route.name).failed(exc)
             return _error(exc, app)
         except HTTPException as exc:  # 413 and the like, raised by Flask while reading the body
+            stats_for(route.name).finished("invalid")
             body = {"error": {"status": exc.code, "type": type(exc).__name__, "message": exc.description}}
             return jsonify(body), exc.code or 400
         try:
@@ -342,6 +367,24 @@ def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> No
 
     See :meth:`FlaskStreamer.start`."""
     _state(app).extension.start(app, wait, timeout)
+
+
+def _metrics_view() -> Any:
+    body, content_type = exposition()
+    return Response(body, content_type=content_type)
+
+
+def _health_view() -> Any:
+    status, body = liveness()
+    return jsonify(body), status
+
+
+def _ready_view() -> Any:
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    state = _state(app)
+    handles = {route.name: state.handles[route] for route in state.extension.routes(app)}
+    status, body = readiness(handles, state.draining)
+    return jsonify(body), status, ({"Retry-After": "5"} if status == 503 else {})
 
 
 def _state(app: Flask) -> _AppState:

@@ -16,6 +16,9 @@ setting                      default         meaning
 ``STREAMER_ITEM_COST``       ``None``        a function of one input (or its import path) giving its cost
 ``STREAMER_MAX_BATCH_COST``  ``None``        the most one batch may cost; None: no limit but the size
 ``STREAMER_BATCH_COST``      ``"max"``       ``"max"``: length times the costliest input; ``"sum"``
+``STREAMER_METRICS_ROUTE``   ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
+``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
+``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
 ===========================  ==============  ==============================================
 
 Every route may override any of them by the keyword of the same name
@@ -30,12 +33,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
+from streamer_core.metrics import available as metrics_available
 from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ConfigurationError, ModelSpec
 
-__all__ = ["DEFAULTS", "ROUTE_OPTIONS", "read_settings", "setting_name"]
+__all__ = ["DEFAULTS", "APP_DEFAULTS", "ROUTE_OPTIONS", "read_settings", "app_routes", "setting_name"]
 
 #: Each setting's default, by ModelSpec field.
 DEFAULTS: Dict[str, Any] = {
@@ -58,6 +62,11 @@ DEFAULTS: Dict[str, Any] = {
 #: used as it is, where the app's is followed by ``:<endpoint>``.
 ROUTE_OPTIONS = tuple(DEFAULTS)
 
+#: Settings of the app as a whole: where it serves its metrics and probes
+#: (``None``: not served).
+APP_DEFAULTS: Dict[str, Any] = {"metrics_route": None, "health_route": None, "ready_route": None}
+_ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "ready_route": "/readyz"}
+
 
 def setting_name(field: str) -> str:
     return f"STREAMER_{field.upper()}"
@@ -68,7 +77,7 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     :class:`ConfigurationError` naming every wrong or unknown setting, as
     the user wrote it (``FLASK_STREAMER_BACKEND`` when it came from that
     environment variable through ``app.config.from_prefixed_env()``)."""
-    known = {setting_name(field) for field in DEFAULTS}
+    known = {setting_name(field) for field in (*DEFAULTS, *APP_DEFAULTS)}
     unknown = [key for key in config if key.startswith("STREAMER_") and key not in known]
     settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
     if settings["prefix"] is None:
@@ -76,7 +85,8 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     messages = []
     for key in unknown:
         # Compare what follows STREAMER_, or every key would look close.
-        close = difflib.get_close_matches(key[len("STREAMER_") :], [field.upper() for field in DEFAULTS], n=1)
+        fields = [field.upper() for field in (*DEFAULTS, *APP_DEFAULTS)]
+        close = difflib.get_close_matches(key[len("STREAMER_") :], fields, n=1)
         written = written_as(key, config)
         if close:
             hint = f"; did you mean {written[: -len(key)]}STREAMER_{close[0]}?"
@@ -86,11 +96,29 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     probe = ModelSpec(name="", model=_placeholder, **settings)
     problems = probe.problems(lambda field: written_as(setting_name(field), config))
     messages.extend(problem.message for problem in problems)
+    for field in APP_DEFAULTS:
+        rule = config.get(setting_name(field))
+        if rule is not None and (not isinstance(rule, str) or not rule.startswith("/")):
+            messages.append(
+                f"{written_as(setting_name(field), config)} must be a URL path starting with '/' "
+                f"(e.g. {_ROUTE_EXAMPLES[field]!r}) or None to serve none; got {rule!r}"
+            )
+    if config.get(setting_name("metrics_route")) is not None and not metrics_available():
+        messages.append(
+            f"{written_as(setting_name('metrics_route'), config)} serves Prometheus metrics, which need "
+            "prometheus_client: pip install 'streamer-core[metrics]', or set it to None"
+        )
     if messages:
         error = ConfigurationError("bad streamer settings:\n  " + "\n  ".join(messages))
         error.messages = messages
         raise error
     return settings
+
+
+def app_routes(config: Mapping[str, Any]) -> Dict[str, Optional[str]]:
+    """``metrics_route``, ``health_route`` and ``ready_route``: each a path or
+    ``None`` (checked by :func:`read_settings`)."""
+    return {field: config.get(setting_name(field), default) for field, default in APP_DEFAULTS.items()}
 
 
 def written_as(key: str, config: Mapping[str, Any]) -> str:

@@ -16,6 +16,9 @@ development server, gunicorn, gevent's WSGIServer).
 Settings come from ``FLASK_*`` environment variables (``from_prefixed_env``:
 ``FLASK_STREAMER_BATCH_SIZE=32``, ``FLASK_MODEL_SLEEP=0.02``, ...).
 
+``REQUEST_LOG=<path>`` appends each request's path to that file as the
+request enters the app, for tests that count the requests a server took.
+
 ``BLOCKING_WAIT=true`` is a control for the tests only: it turns off the
 library's gevent-aware wait, so a view waits on a plain lock as
 service_streamer's does, which blocks an unpatched gevent server's loop.
@@ -28,7 +31,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 
 from flask_streamer import FlaskStreamer
 from streamer_core import ManagedModel
@@ -40,6 +43,7 @@ DEFAULTS: Dict[str, Any] = {
     "MODEL_SLEEP": 0.02,
     "SLOW_SLEEP": 0.6,
     "BLOCKING_WAIT": False,
+    "REQUEST_LOG": None,
 }
 
 # Batches inside a model right now, per route. Each route's model runs on one
@@ -109,6 +113,19 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         else:
             streamer.add_batched_route(f"/{name}", name, _model(name, seconds))
     streamer.init_app(app)
+
+    if app.config["REQUEST_LOG"]:
+        log_path = app.config["REQUEST_LOG"]
+
+        @app.before_request
+        def log_entry() -> None:
+            # One line per request as it enters the app, appended whole
+            # (O_APPEND), whichever process serves it.
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{request.path}\n".encode())
+            finally:
+                os.close(fd)
 
     @app.get("/ping")
     def ping() -> Any:

@@ -209,3 +209,15 @@ def test_the_example_shapes_its_batches_by_estimated_tokens(app):
         together = list(pool.map(lambda text: embedding(app, text), texts))
     for one, other in zip(alone, together):
         assert cosine(one, other) > 0.999
+
+
+def test_the_example_serves_metrics_and_probes(app):
+    """The example turns the operations routes on: readiness is 200 once the
+    model can serve, and /metrics counts the example's own calls."""
+    client = app.test_client()
+    assert client.get("/healthz").json == {"status": "alive"}
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 60)
+    embedding(app, "Happy birthday to you.", "/stream")
+    text = client.get("/metrics").text
+    assert 'streamer_requests_total{model="stream",outcome="ok"}' in text
+    assert 'streamer_batch_size_count{model="stream"}' in text
