@@ -14,7 +14,10 @@ reports a wrong setting (ids in :mod:`django_streamer.checks`). Then::
 
 The thread and process backends start in each web process on first use and
 stop at exit; the Redis workers run with ``manage.py run_gpu_workers``.
-Nothing starts at import or in ``AppConfig.ready()``.
+Nothing starts at import or in ``AppConfig.ready()``. For operations,
+``path("", include("django_streamer.urls"))`` serves ``metrics``,
+``healthz`` and ``readyz``, and ``manage.py streamer_status`` reports each
+model's state.
 """
 
 from streamer_core.http import InvalidInput
@@ -23,6 +26,7 @@ from streamer_core.model_spec import ConfigurationError
 from .registry import (
     aget_streamer,
     close_streamers,
+    drain,
     get_spec,
     get_streamer,
     model_names,
@@ -39,6 +43,7 @@ __all__ = [
     "start_streamers",
     "started_models",
     "close_streamers",
+    "drain",
     "batched_view",
     "BatchedView",
     "AsyncBatchedView",

@@ -32,6 +32,9 @@ __all__ = [
     "start_streamers",
     "started_models",
     "close_streamers",
+    "drain",
+    "draining",
+    "all_handles",
 ]
 
 #: Seconds :func:`close_streamers` gives queued calls at exit.
@@ -40,6 +43,7 @@ CLOSE_TIMEOUT_SECONDS = 10.0
 _lock = threading.Lock()
 _handles: Optional[Dict[str, LazyStreamer]] = None
 _atexit_registered = False
+_draining = False
 
 
 def _all_handles() -> Dict[str, LazyStreamer]:
@@ -131,6 +135,27 @@ def close_streamers(timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
         handles, _handles = _handles, None
     for handle in (handles or {}).values():
         handle.close(timeout)
+
+
+def all_handles() -> Dict[str, LazyStreamer]:
+    """Every model's streamer handle, by name (none started by this)."""
+    return dict(_all_handles())
+
+
+def drain(timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+    """Shut this process's side down gracefully: from now on new calls to a
+    batched view get 503 with ``Retry-After`` (and readiness answers 503),
+    while calls in hand finish for up to ``timeout`` seconds; then every
+    streamer stops. For a server's shutdown hook, e.g. gunicorn's
+    ``worker_exit``."""
+    global _draining
+    _draining = True
+    close_streamers(timeout)
+
+
+def draining() -> bool:
+    """Whether :func:`drain` was called in this process."""
+    return _draining
 
 
 def _on_setting_changed(setting: str, **_kwargs: Any) -> None:

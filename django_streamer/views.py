@@ -45,6 +45,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
+from streamer_core.errors import StreamerClosedError
 from streamer_core.http import (
     MISSING,
     InvalidInput,
@@ -56,8 +57,9 @@ from streamer_core.http import (
     item_from_request,
     to_jsonable,
 )
+from streamer_core.stats import stats_for
 
-from .registry import aget_streamer, get_streamer
+from .registry import aget_streamer, draining, get_streamer
 
 __all__ = ["batched_view", "BatchedView", "AsyncBatchedView", "request_item", "json_body", "json_error"]
 
@@ -107,6 +109,15 @@ def _default_respond(output: Any) -> HttpResponse:
     return JsonResponse(to_jsonable(output), safe=False)
 
 
+def _refused_while_draining(model: str) -> JsonResponse:
+    stats_for(model).finished("unavailable")
+    status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
+    response = JsonResponse(body, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
 def _parse_failure(exc: Exception, model: str) -> JsonResponse:
     """The answer when the parse step raised: its InvalidInput as it is
     (400, or its own status), a ValueError, TypeError or KeyError as a 400, a
@@ -120,6 +131,7 @@ def _parse_failure(exc: Exception, model: str) -> JsonResponse:
         problem = exc
     if problem is not exc:
         problem.__cause__ = exc
+    stats_for(model).failed(problem)
     return json_error(problem, model)
 
 
@@ -222,6 +234,8 @@ def batched_view(
 def _predict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
     """Run ``item`` and answer; whatever goes wrong is a JSON error (a wrong
     setting or model name too: a 500, logged with its message)."""
+    if draining():
+        return _refused_while_draining(model)
     try:
         output = get_streamer(model).predict([item])[0]
         response = respond(output)
@@ -236,6 +250,8 @@ def _predict_and_respond(model: str, item: Any, respond: Respond) -> HttpRespons
 
 
 async def _apredict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
+    if draining():
+        return _refused_while_draining(model)
     try:
         streamer = await aget_streamer(model)
         output = (await streamer.apredict([item]))[0]

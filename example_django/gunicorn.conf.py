@@ -24,3 +24,12 @@ def post_worker_init(worker):
     from django_streamer import start_streamers
 
     start_streamers()
+
+
+def child_exit(server, worker):
+    # Under prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR
+    # set, several workers): a dead worker's gauges go with it.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from .embeddings import views
 
@@ -7,4 +7,5 @@ urlpatterns = [
     path("naive", views.naive),
     path("stream", views.stream),
     path("astream", views.astream),
+    path("", include("django_streamer.urls")),  # metrics, healthz, readyz
 ]

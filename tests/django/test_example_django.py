@@ -150,3 +150,14 @@ def test_the_redis_backend_with_run_gpu_workers(example, client, commands, redis
         assert f"embed: 1 worker(s), Redis {redis_url}, keys streamer:{redis_prefix}:embed:*" in commands.log(workers)
     finally:
         delete_prefix(redis_url, redis_prefix)
+
+
+def test_the_example_serves_metrics_and_probes(example: Any, client: Client) -> None:
+    example()
+    from tests.helpers import wait_for
+
+    assert client.get("/healthz").json() == {"status": "alive"}
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 60)
+    assert is_embedding(post(client, "/stream", {"s": "Happy birthday to you."}).json())
+    text = client.get("/metrics").content.decode()
+    assert 'streamer_requests_total{model="embed",outcome="ok"}' in text

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from . import views
 
@@ -17,4 +17,5 @@ urlpatterns = [
     path("broken-respond", views.broken_respond),
     path("guarded", views.guarded),
     path("unpicklable", views.unpicklable),
+    path("ops/", include("django_streamer.urls")),
 ]

@@ -68,6 +68,13 @@ class Command(BaseCommand):
             metavar="0,1",
             help="CUDA devices, comma-separated, instead of the CUDA_DEVICES setting: worker i gets devices[i %% n].",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve the workers' Prometheus metrics on this port, at /metrics (needs prometheus_client).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         level = LOG_LEVELS.get(options["verbosity"], logging.DEBUG)
@@ -86,7 +93,7 @@ class Command(BaseCommand):
         # checks or settings code must not be shared with (or held for) them.
         connections.close_all()
         try:
-            code = run_worker_groups(groups)
+            code = run_worker_groups(groups, metrics_port=options["metrics_port"])
         except (TypeError, ValueError) as exc:
             raise CommandError(f"cannot start the workers: {exc}") from exc
         if code != 0:

@@ -1,0 +1,50 @@
+"""``manage.py streamer_status``: each model's backend, batch settings and,
+for Redis, its live workers and queue; exits non-zero when a model cannot
+serve, so it works as a container's health check.
+
+    manage.py streamer_status                # every model of STREAMER["MODELS"]
+    manage.py streamer_status --model embed --json
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from streamer_core.status import model_status, render_json, render_text
+
+from ...conf import model_specs
+
+
+class Command(BaseCommand):
+    help = (
+        "Show each model's backend and batch settings and, for Redis, its live workers (host, pid, device, "
+        "last beat), the requests waiting and pending, and the oldest one's age. Exits 1 when a model "
+        "cannot serve (Redis unreachable, no live worker)."
+    )
+    requires_system_checks: Any = []  # a health check must answer even when a check would fail
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--model", action="append", dest="models", metavar="NAME", default=None, help="Only this model; repeat."
+        )
+        parser.add_argument("--json", action="store_true", help="Print one JSON object instead of lines.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            specs = model_specs()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        names = options["models"] or list(specs)
+        missing = [name for name in names if name not in specs]
+        if missing:
+            raise CommandError(
+                f"no model named {', '.join(map(repr, missing))} in STREAMER['MODELS']; "
+                f"the models are {', '.join(map(repr, specs))}"
+            )
+        statuses = [model_status(specs[name]) for name in dict.fromkeys(names)]
+        self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses))
+        if not all(status.ok for status in statuses):
+            raise CommandError("a model cannot serve; see above", returncode=1)

@@ -1,0 +1,126 @@
+"""The operations side of the Django app: ``include("django_streamer.urls")``
+(metrics, liveness, readiness), ``manage.py streamer_status`` and ``drain``,
+through Django's test client and ``call_command``."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from typing import Any, Dict, Tuple
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+import django_streamer.registry as registry
+from django_streamer import drain, get_streamer
+from tests.helpers import wait_for
+
+
+def post(client: Client, url: str, data: Any) -> Any:
+    return client.post(url, json.dumps(data), content_type="application/json")
+
+
+def samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def ok_count(client: Client, model: str) -> float:
+    found = samples(client.get("/ops/metrics").content.decode())
+    return found.get(("streamer_requests_total", (("model", model), ("outcome", "ok"))), 0.0)
+
+
+def test_metrics_count_the_views_calls_by_model(client: Client) -> None:
+    before_ok = ok_count(client, "double")
+    before = samples(client.get("/ops/metrics").content.decode())
+    invalid_key = ("streamer_requests_total", (("model", "double"), ("outcome", "invalid")))
+    for x in range(6):
+        assert post(client, "/double", {"x": x}).json() == 2 * x
+    assert post(client, "/double", {"y": 1}).status_code == 400
+    response = client.get("/ops/metrics")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    found = samples(response.content.decode())
+    assert found[("streamer_requests_total", (("model", "double"), ("outcome", "ok")))] == before_ok + 6
+    assert found[invalid_key] == before.get(invalid_key, 0.0) + 1
+    stats = get_streamer("double").stats()
+    assert found[("streamer_batch_size_sum", (("model", "double"),))] == stats.batch_size.sum
+    assert found[("streamer_workers_live", (("model", "double"),))] == 1
+    assert client.post("/ops/metrics").status_code == 405
+
+
+def test_liveness_and_readiness(client: Client, streamer_settings: Any) -> None:
+    streamer_settings(models={"double": {"MODEL": "tests.django.batch_models.double"}})
+    assert client.get("/ops/healthz").json() == {"status": "alive"}
+    ready = wait_for(lambda: client.get("/ops/readyz").status_code == 200, 5)
+    assert ready
+    assert client.get("/ops/readyz").json() == {
+        "status": "ready",
+        "models": {"double": {"backend": "thread", "ready": True}},
+    }
+
+
+def test_readiness_is_503_naming_a_model_that_cannot_load(client: Client, streamer_settings: Any) -> None:
+    streamer_settings(
+        models={
+            "double": {"MODEL": "tests.django.batch_models.double"},
+            "missing": {"MODEL": "tests.django.batch_models.BrokenModel"},
+        }
+    )
+
+    def answer() -> Any:
+        response = client.get("/ops/readyz")
+        reason = response.json()["models"]["missing"].get("reason", "")
+        return response if reason.startswith("the model could not start") else None
+
+    response = wait_for(answer, 10)
+    assert response.status_code == 503 and response["Retry-After"]
+    assert response.json()["models"]["double"]["ready"] is True
+
+
+def test_drain_refuses_new_calls_and_finishes_those_in_hand(
+    client: Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, streamer_settings: Any
+) -> None:
+    monkeypatch.setattr(registry, "_draining", False)  # put back after the test
+    streamer_settings(
+        models={
+            "double": {"MODEL": "tests.django.batch_models.double"},
+            "hold": {"MODEL": "tests.django.batch_models.HoldModel", "INIT_KWARGS": {"folder": str(tmp_path)}},
+        }
+    )
+    (tmp_path / "hold").touch()
+    held = get_streamer("hold").submit([3])
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)  # the call is inside the model
+    drainer = threading.Thread(target=drain, args=(10.0,))
+    drainer.start()
+    assert wait_for(registry.draining, 2)
+    refused = post(client, "/double", {"x": 1})
+    assert refused.status_code == 503 and refused["Retry-After"]
+    assert refused.json()["error"]["type"] == "StreamerClosedError"
+    response = client.get("/ops/readyz")
+    assert response.status_code == 503
+    assert response.json()["models"]["hold"]["reason"] == "this process is shutting down"
+    assert client.get("/ops/healthz").status_code == 200
+    (tmp_path / "hold").unlink()
+    drainer.join(15)
+    assert held.result(5) == [6]  # the call in hand finished with its result
+
+
+def test_status_command_for_in_process_backends() -> None:
+    out = io.StringIO()
+    call_command("streamer_status", stdout=out)
+    text = out.getvalue()
+    assert "double [thread] ok: batch_size=8" in text
+    out = io.StringIO()
+    call_command("streamer_status", "--model", "double", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["ok"] is True and list(report["models"]) == ["double"]
+    assert report["models"]["double"]["settings"]["batch_size"] == 8
+    with pytest.raises(CommandError, match="no model named 'nope'"):
+        call_command("streamer_status", "--model", "nope", stdout=io.StringIO())
