@@ -71,8 +71,8 @@ def install(stats: ModelStats) -> None:
 
                 REGISTRY.register(_Collector())
         if _mirrors is not None:
-            stats._mirror = _mirrors.record
             _mirrors.watch(stats)
+            stats._mirror = _mirrors.record
 
 
 def exposition() -> Tuple[bytes, str]:
@@ -166,15 +166,23 @@ class _Mirrors:
             "streamer_workers_live", "Workers able to take a batch now.", ["model"], multiprocess_mode="livesum"
         )
         self._watched: Dict[str, ModelStats] = {}
+        # Each model's labelled children, looked up once (a lookup costs as
+        # much as a record).
+        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
 
     def watch(self, stats: ModelStats) -> None:
+        model = stats.model
         with self._lock:
-            self._watched[stats.model] = stats
-            for outcome in OUTCOMES:  # every series exists from the start, at 0
-                self.requests.labels(stats.model, outcome)
+            self._watched[model] = stats
+            self._children[model] = (
+                self.batch_size.labels(model),
+                self.model_seconds.labels(model),
+                self.queue_wait.labels(model),
+                {outcome: self.requests.labels(model, outcome) for outcome in OUTCOMES},  # each at 0 from the start
+            )
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._gauges, name="streamer-metrics-gauges", daemon=True)
@@ -182,16 +190,16 @@ class _Mirrors:
         self._set_gauges(stats)
 
     def record(self, stats: ModelStats, what: str, *args: Any) -> None:
-        model = stats.model
+        batch_size, model_seconds, queue_wait, requests = self._children[stats.model]
         if what == "batch":
             size, seconds, waits = args
-            self.batch_size.labels(model).observe(size)
-            self.model_seconds.labels(model).observe(seconds)
-            queue_wait = self.queue_wait.labels(model)
+            batch_size.observe(size)
+            model_seconds.observe(seconds)
+            observe = queue_wait.observe
             for wait in waits:
-                queue_wait.observe(wait)
+                observe(wait)
         else:
-            self.requests.labels(model, what).inc(args[0])
+            requests[what].inc(args[0])
 
     def _set_gauges(self, stats: ModelStats) -> None:
         queued, live = stats.gauges()
