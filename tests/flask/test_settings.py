@@ -15,6 +15,7 @@ from flask import Flask
 
 import flask_streamer.settings
 from flask_streamer import DEFAULTS, ConfigurationError, FlaskStreamer
+from flask_streamer.settings import APP_DEFAULTS
 from streamer_core import ThreadedStreamer
 from tests.flask.apps import double, sized, text_cost, with_batch
 from tests.flask.conftest import error_of, queue_behind_hold, spec_of
@@ -43,8 +44,9 @@ def test_every_setting_has_a_documented_default_that_is_the_real_one():
     documented = documented_defaults()
     for name in ISSUE_SETTINGS:
         assert name in documented, f"{name} is not in the settings table"
-    assert set(documented) == {f"STREAMER_{field.upper()}" for field in DEFAULTS}, "table and DEFAULTS disagree"
-    for field, default in DEFAULTS.items():
+    every = {**DEFAULTS, **APP_DEFAULTS}
+    assert set(documented) == {f"STREAMER_{field.upper()}" for field in every}, "table and defaults disagree"
+    for field, default in every.items():
         text = documented[f"STREAMER_{field.upper()}"]
         if field == "prefix":
             assert default is None and text == "app.name", "the prefix defaults to the app's name"

@@ -90,10 +90,12 @@ def test_streams_and_memory_stay_bounded_over_thousands_of_calls(fault_broker, m
     assert wait_for(lambda: fault_broker.xlen() == 0 and fault_broker.pending() == 0, 3)
     assert after - before < 250_000, f"Redis memory grew by {after - before} bytes over 3000 calls"
     # The request stream, this web process's result stream, and the set of
-    # live workers (one member, which leaves it on exit): nothing per call.
+    # live workers and their info (one member each, which leaves on exit):
+    # nothing per call.
     kinds = sorted(key.split(":")[2] for key in fault_broker.keys())
-    assert kinds == ["requests", "results", "workers"], fault_broker.keys()
+    assert kinds == ["requests", "results", "worker-info", "workers"], fault_broker.keys()
     assert fault_broker.conn.zcard(f"streamer:{fault_broker.prefix}:workers") == 1
+    assert fault_broker.conn.hlen(f"streamer:{fault_broker.prefix}:worker-info") == 1
 
 
 def test_the_result_stream_of_a_web_process_that_went_away_expires(broker, start_worker):
