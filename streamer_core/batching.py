@@ -99,10 +99,10 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
         super().set_exception(exception)
-        self._finished.release()
         stats = self._stats
         if stats is not None and exception is not None:
-            stats.failed(exception)
+            stats.failed(exception)  # counted before the caller wakes to read the numbers
+        self._finished.release()
 
     def _set_quietly(self, result: Any) -> bool:
         """Complete the future but leave its waiter asleep until
@@ -126,10 +126,10 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
                 return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
             cancelled = super().cancel()
         if cancelled:
-            self._finished.release()
             stats = self._stats
             if stats is not None:
                 stats.finished(outcome)
+            self._finished.release()
         return cancelled
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
@@ -279,12 +279,12 @@ def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
         future = item.task.set_outcome(item.index, ok, value)
         if future is not None:
             completed.append(future)
-    for future in completed:
-        future._wake()
     if completed:
         stats = completed[0]._stats  # a batch's calls are all of one streamer
         if stats is not None:
-            stats.succeeded(len(completed))
+            stats.succeeded(len(completed))  # counted before the callers wake to read the numbers
+    for future in completed:
+        future._wake()
 
 
 class _Deadlines:
