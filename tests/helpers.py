@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
 
 def wait_for(predicate: Callable[[], Any], seconds: float, interval: float = 0.02) -> Any:
@@ -42,3 +42,14 @@ def beating_workers(redis_url: str, prefix: str) -> int:
         return sum(int(conn.zcard(key)) for key in keys)
     finally:
         conn.close()
+
+
+def metric_samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    """Prometheus's text format as ``{(sample name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found

@@ -7,46 +7,37 @@ from __future__ import annotations
 import io
 import json
 import threading
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
 import django_streamer.registry as registry
 from django_streamer import drain, get_streamer
-from tests.helpers import wait_for
+from tests.helpers import metric_samples, wait_for
 
 
 def post(client: Client, url: str, data: Any) -> Any:
     return client.post(url, json.dumps(data), content_type="application/json")
 
 
-def samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
 def ok_count(client: Client, model: str) -> float:
-    found = samples(client.get("/ops/metrics").content.decode())
+    found = metric_samples(client.get("/ops/metrics").content.decode())
     return found.get(("streamer_requests_total", (("model", model), ("outcome", "ok"))), 0.0)
 
 
 def test_metrics_count_the_views_calls_by_model(client: Client) -> None:
     before_ok = ok_count(client, "double")
-    before = samples(client.get("/ops/metrics").content.decode())
+    before = metric_samples(client.get("/ops/metrics").content.decode())
     invalid_key = ("streamer_requests_total", (("model", "double"), ("outcome", "invalid")))
     for x in range(6):
         assert post(client, "/double", {"x": x}).json() == 2 * x
     assert post(client, "/double", {"y": 1}).status_code == 400
     response = client.get("/ops/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
-    found = samples(response.content.decode())
+    found = metric_samples(response.content.decode())
     assert found[("streamer_requests_total", (("model", "double"), ("outcome", "ok")))] == before_ok + 6
     assert found[invalid_key] == before.get(invalid_key, 0.0) + 1
     stats = get_streamer("double").stats()

@@ -13,14 +13,13 @@ from typing import Any, Callable, Dict, Tuple
 
 import pytest
 from flask import Flask
-from prometheus_client.parser import text_string_to_metric_families
 
 from flask_streamer import FlaskStreamer
 from streamer_core import ManagedModel
 from streamer_core.model_spec import ConfigurationError
 from streamer_core.probes import PROBE_BUDGET_S
 from tests.flask.live import fire, free_port, get, gunicorn_argv, in_background, live_server
-from tests.helpers import wait_for
+from tests.helpers import metric_samples, wait_for
 
 ROUTES = {"STREAMER_METRICS_ROUTE": "/metrics", "STREAMER_HEALTH_ROUTE": "/healthz", "STREAMER_READY_ROUTE": "/readyz"}
 
@@ -41,14 +40,6 @@ class NeverLoads(ManagedModel):
 
     def predict(self, batch: Any) -> Any:  # pragma: no cover - never built
         return batch
-
-
-def samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
 
 
 def test_routes_are_off_by_default(make_app: Callable[..., Tuple[Flask, FlaskStreamer]]) -> None:
@@ -75,7 +66,7 @@ def test_liveness_and_metrics_in_process(make_app: Callable[..., Tuple[Flask, Fl
     assert client.post("/double", data="{", content_type="application/json").status_code == 400
     scraped = client.get("/metrics")
     assert scraped.status_code == 200 and scraped.content_type.startswith("text/plain")
-    found = samples(scraped.text)
+    found = metric_samples(scraped.text)
     model = ("model", "ops_double")
     assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == 5
     assert found[("streamer_requests_total", (model, ("outcome", "invalid")))] == 1
@@ -208,7 +199,7 @@ def test_gunicorn_workers_metrics_add_up_in_multiprocess_mode(tmp_path: Path, mo
         for _ in range(4):  # whichever worker answers, the sums are the same
             status, text, _ = get(port, "/metrics")
             assert status == 200
-            found = samples(text)
+            found = metric_samples(text)
             model = ("model", "predict")
             assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == 160
             assert found[("streamer_batch_size_sum", (model,))] == 160

@@ -11,26 +11,18 @@ import urllib.request
 from typing import Any, Callable, Dict, Tuple
 
 from flask import Flask
-from prometheus_client.parser import text_string_to_metric_families
 
 from flask_streamer import FlaskStreamer
 from streamer_core import NoWorkerError
 from streamer_core.status import model_status
+from tests.helpers import metric_samples
 from tests.redis.conftest import Broker, Processes, ThreadWorker, free_port, wait_for, wait_serving, worker_children
 from tests.redis.models import identity
 
 
-def samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
 def scrape(port: int) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return samples(response.read().decode())
+        return metric_samples(response.read().decode())
 
 
 def redis_app(broker: Broker) -> Flask:
