@@ -65,7 +65,10 @@ class HoldModel(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Any]:
         if (self.folder / "hold").exists():
-            (self.folder / f"inside-{os.getpid()}").write_text(json.dumps(batch))
+            # Written whole, then named: a test that sees the file reads it all.
+            partial = self.folder / f".partial-{os.getpid()}"
+            partial.write_text(json.dumps(batch))
+            os.replace(partial, self.folder / f"inside-{os.getpid()}")
             deadline = time.monotonic() + 15
             while (self.folder / "hold").exists() and time.monotonic() < deadline:
                 time.sleep(0.005)
