@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
 
@@ -52,10 +51,11 @@ from streamer_core.http import (
     MethodNotAllowed,
     PayloadTooLarge,
     check_media_type,
+    dumps_json,
     error_response,
     is_json_type,
     item_from_request,
-    to_jsonable,
+    loads_json,
 )
 from streamer_core.stats import stats_for
 
@@ -76,7 +76,7 @@ def json_body(request: HttpRequest) -> Any:
     if not is_json_type((request.content_type or "").lower()):
         return MISSING
     try:
-        return json.loads(request.body)
+        return loads_json(request.body)  # orjson where it is installed: see streamer_core.http
     except ValueError as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
 
@@ -86,8 +86,10 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     key ``field`` when given), else the form field ``field``. Raises
     :class:`InvalidInput` (400) saying what to send."""
     check_media_type(request.content_type, int(request.META.get("CONTENT_LENGTH") or 0) > 0)
-    form = request.POST if request.method == "POST" else None
-    return item_from_request(json_body(request), form, field)
+    body = json_body(request)
+    # The form only when there is no JSON: reading it costs even when empty.
+    form = request.POST if body is MISSING and request.method == "POST" else None
+    return item_from_request(body, form, field)
 
 
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
@@ -106,7 +108,9 @@ def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
 
 
 def _default_respond(output: Any) -> HttpResponse:
-    return JsonResponse(to_jsonable(output), safe=False)
+    """The output as JSON: NumPy arrays and tensors as they are, by orjson
+    where it is installed (see :func:`streamer_core.http.dumps_json`)."""
+    return HttpResponse(dumps_json(output), content_type="application/json")
 
 
 def _refused_while_draining(model: str) -> JsonResponse:

@@ -9,16 +9,20 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import werkzeug.exceptions
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
+from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
 from streamer_core.errors import SerializationError, StreamerClosedError
 from streamer_core.http import (
+    FAST_JSON,
     MISSING,
     InvalidInput,
     MethodNotAllowed,
     check_media_type,
+    dumps_json,
     error_response,
     item_from_request,
+    loads_json,
     to_jsonable,
 )
 from streamer_core.metrics import exposition
@@ -335,7 +339,7 @@ class FlaskStreamer:
             status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
             return jsonify(body), status, headers
         try:
-            item = _parse(route)
+            item = _parse(route, request._get_current_object(), app)  # type: ignore[attr-defined]
         except InvalidInput as exc:
             stats_for(route.name).failed(exc)
             return _error(exc, app)
@@ -350,7 +354,7 @@ class FlaskStreamer:
         if route.respond is not None:
             return route.respond(output)
         try:
-            return jsonify(to_jsonable(output))
+            return _respond(app, output)
         except (TypeError, ValueError) as exc:
             problem = SerializationError(f"the model's output for this input cannot be sent as JSON: {exc}")
             return _error(problem, app, route)
@@ -397,26 +401,49 @@ def _state(app: Flask) -> _AppState:
     return state
 
 
+def _respond(app: Flask, output: Any) -> Any:
+    """The model's output as the JSON response: written by orjson where it is
+    installed and the app keeps Flask's own JSON provider (arrays and
+    tensors as they are, see :func:`~streamer_core.http.dumps_json`), else
+    by the app's provider. Raises ``TypeError``/``ValueError`` for an output
+    with no JSON form."""
+    if FAST_JSON and type(app.json) is DefaultJSONProvider:
+        return app.response_class(dumps_json(output), mimetype="application/json")
+    return app.json.response(to_jsonable(output))
+
+
 def json_body() -> Any:
     """The current request's JSON body, or :data:`~streamer_core.http.MISSING`
     when it is not a JSON request. Raises :class:`InvalidInput` saying what is
-    wrong with a malformed body."""
-    if not request.is_json:
+    wrong with a malformed body (one nested too deep included). Read by
+    orjson where it is installed and the app keeps Flask's own JSON
+    provider, else by the app's provider."""
+    return _json_body(request._get_current_object(), current_app._get_current_object())  # type: ignore[attr-defined]
+
+
+def _json_body(req: Request, app: Flask) -> Any:
+    if not req.is_json:
         return MISSING
-    data = request.get_data(cache=True)
+    data = req.get_data(cache=True)
     try:
-        return current_app.json.loads(data)
+        if FAST_JSON and type(app.json) is DefaultJSONProvider:
+            return loads_json(data)
+        return app.json.loads(data)
     except ValueError as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidInput("the body is not valid JSON: it is nested too deep") from None
 
 
-def _parse(route: BatchedRoute) -> Any:
+def _parse(route: BatchedRoute, req: Request, app: Flask) -> Any:
     """The request's model input; every parse failure as :class:`InvalidInput`."""
     try:
         if route.parse is not None:
-            return route.parse(request)
-        check_media_type(request.mimetype, (request.content_length or 0) > 0)
-        return item_from_request(json_body(), request.form, route.field)
+            return route.parse(req)
+        check_media_type(req.mimetype, (req.content_length or 0) > 0)
+        body = _json_body(req, app)
+        # The form only when there is no JSON: reading it costs even when empty.
+        return item_from_request(body, req.form if body is MISSING else None, route.field)
     except InvalidInput:
         raise
     except BadRequest as exc:

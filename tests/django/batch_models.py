@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional
 
+import numpy as np
+
 from streamer_core import ManagedModel
 
 
@@ -17,6 +19,14 @@ def double(batch: List[Any]) -> List[Any]:
     if "boom" in batch:
         raise ValueError("the model refuses 'boom'")
     return [x * 2 for x in batch]
+
+
+def vectors(batch: List[Any]) -> Any:
+    """Input "n" -> a float32 array of n values (as an embedding model
+    answers); "set" -> a set, which has no JSON form."""
+    if "set" in batch:
+        return [{1, 2}] * len(batch)
+    return [np.linspace(0.1, 1.0, int(n), dtype=np.float32) / 3 for n in batch]
 
 
 def sizes(batch: List[Any]) -> List[Any]:

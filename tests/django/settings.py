@@ -43,6 +43,7 @@ STREAMER = {
         "pid": {"MODEL": "tests.django.batch_models:with_pid", "WORKER_NUM": 2},
         "hold": {"MODEL": "tests.django.batch_models.HoldModel", "INIT_KWARGS": {"folder": _FOLDER}},
         "marked": {"MODEL": "tests.django.batch_models.MarkedModel", "INIT_KWARGS": {"folder": _FOLDER}},
+        "vectors": {"MODEL": "tests.django.batch_models.vectors"},
     },
 }
 

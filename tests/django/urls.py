@@ -17,5 +17,6 @@ urlpatterns = [
     path("broken-respond", views.broken_respond),
     path("guarded", views.guarded),
     path("unpicklable", views.unpicklable),
+    path("vectors", views.vectors),
     path("ops/", include("django_streamer.urls")),
 ]

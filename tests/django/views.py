@@ -36,6 +36,9 @@ async def asizes(request: HttpRequest) -> Any:
     return request_item(request, "x")
 
 
+vectors = BatchedView.as_view(model="vectors", field="n")
+
+
 class Sizes(AsyncBatchedView):
     model = "sizes"
     field = "x"
