@@ -11,7 +11,7 @@ from flask import Flask, Request, jsonify, request
 from flask_streamer import FlaskStreamer, InvalidInput
 from flask_streamer.extension import json_body
 from streamer_core.config import LOG_FORMAT
-from streamer_core.http import error_response, item_from_request
+from streamer_core.http import dumps_json, error_response, item_from_request
 
 from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
 
@@ -60,7 +60,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         except InvalidInput as exc:
             status, body, headers = error_response(exc)
             return jsonify(body), status, headers
-        return jsonify(embed(naive.get(), [sentence])[0])
+        return app.response_class(dumps_json(embed(naive.get(), [sentence])[0]), mimetype="application/json")
 
     @app.get("/")
     def index() -> Any:

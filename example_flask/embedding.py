@@ -64,13 +64,15 @@ def load_sentence_model(name_or_path: str = DEFAULT_MODEL, device: Optional[str]
     return SentenceTransformer(resolve_model(name_or_path), device=device)
 
 
-def embed(model: Any, sentences: List[str]) -> List[List[float]]:
-    """One unit-length embedding per sentence, as lists of floats (JSON-,
-    msgpack- and pickle-ready)."""
-    vectors = model.encode(
+def embed(model: Any, sentences: List[str]) -> Any:
+    """One unit-length embedding per sentence: a float32 array of shape
+    ``(len(sentences), 384)``. The streamers split it by row, one array per
+    caller, and the web layers write each as JSON as it is (no ``tolist()``:
+    see ``streamer_core.http.dumps_json``); arrays cross to and from worker
+    processes and Redis as raw bytes."""
+    return model.encode(
         sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
     )
-    return vectors.tolist()
 
 
 class SentenceEmbedder(ManagedModel):
@@ -86,5 +88,5 @@ class SentenceEmbedder(ManagedModel):
         that says the model is ready."""
         return str(self.model.device) if self.model is not None else "not loaded"
 
-    def predict(self, batch: List[str]) -> List[List[float]]:
+    def predict(self, batch: List[str]) -> Any:
         return embed(self.model, batch)

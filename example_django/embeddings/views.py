@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from django_streamer import InvalidInput, batched_view, json_error, request_item
 from example_flask.embedding import embed
+from streamer_core.http import dumps_json
 
 from .naive import naive_model
 
@@ -43,7 +44,7 @@ def naive(request: HttpRequest) -> HttpResponse:
         sentence = parse_sentence(request)
     except InvalidInput as exc:
         return json_error(exc)
-    return JsonResponse(embed(naive_model(), [sentence])[0], safe=False)
+    return HttpResponse(dumps_json(embed(naive_model(), [sentence])[0]), content_type="application/json")
 
 
 @require_GET
