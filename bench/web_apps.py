@@ -1,0 +1,89 @@
+"""The plain views ``bench/web_bench.py`` compares the examples with:
+service_streamer 0.1.2's ``ThreadedStreamer`` (or ours, for a diagnostic) in a
+view written the way its README shows, serving the examples' model.
+
+* Flask: ``gunicorn 'bench.web_apps:flask_app()'``, ``POST /stream``:
+  ``jsonify(streamer.predict([s])[0])``;
+* Django: ``gunicorn bench.web_apps:django_application``, ``POST /stream``:
+  ``JsonResponse(streamer.predict([s])[0], safe=False)``.
+
+The model is the examples' all-MiniLM-L6-v2, answering lists of floats
+(``tolist()``: what a view that hands the output to ``jsonify`` or
+``JsonResponse`` needs). ``BENCH_WEB_STREAMER=core`` puts streamer_core's
+``ThreadedStreamer`` in the same view instead of service_streamer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, List
+
+BATCH_SIZE = 64
+MAX_LATENCY = 0.1
+
+
+def _streamer() -> Any:
+    from example_flask.embedding import embed, load_sentence_model
+
+    model = load_sentence_model()
+
+    def predict(batch: List[str]) -> List[List[float]]:
+        result: List[List[float]] = embed(model, batch).tolist()
+        return result
+
+    predict(["warm up"] * 8)
+    if os.environ.get("BENCH_WEB_STREAMER") == "core":
+        from streamer_core import ThreadedStreamer
+    else:
+        from service_streamer import ThreadedStreamer  # type: ignore[import-untyped, no-redef]
+    return ThreadedStreamer(predict, BATCH_SIZE, MAX_LATENCY)
+
+
+def flask_app() -> Any:
+    from flask import Flask, jsonify, request
+
+    app = Flask("bench_web_plain")
+    streamer = _streamer()
+
+    @app.post("/stream")
+    def stream() -> Any:
+        return jsonify(streamer.predict([request.get_json()["s"]])[0])
+
+    return app
+
+
+def _django() -> Any:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="bench-web-plain",
+        ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF=__name__,
+        MIDDLEWARE=["django.middleware.common.CommonMiddleware"],
+        DATABASES={},
+    )
+    django.setup()
+    from django.core.wsgi import get_wsgi_application
+    from django.http import JsonResponse
+    from django.urls import path
+    from django.views.decorators.csrf import csrf_exempt
+
+    streamer = _streamer()
+
+    @csrf_exempt
+    def stream(request: Any) -> Any:
+        return JsonResponse(streamer.predict([json.loads(request.body)["s"]])[0], safe=False)
+
+    globals()["urlpatterns"] = [path("stream", stream)]
+    return get_wsgi_application()
+
+
+def __getattr__(name: str) -> Any:  # gunicorn bench.web_apps:django_application
+    if name == "django_application":
+        application = _django()
+        globals()[name] = application
+        return application
+    raise AttributeError(name)
