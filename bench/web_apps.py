@@ -62,7 +62,12 @@ def _django() -> Any:
         SECRET_KEY="bench-web-plain",
         ALLOWED_HOSTS=["*"],
         ROOT_URLCONF=__name__,
-        MIDDLEWARE=["django.middleware.common.CommonMiddleware"],
+        # The example project's middleware: the same project, another view.
+        MIDDLEWARE=[
+            "django.middleware.security.SecurityMiddleware",
+            "django.middleware.common.CommonMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
+        ],
         DATABASES={},
     )
     django.setup()

@@ -10,7 +10,7 @@ STREAMER_WORKER_NUM       1                             worker processes (proces
 STREAMER_CUDA_DEVICES     (none)                        e.g. 0,1: worker i gets devices[i % n]
 STREAMER_BATCH_SIZE       64                            most sentences per model call
 STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits for companions
-STREAMER_MAX_BATCH_COST   512                           padded tokens per batch (token_estimate)
+STREAMER_MAX_BATCH_COST   1024                          padded tokens per batch (token_estimate)
 EMBEDDING_MODEL           all-MiniLM-L6-v2              a model name or a local path
 DJANGO_DEBUG              0                             1: Django's debug mode
 DJANGO_ALLOWED_HOSTS      127.0.0.1,localhost           comma-separated
@@ -81,11 +81,12 @@ STREAMER = {
             "MODEL": "example_flask.embedding.SentenceEmbedder",
             "BATCH_SIZE": _number("STREAMER_BATCH_SIZE", 64),
             "MAX_LATENCY": _number("STREAMER_MAX_LATENCY", 0.05),
-            # Batches of texts of like length, at most 512 padded tokens
-            # each: 3x the sentences/s of batches by count on mixed-length
-            # text (bench/cost_bench.py).
+            # Batches of texts of like length, at most 1024 padded tokens
+            # each: 2.5x the sentences/s of batches by count on mixed-length
+            # text, and short sentences still about 48 together
+            # (bench/cost_bench.py, bench/web_bench.py).
             "ITEM_COST": "example_flask.embedding.token_estimate",
-            "MAX_BATCH_COST": _number("STREAMER_MAX_BATCH_COST", 512),
+            "MAX_BATCH_COST": _number("STREAMER_MAX_BATCH_COST", 1024),
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
             "INIT_KWARGS": {"model_name": EMBEDDING_MODEL},

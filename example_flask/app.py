@@ -19,11 +19,12 @@ DEFAULTS: Dict[str, Any] = {
     "STREAMER_BACKEND": "thread",
     "STREAMER_BATCH_SIZE": 64,
     "STREAMER_MAX_LATENCY": 0.05,
-    # Batches of texts of like length, at most 512 padded tokens each: on
-    # mixed-length text, 3x the sentences/s of batches by count alone
-    # (bench/cost_bench.py; the README's Performance section).
+    # Batches of texts of like length, at most 1024 padded tokens each: on
+    # mixed-length text, 2.5x the sentences/s of batches by count alone, and
+    # short sentences still run about 48 together (bench/cost_bench.py,
+    # bench/web_bench.py; the README's Performance section).
     "STREAMER_ITEM_COST": "example_flask.embedding:token_estimate",
-    "STREAMER_MAX_BATCH_COST": 512,
+    "STREAMER_MAX_BATCH_COST": 1024,
     # Prometheus metrics, liveness and readiness (README: Operations).
     "STREAMER_METRICS_ROUTE": "/metrics",
     "STREAMER_HEALTH_ROUTE": "/healthz",

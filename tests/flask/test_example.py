@@ -197,7 +197,7 @@ def test_the_example_shapes_its_batches_by_estimated_tokens(app):
     from tests.flask.conftest import spec_of
 
     spec = spec_of(app, "stream")
-    assert spec.cost_function() is token_estimate and spec.max_batch_cost == 512
+    assert spec.cost_function() is token_estimate and spec.max_batch_cost == 1024
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     paragraph = " ".join(SENTENCES * 6)
     for text in [*SENTENCES, paragraph]:
