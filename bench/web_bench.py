@@ -146,9 +146,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         cpu = statistics.median(r["cpu_ms_per_request"] for r in results)
         p99 = statistics.median(r["p99_ms"] for r in results)
         errors = sum(r["errors"] for r in results)
-        print(
-            f"| {name} | {medians[name]:.0f} | {min(rates):.0f}-{max(rates):.0f} | {cpu:.2f} | {p99:.0f} | {errors:.0f} |"
-        )
+        spread = f"{min(rates):.0f}-{max(rates):.0f}"
+        print(f"| {name} | {medians[name]:.0f} | {spread} | {cpu:.2f} | {p99:.0f} | {errors:.0f} |")
     for ours, theirs in PAIRS:
         if ours in medians and theirs in medians:
             print(f"\n{ours} / {theirs}: {medians[ours] / medians[theirs]:.2f}x (target >= 1.1x)")
