@@ -263,7 +263,10 @@ _registry_lock = threading.Lock()
 
 
 def stats_for(model: str) -> ModelStats:
-    """This process's :class:`ModelStats` of ``model``, made on first use."""
+    """This process's :class:`ModelStats` of ``model``, made on first use.
+    Raises ``TypeError`` for a name that is not a non-empty string."""
+    if not isinstance(model, str) or not model:
+        raise TypeError(f"name must be a non-empty string (the model label of its metrics), got {model!r}")
     stats = _registry.get(model)
     if stats is not None:
         return stats

@@ -157,10 +157,8 @@ class BaseStreamer:
     def __init__(
         self, config: BatchingConfig, backend: Backend, *, max_item_crashes: int = 2, name: Optional[str] = None
     ) -> None:
-        if name is not None and (not isinstance(name, str) or not name):
-            raise TypeError(f"name must be a non-empty string (the model label of its metrics), got {name!r}")
         self._config = config
-        self._stats = stats_for(name or self._default_name())
+        self._stats = stats_for(self._default_name() if name is None else name)
         self._engine = engine = _Engine(config, backend, max_item_crashes, self._stats)
         self._finalizer = weakref.finalize(self, self._engine.close, 2.0)
         # The engine, not the streamer: the stats must not keep it alive.
@@ -219,11 +217,11 @@ class BaseStreamer:
                 f"submit() and predict() take a list of inputs, got a {type(batch).__name__}; "
                 "wrap a single input in a list: predict([x])[0]"
             )
-        if engine.closed:
-            self._stats.finished("unavailable")
-            raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
         inputs = batch if isinstance(batch, list) else list(batch)
         try:
+            if engine.closed:
+                raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
+            self._admit(inputs)
             costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
             if engine.backend.copies_inputs:
                 encode = engine.backend.encode
@@ -238,6 +236,11 @@ class BaseStreamer:
         except StreamerError as exc:  # refused before it was queued
             self._stats.failed(exc)
             raise
+
+    def _admit(self, inputs: List[Any]) -> None:
+        """Refuse a call before its inputs are costed and queued, by raising a
+        :class:`StreamerError` (counted as the call's outcome); a backend's
+        streamer adds its own checks here."""
 
     def predict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
         """Run ``batch`` through the model and return its results in order;

@@ -459,23 +459,17 @@ class RedisStreamer(BaseStreamer):
         self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers, item_cost)
         super().__init__(config, self._backend, name=(prefix or "redis") if name is None else name)
 
-    def submit(self, batch: Any, timeout: Optional[float] = None) -> Any:
+    def _admit(self, inputs: List[Any]) -> None:
         if self._backend.workers_missing():
-            self._stats.finished("unavailable")
             raise self._backend.no_worker_error()
         limit = self._config.max_queue
-        if limit is not None and not isinstance(batch, (str, bytes)):
-            batch = list(batch)
+        if limit is not None:
             waiting = self._backend.unanswered() + self.queued()
-            if waiting + len(batch) > limit:
-                self._stats.finished("rejected")
+            if waiting + len(inputs) > limit:
                 raise QueueFullError(
                     f"{waiting} inputs of this process wait for an answer and max_queue is {limit}: "
                     "retry later, add workers, or raise max_queue"
                 )
-        return super().submit(batch, timeout)
-
-    submit.__doc__ = BaseStreamer.submit.__doc__
 
     def live_workers(self) -> int:
         """How many workers serve this prefix right now (a health check);

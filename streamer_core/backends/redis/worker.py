@@ -129,8 +129,7 @@ class RedisWorker:
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         name: Optional[str] = None,
     ) -> None:
-        if name is not None and (not isinstance(name, str) or not name):
-            raise TypeError(f"name must be a non-empty string (the model label of its metrics), got {name!r}")
+        self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
         self._config = config = BatchingConfig(
             batch_size,
             max_latency,
@@ -185,7 +184,6 @@ class RedisWorker:
         self._next_claim = 0.0
         self._next_sweep = 0.0
         self.consumer = ""
-        self._stats = stats_for((prefix or "redis") if name is None else name)
         self._info = "{}"
         self._serving = False
 
