@@ -90,6 +90,9 @@ class Scenario:
     fixed_ms: Optional[float] = None
     per_item_ms: Optional[float] = None
     payload: str = "int"
+    # streamer_core's process backend: the least bytes an array needs to go
+    # through shared memory (None: the default; 0: never, all through the pipe).
+    shared_memory_min_bytes: Optional[int] = None
 
     def cost(self, base: ModelCost) -> ModelCost:
         """The model cost this scenario runs with."""
@@ -113,6 +116,37 @@ DEFAULT_SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("proc1w-128c", "process", clients=128, workers=1),
     Scenario("proc2w-128c", "process", clients=128, workers=2),
 )
+
+# Large inputs to spawned workers (#10): each client sends a (3, 224, 224)
+# float32 image (588 KB); the device takes 2 ms + 0.3 ms per image, batches of
+# 32 (2,759 images/s ideal, 1.6 GB/s of input).
+_IMAGE_COST = {"batch_size": 32, "fixed_ms": 2.0, "per_item_ms": 0.3, "payload": "image"}
+IMAGE_SCENARIOS: Tuple[Scenario, ...] = (
+    Scenario("thread-64c-image", "thread", clients=64, **_IMAGE_COST),  # type: ignore[arg-type]
+    Scenario("proc1w-64c-image", "process", clients=64, workers=1, **_IMAGE_COST),  # type: ignore[arg-type]
+    Scenario("proc1w-64c-image-pipe", "process", clients=64, workers=1, shared_memory_min_bytes=0, **_IMAGE_COST),  # type: ignore[arg-type]
+)
+
+# Where shared memory starts to pay: arrays of one size, echoed back (so both
+# directions cross), with a device cost small enough that copying shows.
+SIZE_SCENARIOS: Tuple[Scenario, ...] = tuple(
+    Scenario(
+        f"proc1w-64c-{kib}k{'-pipe' if pipe else ''}",
+        "process",
+        clients=64,
+        workers=1,
+        batch_size=32,
+        fixed_ms=1.0,
+        per_item_ms=0.02,
+        payload=f"array{kib * 1024}",
+        shared_memory_min_bytes=0 if pipe else 1,
+    )
+    for kib in (4, 8, 16, 64, 256)
+    for pipe in (False, True)
+)
+
+#: Every scenario --scenarios can pick; without it, all but SIZE_SCENARIOS run.
+ALL_SCENARIOS = DEFAULT_SCENARIOS + IMAGE_SCENARIOS + SIZE_SCENARIOS
 
 
 @dataclass(frozen=True)
@@ -199,12 +233,16 @@ def _build_streamer(spec: RunSpec) -> Any:
     if scenario.backend == "thread":
         predict = sim.make_predict(cost.fixed_ms, cost.per_item_ms)
         return lib.ThreadedStreamer(predict, cost.batch_size, cost.max_latency_s)
+    options: Dict[str, Any] = {}
+    if spec.library == "ours" and scenario.shared_memory_min_bytes is not None:
+        options["shared_memory_min_bytes"] = scenario.shared_memory_min_bytes or None
     return lib.Streamer(
         model_class,
         cost.batch_size,
         cost.max_latency_s,
         worker_num=scenario.workers,
         model_init_kwargs={"fixed_ms": cost.fixed_ms, "per_item_ms": cost.per_item_ms},
+        **options,
     )
 
 
@@ -301,6 +339,17 @@ def make_payload(kind: str, index: int) -> Callable[[int], Payload]:
             return image, lambda output: (float(output[0]), float(output[1])) == marks
 
         return picture
+    if kind.startswith("array"):
+        import numpy
+
+        array = numpy.random.default_rng(index).random(int(kind[5:]) // 4, dtype=numpy.float32)
+
+        def vector(seq: int) -> Payload:
+            array[0], array[1] = index, seq % (1 << 24)
+            marks = (float(array[0]), float(array[1]))
+            return array, lambda output: (float(output[0]), float(output[1])) == marks
+
+        return vector
     raise ValueError(f"unknown payload kind {kind!r}")
 
 
@@ -611,6 +660,10 @@ CORE_TARGETS: Tuple[Target, ...] = (
     ),
     ("thread, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "thread-1c"), 1.3, False)),
     ("process, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "proc1w-1c"), 1.3, False)),
+    (
+        "588 KB images, process 1 worker, 64 clients: >= 0.80 of ideal",
+        lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c-image"), 0.80, True),
+    ),
 )
 
 
@@ -618,7 +671,7 @@ def targets_table(
     results: List[RunResult],
     cost: ModelCost,
     targets: Sequence[Target] = CORE_TARGETS,
-    scenarios: Sequence[Scenario] = DEFAULT_SCENARIOS,
+    scenarios: Sequence[Scenario] = ALL_SCENARIOS,
 ) -> str:
     """The targets, checked for each library (PASS/MISS; nothing is asserted)."""
     measures = Measures(results, cost, {s.name: s for s in scenarios})
@@ -635,7 +688,7 @@ def targets_table(
 
 def _select(patterns: Optional[str], scenarios: Sequence[Scenario] = DEFAULT_SCENARIOS) -> List[Scenario]:
     if not patterns:
-        return list(scenarios)
+        return [s for s in scenarios if s not in SIZE_SCENARIOS]
     wanted = [p.strip() for p in patterns.split(",") if p.strip()]
     chosen = [s for s in scenarios if any(fnmatch.fnmatchcase(s.name, p) for p in wanted)]
     if not chosen:
@@ -673,7 +726,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         prog="python -m bench.core_bench",
         description="Closed-loop Future-API benchmark: streamer_core next to service_streamer 0.1.2.",
     )
-    add_common_args(parser, DEFAULT_SCENARIOS)
+    add_common_args(parser, ALL_SCENARIOS)
     return parser.parse_args(argv)
 
 
@@ -688,6 +741,7 @@ def plan(args: argparse.Namespace, scenarios: Sequence[Scenario]) -> Tuple[Model
         RunSpec(lib, scenario, scenario.cost(cost), args.duration, args.warmup, args.request_timeout)
         for scenario in chosen
         for lib in libraries  # alternate libraries, so drifting machine noise hits both alike
+        if lib == "ours" or scenario.shared_memory_min_bytes is None  # a setting only streamer_core has
     ]
     return cost, chosen, specs
 
@@ -744,7 +798,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     if args.child:
         _child_main(args.child, args.result_file)
-    cost, scenarios, specs = plan(args, DEFAULT_SCENARIOS)
+    cost, scenarios, specs = plan(args, ALL_SCENARIOS)
     header = header_line(cost, args)
     print(header, file=sys.stderr)
     started = time.monotonic()

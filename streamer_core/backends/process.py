@@ -6,6 +6,8 @@ How data moves::
     --------------           ------------                              ----------------
     submit(batch)            Scheduler (FIFO of items, batching rule)
       pickle each input ---> queue
+      (large arrays into
+      shared memory)
                              dispatcher thread
                                next_batch() when a worker is idle (or busy,
                                with a full batch waiting: it starts it next)
@@ -20,6 +22,11 @@ Batches are formed here, in the parent, and each worker holds at most two
 (the one it runs and the next), so the parent always knows which inputs a
 dead worker took with it. Workers
 exit on their own when this process dies (they watch their parent).
+
+Numpy arrays and CPU tensors of ``shared_memory_min_bytes`` or more travel
+through shared memory instead of the pipe: copied once on each side, and
+viewed in place by the model (``shared_memory.py`` says how and who frees
+what).
 """
 
 from __future__ import annotations
@@ -41,6 +48,18 @@ from ..errors import SerializationError, StreamerError, WorkerStartError
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
+from .shared_memory import (
+    DEFAULT_MIN_BYTES,
+    BlockPool,
+    PeerBlocks,
+    SharedValue,
+    block_names,
+    dump,
+    new_prefix,
+    unlink_leftovers,
+    wire_of,
+)
+from .shared_memory import available as shared_memory_available
 from .spawning import spawn_context
 
 __all__ = ["Streamer"]
@@ -84,6 +103,13 @@ class _Slot:
         self.start_failures = 0
         self.respawn_at: Optional[float] = None
         self.error: Optional[BaseException] = None
+        self.generation = 0  # how many processes have filled this slot
+        self.free: List[str] = []  # its result blocks copied out here, to name free with the next batch
+        self.gone: List[str] = []  # this process's blocks unlinked since the last batch, for it to unmap
+
+    def block_prefix(self, prefix: str) -> str:
+        """The names of the current process's shared memory blocks start with this."""
+        return f"{prefix}w{self.index}g{self.generation}_"
 
 
 class _ProcessBackend(Backend):
@@ -98,6 +124,7 @@ class _ProcessBackend(Backend):
         init_args: Sequence[Any],
         init_kwargs: Dict[str, Any],
         config: BatchingConfig,
+        shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
     ) -> None:
         try:
             self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
@@ -109,6 +136,10 @@ class _ProcessBackend(Backend):
             ) from exc
         self._config = config
         self._isolate = config.isolate_errors
+        self._min_bytes = shared_memory_min_bytes if shared_memory_available() else None
+        self._prefix = new_prefix("")
+        self._pool = BlockPool(self._prefix + "p_") if shared_memory_min_bytes is not None else None
+        self._peer = PeerBlocks()
         self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
@@ -133,9 +164,14 @@ class _ProcessBackend(Backend):
 
     def _spawn(self, slot: _Slot) -> None:
         parent_conn, child_conn = _ctx.Pipe()
+        with self._lock:
+            slot.generation += 1
+            slot.free, slot.gone = [], []
+            min_bytes = self._min_bytes
+            shared = (slot.block_prefix(self._prefix), min_bytes) if min_bytes is not None else None
         process = _ctx.Process(
             target=worker_main,
-            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate, self._config.oom_errors),
+            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate, self._config.oom_errors, shared),
             name=f"streamer-worker-{slot.index}",
             daemon=True,
         )
@@ -147,15 +183,19 @@ class _ProcessBackend(Backend):
             slot.batches.clear()
         logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
 
-    def encode(self, value: Any, index: int) -> bytes:
+    def encode(self, value: Any, index: int) -> Any:
         try:
-            return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            payload, blocks = dump(value, self._pool, self._min_bytes or 0)
         except Exception as exc:
             raise SerializationError(
                 f"input {index} ({type(value).__name__}) cannot be sent to a worker process because it cannot be "
                 f"pickled: {exc}. Pass plain data (str, numbers, lists, dicts, numpy arrays, tensors), "
                 "or use ThreadedStreamer, which does not copy inputs"
             ) from exc
+        if not blocks:
+            return payload
+        assert self._pool is not None
+        return SharedValue(payload, blocks, self._pool)
 
     # -- running batches -----------------------------------------------------
 
@@ -172,7 +212,14 @@ class _ProcessBackend(Backend):
                 return
             sent = _Sent(next(self._batch_ids), items, time.monotonic())
             slot.batches.append(sent)
-            conn, message = slot.conn, ("batch", sent.batch_id, [item.value for item in items])
+            if self._pool is not None:
+                gone = self._pool.dropped()
+                if gone:
+                    for other in self._slots:
+                        other.gone.extend(gone)
+            wires = [wire_of(item.value) for item in items]
+            conn, message = slot.conn, ("batch", sent.batch_id, wires, slot.free, slot.gone)
+            slot.free, slot.gone = [], []
         try:
             conn.send(message)
         except (OSError, ValueError):
@@ -220,6 +267,7 @@ class _ProcessBackend(Backend):
             return
         kind = message[0]
         if kind == "done":
+            self._peer.forget(message[5])  # its blocks it has unlinked
             self._on_done(slot, message[1], message[2], message[3], message[4])
         elif kind == "ready":
             # The line is written before wait_ready() can return: once it
@@ -267,7 +315,12 @@ class _ProcessBackend(Backend):
         scheduler.batch_done(len(sent.items), elapsed, held_after)
         if scheduler.stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
             scheduler.stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items])
-        deliver(sent.items, [decode_outcome(ok, payload) for ok, payload in wire])
+        outcomes = [decode_outcome(ok, payload, self._peer) for ok, payload in wire]
+        freed = [name for ok, payload in wire if ok for name in block_names(payload)]
+        if freed:
+            with self._lock:
+                slot.free.extend(freed)
+        deliver(sent.items, outcomes)
 
     def _died(self, slot: _Slot) -> None:
         with self._lock:
@@ -279,6 +332,7 @@ class _ProcessBackend(Backend):
             slot.conn.close()
             slot.conn = None
             process.join(1.0)
+            self._release_blocks(slot)
             if self._stopping or state == "failed":
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
@@ -304,6 +358,14 @@ class _ProcessBackend(Backend):
         if state == "ready":
             self._scheduler.worker_lost(lost, reason + " while it held a batch with this input")
         self._check_broken()
+
+    def _release_blocks(self, slot: _Slot) -> None:
+        """Unmap and unlink what the slot's process left in shared memory:
+        it is dead, or told to stop, so nothing of it is read again."""
+        prefix = slot.block_prefix(self._prefix)
+        self._peer.forget_prefix(prefix)
+        if self._min_bytes is not None:
+            unlink_leftovers(prefix)
 
     def _respawn_due(self) -> None:
         now = time.monotonic()
@@ -403,6 +465,12 @@ class _ProcessBackend(Backend):
         if not self._collector.is_alive():
             self._wake_r.close()
             self._wake_w.close()
+        for slot in self._slots:
+            if slot.generation:
+                self._release_blocks(slot)
+        self._peer.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def _wake_collector(self) -> None:
         try:
@@ -427,9 +495,14 @@ class Streamer(BaseStreamer):
     pickle), plus ``max_item_crashes`` (default 2): a worker that
     dies mid-batch is restarted and its inputs are run again one by one; an
     input that has been in this many batches whose worker died fails with
-    :class:`WorkerDiedError` instead of killing more workers, and ``name``
+    :class:`WorkerDiedError` instead of killing more workers, ``name``
     (the model's name in :meth:`stats` and the metrics; default the
-    function's or class's name).
+    function's or class's name), and ``shared_memory_min_bytes`` (default
+    8 KiB): a numpy array or CPU tensor of at least this many bytes, in an
+    input or a result, crosses through shared memory (copied once each way,
+    and seen by the model in place) instead of the pipe; ``None`` sends
+    everything through the pipe. The model may change an input array it is
+    given, but must not keep it past its call: the memory is reused.
 
     The constructor returns at once; calls queue until a worker is ready
     (:meth:`wait_ready` waits for that). Same signature as service_streamer's
@@ -455,6 +528,7 @@ class Streamer(BaseStreamer):
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         max_item_crashes: int = 2,
         name: Optional[str] = None,
+        shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
     ) -> None:
         config = BatchingConfig(
             batch_size,
@@ -469,13 +543,15 @@ class Streamer(BaseStreamer):
         )
         _check_int("worker_num", worker_num, 1)
         _check_int("max_item_crashes", max_item_crashes, 1)
+        if shared_memory_min_bytes is not None:
+            _check_int("shared_memory_min_bytes", shared_memory_min_bytes, 1)
         devices = check_devices("cuda_devices", cuda_devices)
         target = predict_function_or_model
         check_model("predict_function_or_model", target)
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
         self._backend = _ProcessBackend(
-            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, config
+            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, config, shared_memory_min_bytes
         )
         super().__init__(
             config,

@@ -2,7 +2,8 @@
 
 Kept apart from ``process.py`` so a worker imports no more than it needs.
 Everything here crosses between a parent and the children it spawned itself,
-over a private pipe, so pickle is safe to use: nothing comes from a network.
+over a private pipe (and shared memory, for large arrays: see
+``shared_memory.py``), so pickle is safe to use: nothing comes from a network.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import traceback
 from typing import Any, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
+from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load
 
 # Set in a worker process, so that a streamer made there (say, by importing the
 # web app's module to reach the model) refuses to spawn workers of its own.
@@ -24,8 +26,8 @@ IN_WORKER_ENV = "STREAMER_CORE_WORKER"
 
 _PARENT_POLL_SECONDS = 0.2
 
-#: An item's outcome on the wire: (True, pickled result) or (False, pickled error).
-WireOutcome = Tuple[bool, bytes]
+#: An item's outcome on the wire: (True, the result's wire) or (False, pickled error).
+WireOutcome = Tuple[bool, Any]
 
 
 def encode_exception(exc: BaseException) -> bytes:
@@ -47,16 +49,22 @@ def decode_exception(payload: bytes) -> BaseException:
     return exc
 
 
-def decode_outcome(ok: bool, payload: bytes) -> Tuple[bool, Any]:
+def decode_outcome(ok: bool, payload: Any, peer: PeerBlocks) -> Tuple[bool, Any]:
+    """An outcome from the worker; a result's arrays are copied out of the
+    worker's shared memory, which it reuses once told."""
     try:
-        return (True, pickle.loads(payload)) if ok else (False, decode_exception(payload))
+        return (True, load(payload, peer, copy=True)) if ok else (False, decode_exception(payload))
     except Exception as exc:
         return False, SerializationError(f"could not unpickle the worker's answer: {exc!r}")
 
 
-def _encode_result(value: Any) -> WireOutcome:
+def _encode_result(value: Any, pool: Optional[BlockPool], min_bytes: int) -> WireOutcome:
     try:
-        return True, pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        payload, blocks = dump(value, pool, min_bytes)
+        if not blocks:
+            return True, payload
+        # Lent to the parent until it names them free with a later batch.
+        return True, ("shm", payload, tuple((block.name, nbytes) for block, nbytes in blocks))
     except Exception as exc:
         error = SerializationError(
             f"the model's result ({type(value).__name__}) cannot be sent back from the worker process: {exc}"
@@ -81,10 +89,18 @@ def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
 
 
 def worker_main(
-    conn: Any, spec: bytes, device: Optional[Any], parent_pid: int, isolate_errors: bool, oom_errors: Any = None
+    conn: Any,
+    spec: bytes,
+    device: Optional[Any],
+    parent_pid: int,
+    isolate_errors: bool,
+    oom_errors: Any = None,
+    shared_memory: Optional[Tuple[str, int]] = None,
 ) -> None:
     """Body of a worker process: load the model, then run batches until told
-    to stop or until the parent goes away."""
+    to stop or until the parent goes away. ``shared_memory`` is the prefix
+    of this worker's block names and the least bytes a buffer of a result
+    needs to go through shared memory (``None``: results go through the pipe)."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
     os.environ[IN_WORKER_ENV] = "1"
@@ -102,31 +118,49 @@ def worker_main(
 
     # A reader thread takes batches off the pipe while the model runs, so the
     # parent can send the next batch ahead without blocking on a full pipe.
+    pool = BlockPool(shared_memory[0]) if shared_memory is not None else None
+    min_bytes = shared_memory[1] if shared_memory is not None else 0
+    peer = PeerBlocks()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    threading.Thread(target=_read_pipe, args=(conn, inbox), name="streamer-worker-read", daemon=True).start()
-    while True:
-        message = inbox.get()
-        if message is None or message[0] == "stop":
-            return  # told to stop, or the parent closed its end
-        _, batch_id, payloads = message
-        outcomes, ran_out, seconds = _run(predict, payloads, isolate_errors, oom_errors)
-        conn.send(("done", batch_id, outcomes, ran_out, seconds))
+    threading.Thread(target=_read_pipe, args=(conn, inbox, pool), name="streamer-worker-read", daemon=True).start()
+    try:
+        while True:
+            message = inbox.get()
+            if message is None or message[0] == "stop":
+                return  # told to stop, or the parent closed its end
+            _, batch_id, wires, _, gone = message
+            peer.forget(gone)  # the parent's blocks it has unlinked
+            outcomes, ran_out, seconds = _run(predict, wires, isolate_errors, oom_errors, peer, pool, min_bytes)
+            dropped = pool.dropped() if pool is not None else []
+            conn.send(("done", batch_id, outcomes, ran_out, seconds, dropped))
+            del outcomes
+    finally:
+        if pool is not None:
+            pool.close()
 
 
-def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any]) -> None:
+def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any], pool: Optional[BlockPool]) -> None:
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             inbox.put(None)
             return
+        if message[0] == "batch" and pool is not None:
+            pool.give_names(message[3])  # results the parent has copied out: their blocks are free again
         inbox.put(message)
         if message[0] == "stop":
             return
 
 
 def _run(
-    predict: Any, payloads: List[bytes], isolate_errors: bool, oom_errors: Any
+    predict: Any,
+    payloads: List[Wire],
+    isolate_errors: bool,
+    oom_errors: Any,
+    peer: PeerBlocks,
+    pool: Optional[BlockPool],
+    min_bytes: int,
 ) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]], float]:
     """Unpickle a batch, run it, and pickle one outcome per input. Also
     returns, when the model ran out of memory, the spans of the batch (by
@@ -140,7 +174,7 @@ def _run(
     inputs, positions = [], []
     for position, payload in enumerate(payloads):
         try:
-            inputs.append(pickle.loads(payload))
+            inputs.append(load(payload, peer, copy=False))
             positions.append(position)
         except Exception as exc:
             error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
@@ -151,7 +185,7 @@ def _run(
     run = run_batch(predict, inputs, isolate_errors, oom_errors)
     seconds = time.monotonic() - started
     for position, (ok, value) in zip(positions, run.outcomes):
-        outcomes[position] = _encode_result(value) if ok else (False, encode_exception(value))
+        outcomes[position] = _encode_result(value, pool, min_bytes) if ok else (False, encode_exception(value))
     if not run.out_of_memory:
         return outcomes, None, seconds
     return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran], seconds

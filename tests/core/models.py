@@ -142,3 +142,58 @@ class MemoryBoundModel(ManagedModel):
             self.ran_out += 1
             raise FakeOutOfMemory(f"a batch of {sum(batch)} does not fit in {self.limit}")
         return [(x * 2, self.ran_out) for x in batch]
+
+
+def _in_shared_memory(array: Any) -> bool:
+    """Whether ``array``'s bytes lie in a mapping of a file under /dev/shm."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, *rest = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= address < end:
+                return len(rest) == 5 and rest[4].strip().startswith("/dev/shm/")
+    return False
+
+
+def describe_arrays(batch: List[Any]) -> List[Any]:
+    """For each input array: its sum, dtype, shape, and whether the model saw
+    it in shared memory; then the array doubled, as the result."""
+    return [
+        {
+            "sum": float(x.sum()),
+            "dtype": str(x.dtype),
+            "shape": list(x.shape),
+            "shared": _in_shared_memory(x),
+            "doubled": x * 2,
+        }
+        for x in batch
+    ]
+
+
+def echo_tensors(batch: List[Any]) -> List[Any]:
+    """CPU torch tensors: each plus one, and whether it arrived as a tensor
+    viewing shared memory."""
+    import torch
+
+    return [(type(t) is torch.Tensor and _in_shared_memory(t.numpy()), t + 1) for t in batch]
+
+
+def big_arrays(batch: List[Any]) -> List[Any]:
+    """A (256, 256) float32 array (256 KB) filled with each input. An input
+    ``"hold:<path>"`` writes that file and sleeps (so a test can kill the
+    worker in the middle of a batch)."""
+    import numpy
+
+    for x in batch:
+        if isinstance(x, str) and x.startswith("hold:"):
+            Path(x[5:]).write_text("in the model")
+            time.sleep(30)
+    return [numpy.full((256, 256), x, dtype=numpy.float32) for x in batch]
+
+
+def double_arrays(batch: List[Any]) -> List[Any]:
+    """Each array doubled; an array starting with -1 kills the worker."""
+    if any(x.flat[0] == -1 for x in batch):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [x * 2 for x in batch]
