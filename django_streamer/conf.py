@@ -17,8 +17,11 @@
         },
     }
 
-Every key but ``MODELS`` and ``PREFIX`` may be given at the top level, as
-the default of every model, and in a model's entry, for that model only.
+Every key but ``MODELS``, ``PREFIX`` and ``MAX_BODY_BYTES`` may be given at
+the top level, as the default of every model, and in a model's entry, for
+that model only. ``MAX_BODY_BYTES`` (default 10 MiB, ``None`` for no limit)
+is the largest request body a batched view reads: a larger one is answered
+413 before it is read.
 ``MODEL``, ``INIT_ARGS`` and ``INIT_KWARGS`` belong to a model's entry.
 
 Reading the settings never imports anything but the models named by
@@ -38,6 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from streamer_core.cli import import_target
 from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
+from streamer_core.http import DEFAULT_MAX_BODY_BYTES, check_max_body_bytes
 from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ModelSpec
 
 __all__ = [
@@ -79,7 +83,7 @@ MODEL_ONLY: Dict[str, str] = {"MODEL": "model", "INIT_ARGS": "init_args", "INIT_
 MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 
 #: Every key of ``STREAMER`` itself.
-TOP_LEVEL_KEYS = ("MODELS", "PREFIX") + tuple(DEFAULTS)
+TOP_LEVEL_KEYS = ("MODELS", "PREFIX", "MAX_BODY_BYTES") + tuple(DEFAULTS)
 
 
 class SettingProblem(NamedTuple):
@@ -141,6 +145,11 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
             )
         )
         prefix = DEFAULT_PREFIX
+    body_problem = check_max_body_bytes(
+        streamer.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES), setting_path("MAX_BODY_BYTES")
+    )
+    if body_problem:
+        problems.append(SettingProblem("django_streamer.E009", body_problem))
     models = streamer.get("MODELS", _UNSET)
     if not isinstance(models, Mapping) or not models:
         got = "it is not set" if models is _UNSET else f"got {models!r}"
@@ -158,6 +167,14 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
         if spec is not None and not found:
             specs[name] = spec
     return specs, list(dict.fromkeys(problems))  # a bad top-level default is reported once, not per model
+
+
+def max_body_bytes() -> Optional[int]:
+    """``STREAMER["MAX_BODY_BYTES"]``: the largest request body a batched view
+    reads (checked by :func:`read_settings`)."""
+    streamer = getattr(settings, "STREAMER", None)
+    value = streamer.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) if isinstance(streamer, Mapping) else None
+    return value if isinstance(value, int) and value >= 1 else None
 
 
 def model_specs() -> Dict[str, ModelSpec]:
@@ -249,6 +266,8 @@ def _unknown_keys(given: Mapping[str, Any], known: Tuple[str, ...], where: Tuple
         advice = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(known)}"
         if where == () and key in MODEL_ONLY:
             advice = f"{key} belongs in each model's entry, {setting_path('MODELS', '<name>', key)}"
+        if where != () and key in ("PREFIX", "MAX_BODY_BYTES"):
+            advice = f"{key} is set once for every model, at the top level: {setting_path(key)}"
         found.append(
             SettingProblem(
                 "django_streamer.E008",

@@ -38,8 +38,9 @@ import logging
 from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
@@ -50,6 +51,7 @@ from streamer_core.http import (
     InvalidInput,
     MethodNotAllowed,
     PayloadTooLarge,
+    check_body_size,
     check_media_type,
     dumps_json,
     error_response,
@@ -59,6 +61,7 @@ from streamer_core.http import (
 )
 from streamer_core.stats import stats_for
 
+from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_streamer
 
 __all__ = ["batched_view", "BatchedView", "AsyncBatchedView", "request_item", "json_body", "json_error"]
@@ -83,13 +86,23 @@ def json_body(request: HttpRequest) -> Any:
 
 def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     """The model input of ``request`` by the default rule: the JSON body (its
-    key ``field`` when given), else the form field ``field``. Raises
-    :class:`InvalidInput` (400) saying what to send."""
-    check_media_type(request.content_type, int(request.META.get("CONTENT_LENGTH") or 0) > 0)
+    key ``field`` when given), else the form field ``field``, else the
+    uploaded file ``field`` as ``bytes`` (``curl -F "file=@cat.jpg"``).
+    Raises :class:`InvalidInput` (400) saying what to send, and
+    :class:`PayloadTooLarge` (413) for a body over
+    ``STREAMER["MAX_BODY_BYTES"]`` (10 MiB by default), before reading it."""
+    try:
+        length: Optional[int] = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = None
+    limit = max_body_bytes()
+    check_body_size(length, limit)
+    check_media_type(request.content_type, (length or 0) > 0)
     body = json_body(request)
+    if body is not MISSING or request.method != "POST":
+        return item_from_request(body, None, field)
     # The form only when there is no JSON: reading it costs even when empty.
-    form = request.POST if body is MISSING and request.method == "POST" else None
-    return item_from_request(body, form, field)
+    return item_from_request(body, request.POST, field, request.FILES, limit)
 
 
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
@@ -125,10 +138,13 @@ def _refused_while_draining(model: str) -> JsonResponse:
 def _parse_failure(exc: Exception, model: str) -> JsonResponse:
     """The answer when the parse step raised: its InvalidInput as it is
     (400, or its own status), a ValueError, TypeError or KeyError as a 400, a
-    body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as a 413, anything else as a
-    500 (the view's own fault, logged)."""
+    body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as a 413, a malformed multipart
+    body or one Django refuses (too many fields or files) as a 400, anything
+    else as a 500 (the view's own fault, logged)."""
     if isinstance(exc, RequestDataTooBig):
         problem: Exception = PayloadTooLarge(f"the body is larger than this server takes: {exc}")
+    elif isinstance(exc, (MultiPartParserError, SuspiciousOperation)):
+        problem = InvalidInput(f"the request body could not be read: {exc}")
     elif isinstance(exc, (ValueError, TypeError, KeyError)) and not isinstance(exc, InvalidInput):
         problem = InvalidInput(f"the request could not be parsed: {exc}")
     else:

@@ -20,7 +20,7 @@ queue is full or no worker is available.
 from streamer_core.http import InvalidInput
 from streamer_core.model_spec import ConfigurationError
 
-from .extension import BatchedRoute, FlaskStreamer, json_body, start_streamers
+from .extension import BatchedRoute, FlaskStreamer, json_body, request_item, start_streamers
 from .settings import DEFAULTS
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "ConfigurationError",
     "DEFAULTS",
     "json_body",
+    "request_item",
     "start_streamers",
 ]

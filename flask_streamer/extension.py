@@ -14,10 +14,13 @@ from werkzeug.exceptions import BadRequest, HTTPException
 
 from streamer_core.errors import SerializationError, StreamerClosedError
 from streamer_core.http import (
+    DEFAULT_MAX_BODY_BYTES,
     FAST_JSON,
     MISSING,
     InvalidInput,
     MethodNotAllowed,
+    check_body_size,
+    check_max_body_bytes,
     check_media_type,
     dumps_json,
     error_response,
@@ -33,7 +36,9 @@ from streamer_core.streamer import BaseStreamer
 
 from .settings import ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
-__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "start_streamers"]
+__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "request_item", "start_streamers"]
+
+_UNSET: Any = object()  # a route keyword not given
 
 logger = logging.getLogger("flask_streamer")
 
@@ -61,6 +66,7 @@ class BatchedRoute:
         init_kwargs: Dict[str, Any],
         overrides: Dict[str, Any],
         methods: List[str],
+        max_body_bytes: Any = _UNSET,
     ) -> None:
         self.extension = extension
         self.rule = rule
@@ -74,6 +80,8 @@ class BatchedRoute:
         self.init_args = tuple(init_args)
         self.init_kwargs = dict(init_kwargs)
         self.overrides = overrides
+        #: The route's own limit on a body's bytes; unset: the app's.
+        self.max_body_bytes = max_body_bytes
         self.view = self._make_view()
 
     @property
@@ -115,9 +123,10 @@ class _AppState:
     """What the extension keeps in ``app.extensions["streamer"]``: the app's
     checked settings and, per route, its streamer (started on first use)."""
 
-    def __init__(self, extension: FlaskStreamer, settings: Dict[str, Any]) -> None:
+    def __init__(self, extension: FlaskStreamer, settings: Dict[str, Any], max_body_bytes: Optional[int]) -> None:
         self.extension = extension
         self.settings = settings
+        self.max_body_bytes = max_body_bytes
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
@@ -167,7 +176,7 @@ class FlaskStreamer:
         :class:`ConfigurationError` that names every wrong one), register the
         batched routes declared so far and the ``flask streamer`` commands."""
         settings = read_settings(app.config, app.name)
-        state = _AppState(self, settings)
+        state = _AppState(self, settings, app.config.get("STREAMER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
@@ -192,8 +201,10 @@ class FlaskStreamer:
         blueprint rather than the app), the batching settings to override
         (``backend``, ``batch_size``, ``max_latency`` in seconds,
         ``worker_num``, ``cuda_devices``, ``timeout`` in seconds,
-        ``max_queue``), ``field`` (the JSON key or form field holding the
-        input; without it the input is the whole JSON body), ``parse``
+        ``max_queue``), ``field`` (the JSON key, form field or uploaded file
+        holding the input, a file as ``bytes``; without it the input is the
+        whole JSON body), ``max_body_bytes`` (the largest body read, else
+        413; default ``STREAMER_MAX_BODY_BYTES``, 10 MiB), ``parse``
         (``parse(request) -> input``, raising :class:`InvalidInput` for a
         400) and ``respond`` (``respond(output) -> a Flask response``).
 
@@ -220,6 +231,7 @@ class FlaskStreamer:
         respond: Optional[RespondHook] = None,
         init_args: Sequence[Any] = (),
         init_kwargs: Optional[Dict[str, Any]] = None,
+        max_body_bytes: Any = _UNSET,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -232,8 +244,12 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args and init_kwargs"
+                "init_args, init_kwargs and max_body_bytes"
             )
+        if max_body_bytes is not _UNSET:
+            problem = check_max_body_bytes(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
+            if problem:
+                raise ValueError(problem)
         if model is None:
             raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
         for name, hook in (("parse", parse), ("respond", respond)):
@@ -257,6 +273,7 @@ class FlaskStreamer:
             dict(init_kwargs or {}),
             overrides,
             methods,
+            max_body_bytes,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
@@ -338,8 +355,9 @@ class FlaskStreamer:
             stats_for(route.name).finished("unavailable")
             status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
             return jsonify(body), status, headers
+        limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
         try:
-            item = _parse(route, request._get_current_object(), app)  # type: ignore[attr-defined]
+            item = _parse(route, request._get_current_object(), app, limit)  # type: ignore[attr-defined]
         except InvalidInput as exc:
             stats_for(route.name).failed(exc)
             return _error(exc, app)
@@ -421,6 +439,24 @@ def json_body() -> Any:
     return _json_body(request._get_current_object(), current_app._get_current_object())  # type: ignore[attr-defined]
 
 
+def request_item(field: Optional[str] = None) -> Any:
+    """The current request's model input by the default rule of a batched
+    route: the JSON body (its key ``field`` when given), else the form field
+    ``field``, else the uploaded file ``field`` as ``bytes``. For a ``parse``
+    hook that turns it into the model's input::
+
+        def parse(req):
+            return decode_image(request_item("file"))
+
+    Raises :class:`InvalidInput` (400) saying what to send. The route's
+    ``max_body_bytes`` holds already when the hook runs."""
+    req = request._get_current_object()  # type: ignore[attr-defined]
+    body = _json_body(req, current_app._get_current_object())  # type: ignore[attr-defined]
+    if body is not MISSING:
+        return item_from_request(body, None, field)
+    return item_from_request(body, req.form, field, req.files)
+
+
 def _json_body(req: Request, app: Flask) -> Any:
     if not req.is_json:
         return MISSING
@@ -435,15 +471,18 @@ def _json_body(req: Request, app: Flask) -> Any:
         raise InvalidInput("the body is not valid JSON: it is nested too deep") from None
 
 
-def _parse(route: BatchedRoute, req: Request, app: Flask) -> Any:
+def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
     """The request's model input; every parse failure as :class:`InvalidInput`."""
     try:
+        _limit_body(req, app, max_bytes)
         if route.parse is not None:
             return route.parse(req)
         check_media_type(req.mimetype, (req.content_length or 0) > 0)
         body = _json_body(req, app)
+        if body is not MISSING:
+            return item_from_request(body, None, route.field)
         # The form only when there is no JSON: reading it costs even when empty.
-        return item_from_request(body, req.form if body is MISSING else None, route.field)
+        return item_from_request(body, req.form, route.field, req.files, max_bytes)
     except InvalidInput:
         raise
     except BadRequest as exc:
@@ -452,6 +491,21 @@ def _parse(route: BatchedRoute, req: Request, app: Flask) -> Any:
         raise  # 413 and the like: answered as JSON by the view, with their own status
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidInput(f"the request could not be parsed: {exc}") from exc
+
+
+def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> None:
+    """Refuse a body over ``max_bytes`` (413): at once by its
+    ``Content-Length``, and, for one sent in chunks, as it is read (werkzeug
+    stops reading there). The app's ``MAX_CONTENT_LENGTH`` still holds when
+    it is lower."""
+    if max_bytes is None:
+        return
+    check_body_size(req.content_length, max_bytes)
+    app_limit = app.config.get("MAX_CONTENT_LENGTH")
+    try:
+        req.max_content_length = max_bytes if app_limit is None else min(max_bytes, app_limit)
+    except AttributeError:  # pragma: no cover - Flask before 3.1: the Content-Length check above only
+        pass
 
 
 def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:

@@ -19,10 +19,11 @@ setting                      default         meaning
 ``STREAMER_METRICS_ROUTE``   ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
 ``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
 ``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
+``STREAMER_MAX_BODY_BYTES``  ``10485760``    the largest body a batched route reads (10 MiB); then 413
 ===========================  ==============  ==============================================
 
-Every route may override any of them by the keyword of the same name
-(``batch_size=8``, ``redis_url=...``). The Redis keys of a route are
+Every route may override any of them but the three routes by the keyword of
+the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``). The Redis keys of a route are
 ``streamer:<STREAMER_PREFIX>:<endpoint>:*``, or ``streamer:<prefix>:*`` when
 the route sets ``prefix`` itself (to share a queue with ``streamer-worker
 --prefix``).
@@ -36,10 +37,11 @@ import os
 from typing import Any, Dict, Mapping, Optional
 
 from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
+from streamer_core.http import DEFAULT_MAX_BODY_BYTES, check_max_body_bytes
 from streamer_core.metrics import available as metrics_available
 from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ConfigurationError, ModelSpec
 
-__all__ = ["DEFAULTS", "APP_DEFAULTS", "ROUTE_OPTIONS", "read_settings", "app_routes", "setting_name"]
+__all__ = ["DEFAULTS", "APP_DEFAULTS", "BODY_DEFAULTS", "ROUTE_OPTIONS", "read_settings", "app_routes", "setting_name"]
 
 #: Each setting's default, by ModelSpec field.
 DEFAULTS: Dict[str, Any] = {
@@ -67,6 +69,10 @@ ROUTE_OPTIONS = tuple(DEFAULTS)
 APP_DEFAULTS: Dict[str, Any] = {"metrics_route": None, "health_route": None, "ready_route": None}
 _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "ready_route": "/readyz"}
 
+#: What the web layer reads of a request, for every batched route (a route's
+#: keyword of the same name overrides it).
+BODY_DEFAULTS: Dict[str, Any] = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+
 
 def setting_name(field: str) -> str:
     return f"STREAMER_{field.upper()}"
@@ -77,7 +83,7 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     :class:`ConfigurationError` naming every wrong or unknown setting, as
     the user wrote it (``FLASK_STREAMER_BACKEND`` when it came from that
     environment variable through ``app.config.from_prefixed_env()``)."""
-    known = {setting_name(field) for field in (*DEFAULTS, *APP_DEFAULTS)}
+    known = {setting_name(field) for field in (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)}
     unknown = [key for key in config if key.startswith("STREAMER_") and key not in known]
     settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
     if settings["prefix"] is None:
@@ -85,7 +91,7 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     messages = []
     for key in unknown:
         # Compare what follows STREAMER_, or every key would look close.
-        fields = [field.upper() for field in (*DEFAULTS, *APP_DEFAULTS)]
+        fields = [field.upper() for field in (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)]
         close = difflib.get_close_matches(key[len("STREAMER_") :], fields, n=1)
         written = written_as(key, config)
         if close:
@@ -103,6 +109,12 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
                 f"{written_as(setting_name(field), config)} must be a URL path starting with '/' "
                 f"(e.g. {_ROUTE_EXAMPLES[field]!r}) or None to serve none; got {rule!r}"
             )
+    for field, default in BODY_DEFAULTS.items():
+        problem = check_max_body_bytes(
+            config.get(setting_name(field), default), written_as(setting_name(field), config)
+        )
+        if problem:
+            messages.append(problem)
     if config.get(setting_name("metrics_route")) is not None and not metrics_available():
         messages.append(
             f"{written_as(setting_name('metrics_route'), config)} serves Prometheus metrics, which need "

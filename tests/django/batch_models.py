@@ -100,3 +100,10 @@ NOT_A_MODEL = 42
 
 class NotManaged:
     """A class that is not a ManagedModel subclass."""
+
+
+def describe_upload(batch: List[Any]) -> List[Any]:
+    """What arrived of each upload: its type, length and first bytes."""
+    return [
+        {"type": type(x).__name__, "length": len(x), "head": x[:8].hex() if isinstance(x, bytes) else x} for x in batch
+    ]

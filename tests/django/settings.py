@@ -44,6 +44,7 @@ STREAMER = {
         "hold": {"MODEL": "tests.django.batch_models.HoldModel", "INIT_KWARGS": {"folder": _FOLDER}},
         "marked": {"MODEL": "tests.django.batch_models.MarkedModel", "INIT_KWARGS": {"folder": _FOLDER}},
         "vectors": {"MODEL": "tests.django.batch_models.vectors"},
+        "uploads": {"MODEL": "tests.django.batch_models.describe_upload"},
     },
 }
 

@@ -18,5 +18,6 @@ urlpatterns = [
     path("guarded", views.guarded),
     path("unpicklable", views.unpicklable),
     path("vectors", views.vectors),
+    path("upload", views.upload),
     path("ops/", include("django_streamer.urls")),
 ]

@@ -50,6 +50,7 @@ def direct(request: HttpRequest) -> HttpResponse:
 
 
 double_cbv = BatchedView.as_view(model="double", field="x")
+upload = BatchedView.as_view(model="uploads", field="file")
 double_guarded = BatchedView.as_view(model="double", field="x", csrf_exempt=False)
 pid = BatchedView.as_view(model="pid", field="x")
 hold = BatchedView.as_view(model="hold", field="x")
