@@ -12,6 +12,8 @@ STREAMER_BATCH_SIZE       64                            most sentences per model
 STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits for companions
 STREAMER_MAX_BATCH_COST   1024                          padded tokens per batch (token_estimate)
 EMBEDDING_MODEL           all-MiniLM-L6-v2              a model name or a local path
+IMAGE_MODEL               efficientnet-lite0            /classify's model: a name or a .pth file
+CLASSIFY_BATCH_SIZE       4                             most images per model call
 DJANGO_DEBUG              0                             1: Django's debug mode
 DJANGO_ALLOWED_HOSTS      127.0.0.1,localhost           comma-separated
 EXAMPLE_DJANGO_DB         <tmp>/example_django.sqlite3  the SQLite file (nothing is stored)
@@ -26,6 +28,7 @@ import tempfile
 from typing import Any
 
 from example_flask.embedding import DEFAULT_MODEL
+from example_flask.vision import DEFAULT_IMAGE_MODEL
 
 
 def _number(name: str, default: Any) -> Any:
@@ -70,6 +73,7 @@ USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 EMBEDDING_MODEL = os.environ.get("EMBEDDING_MODEL", DEFAULT_MODEL)
+IMAGE_MODEL = os.environ.get("IMAGE_MODEL", DEFAULT_IMAGE_MODEL)
 
 STREAMER = {
     "BACKEND": os.environ.get("STREAMER_BACKEND", "thread"),
@@ -90,6 +94,16 @@ STREAMER = {
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
             "INIT_KWARGS": {"model_name": EMBEDDING_MODEL},
+        },
+        "classify": {
+            # example_flask's /classify model, the same module: EfficientNet-Lite0.
+            "MODEL": "example_flask.vision.ImageClassifier",
+            # Batches of 4 run fastest on a 2-core CPU; raise it on a GPU.
+            "BATCH_SIZE": _number("CLASSIFY_BATCH_SIZE", 4),
+            "MAX_LATENCY": 0.01,
+            "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
+            "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
+            "INIT_KWARGS": {"model_name": IMAGE_MODEL},
         },
     },
 }

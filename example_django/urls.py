@@ -7,5 +7,6 @@ urlpatterns = [
     path("naive", views.naive),
     path("stream", views.stream),
     path("astream", views.astream),
+    path("classify", views.classify),
     path("", include("django_streamer.urls")),  # metrics, healthz, readyz
 ]

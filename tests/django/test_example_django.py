@@ -55,6 +55,7 @@ def example(settings: Any) -> Any:
             streamer = dict(streamer, TIMEOUT=timeout_seconds)
         settings.ROOT_URLCONF = module.ROOT_URLCONF
         settings.EMBEDDING_MODEL = module.EMBEDDING_MODEL
+        settings.IMAGE_MODEL = module.IMAGE_MODEL
         settings.STREAMER = streamer
         return module
 
@@ -161,3 +162,37 @@ def test_the_example_serves_metrics_and_probes(example: Any, client: Client) -> 
     assert is_embedding(post(client, "/stream", {"s": "Happy birthday to you."}).json())
     text = client.get("/metrics").content.decode()
     assert 'streamer_requests_total{model="embed",outcome="ok"}' in text
+
+
+def test_classify_names_a_cat_and_an_espresso_and_refuses_what_is_no_image(example: Any, client: Client) -> None:
+    """/classify, the vision service: an uploaded photo (as ``curl -F
+    "file=@cat.jpg"`` sends it) is decoded here and classified in a batch;
+    a file that is no image, or none, gets a JSON 400, one too large a 413."""
+    pytest.importorskip("efficientnet_lite_pytorch")
+    pytest.importorskip("skimage")
+    from tests.flask.test_example_classify import CATS, photo, upload
+
+    example()
+
+    def post_file(data: bytes, name: str = "photo.jpg", field: str = "file") -> Any:
+        return client.post("/classify", **upload(data, name, field))
+
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(post_file, [photo("chelsea"), photo("coffee", "PNG")] * 3))
+    for index, response in enumerate(responses):
+        assert response.status_code == 200, response.content
+        answer = response.json()
+        assert len(answer["top5"]) == 5 and answer["top5"][0]["class_index"] == answer["class_index"]
+        if index % 2:
+            assert answer["class_name"] == "espresso" and answer["class_index"] == 967, answer
+        else:
+            assert answer["class_name"] in CATS, answer
+    for response, status, message in (
+        (post_file(b"plain text"), 400, "not an image"),
+        (post_file(b"x", field="other"), 400, 'the file "file"'),
+        (post(client, "/classify", {"file": "text"}), 400, "multipart"),
+        (post_file(b"x" * (10 * 1024 * 1024 + 1)), 413, "10485760"),
+        (client.post("/classify", b"--b\r\nbroken", content_type="multipart/form-data; boundary=b"), 400, ""),
+    ):
+        assert response.status_code == status and response["Content-Type"] == "application/json", response.content
+        assert message in response.json()["error"]["message"]

