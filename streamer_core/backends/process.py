@@ -104,6 +104,7 @@ class _Slot:
         self.respawn_at: Optional[float] = None
         self.error: Optional[BaseException] = None
         self.generation = 0  # how many processes have filled this slot
+        self.spawning = False  # a process for it is being started
         self.free: List[str] = []  # its result blocks copied out here, to name free with the next batch
         self.gone: List[str] = []  # this process's blocks unlinked since the last batch, for it to unmap
 
@@ -138,7 +139,7 @@ class _ProcessBackend(Backend):
         self._isolate = config.isolate_errors
         self._min_bytes = shared_memory_min_bytes if shared_memory_available() else None
         self._prefix = new_prefix("")
-        self._pool = BlockPool(self._prefix + "p_") if shared_memory_min_bytes is not None else None
+        self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
         self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
         self._lock = threading.Lock()
@@ -163,6 +164,10 @@ class _ProcessBackend(Backend):
         self._collector.start()
 
     def _spawn(self, slot: _Slot) -> None:
+        with self._lock:
+            if self._stopping:
+                return  # a respawn that close() overtook
+            slot.spawning = True
         parent_conn, child_conn = _ctx.Pipe()
         with self._lock:
             slot.generation += 1
@@ -175,12 +180,27 @@ class _ProcessBackend(Backend):
             name=f"streamer-worker-{slot.index}",
             daemon=True,
         )
-        process.start()
+        try:
+            process.start()
+        except BaseException:
+            child_conn.close()
+            parent_conn.close()
+            with self._lock:
+                slot.spawning = False
+                self._changed.notify_all()
+            raise
         child_conn.close()
         with self._lock:
+            slot.spawning = False
+            self._changed.notify_all()
             slot.process, slot.conn, slot.pid = process, parent_conn, process.pid
             slot.state, slot.respawn_at = "starting", None
             slot.batches.clear()
+            if self._stopping:  # stop() ran while it started: it waits for this one too
+                try:
+                    parent_conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
         logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
 
     def encode(self, value: Any, index: int) -> Any:
@@ -214,8 +234,8 @@ class _ProcessBackend(Backend):
             slot.batches.append(sent)
             if self._pool is not None:
                 gone = self._pool.dropped()
-                if gone:
-                    for other in self._slots:
+                for other in self._slots if gone else ():
+                    if other.state == "ready":  # one still starting has mapped none of them
                         other.gone.extend(gone)
             wires = [wire_of(item.value) for item in items]
             conn, message = slot.conn, ("batch", sent.batch_id, wires, slot.free, slot.gone)
@@ -443,7 +463,7 @@ class _ProcessBackend(Backend):
         self._wake_collector()
         for escalate in ("terminate", "kill", None):
             with self._changed:
-                while self._collector.is_alive() and any(s.conn is not None for s in self._slots):
+                while self._collector.is_alive() and any(s.conn is not None or s.spawning for s in self._slots):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break

@@ -25,6 +25,7 @@ from streamer_core import (
 )
 from tests.core import models
 from tests.helpers import alive, wait_for
+from tests.servers import worker_children
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,3 +243,23 @@ def test_a_worker_that_imports_the_streamers_module_does_not_spawn_more(tmp_path
 def test_streamer_error_is_the_root_of_every_error():
     for error in (SerializationError, WorkerDiedError, WorkerStartError):
         assert issubclass(error, StreamerError)
+
+
+def test_close_right_after_a_worker_dies_leaves_no_worker_behind(tmp_path):
+    """The collector restarts a dead worker at once; a close() that overtakes
+    the restart must still stop (and wait for) the new process."""
+    marker = tmp_path / "in-model"
+    for attempt in range(5):
+        streamer = Streamer(models.big_arrays, batch_size=1, max_item_crashes=1)
+        try:
+            assert streamer.wait_ready(60)
+            [pid] = streamer.worker_pids()
+            future = streamer.submit([f"hold:{marker}"])  # sleeps in the model
+            assert wait_for(marker.exists, 30)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(WorkerDiedError):
+                future.result(30)
+        finally:
+            streamer.close(timeout=10)
+        assert worker_children(os.getpid()) == [], f"a worker outlived close() (attempt {attempt})"
+        marker.unlink()

@@ -38,7 +38,7 @@ def test_unparsable_input_is_400_with_a_message(client):
         (post(client, "/double", [1, 2]), 'send a JSON object with the key "x"'),
         (post(client, "/double", {"x": [1]}), '"x" must be a number or a string'),
         (client.post("/double", "{nope", content_type="application/json"), "the body is not valid JSON"),
-        (client.post("/double", {}), 'send the input as JSON {"x": ...} or as the form field "x"'),
+        (client.post("/double", {}), 'send the input as JSON {"x": ...}, as the form field "x", or as the file "x"'),
         (post(client, "/double-cbv", {"y": 1}), 'the JSON body has no key "x"'),
     ]:
         assert response.status_code == 400, response.content
@@ -138,7 +138,7 @@ def test_batched_views_are_csrf_exempt_unless_told_otherwise():
 
 def test_streamers_start_on_first_use_and_close(client):
     assert started_models() == []
-    assert model_names() == ["double", "sizes", "pid", "hold", "marked", "vectors"]
+    assert model_names() == ["double", "sizes", "pid", "hold", "marked", "vectors", "uploads"]
     assert get_spec("hold").prefix == "django-tests:hold"
     assert client.post("/direct").json() == {"outputs": [2, 4, 6]}
     assert started_models() == ["double"]

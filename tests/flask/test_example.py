@@ -100,7 +100,7 @@ def test_stream_and_naive_agree_even_for_requests_batched_together(app):
         (dict(json={"s": 3}), '"s" must be a non-empty string'),
         (dict(json={"text": "hi"}), 'the JSON body has no key "s"'),
         (dict(json=["hi"]), 'send a JSON object with the key "s"'),
-        (dict(data={"text": "hi"}), 'send the input as JSON {"s": ...} or as the form field "s"'),
+        (dict(data={"text": "hi"}), 'send the input as JSON {"s": ...}, as the form field "s", or as the file "s"'),
         (dict(data="{", content_type="application/json"), "the body is not valid JSON"),
     ],
 )
@@ -134,8 +134,10 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
 
 def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
     """The issue's command, for real: ``flask --app example_flask streamer
-    run-workers`` loads the model in a worker; a web app on the Redis
-    backend only enqueues, and gets the same embedding as the thread one."""
+    run-workers`` loads each route's model in a worker; a web app on the
+    Redis backend only enqueues, and gets the same embedding as the thread
+    one, and an uploaded photo classified (its decoded array crossing Redis
+    as raw bytes)."""
     prefix = f"flask-example-{uuid.uuid4().hex[:10]}"
     env = {
         **os.environ,
@@ -170,8 +172,12 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         assert streamer.wait_ready(90), log.read_text(errors="replace")
         remote = embedding(web, PARAPHRASES[0])
         assert cosine(remote, embedding(app, PARAPHRASES[0])) > 0.9999
+        if importlib.util.find_spec("efficientnet_lite_pytorch") and importlib.util.find_spec("skimage"):
+            from tests.flask.test_example_classify import CATS, classify, photo
+
+            assert classify(web, photo("chelsea"))["class_name"] in CATS
         workers: List[int] = worker_children(cli.pid)
-        assert len(workers) == 1, log.read_text(errors="replace")
+        assert len(workers) == 2, log.read_text(errors="replace")  # one per route: /stream and /classify
         assert type(streamer).__name__ == "RedisStreamer"
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(20) == 0, log.read_text(errors="replace")

@@ -100,7 +100,7 @@ def test_input_that_cannot_be_parsed_is_a_400(make_app, request_kwargs, message)
         (dict(json={"m": 1}), 'the JSON body has no key "n"; send {"n": ...}'),
         (dict(json=[1, 2]), 'send a JSON object with the key "n"'),
         (dict(json="n"), 'send a JSON object with the key "n"'),
-        (dict(data={"m": "1"}), 'send the input as JSON {"n": ...} or as the form field "n"'),
+        (dict(data={"m": "1"}), 'send the input as JSON {"n": ...}, as the form field "n", or as the file "n"'),
         (dict(data="{", content_type="application/json"), "the body is not valid JSON"),
     ],
 )

@@ -250,7 +250,7 @@ def test_run_workers_refuses_an_app_whose_routes_are_not_on_redis():
         timeout=60,
     )
     assert done.returncode == 2, done.stderr
-    assert "run-workers runs Redis workers, but stream use another backend" in done.stderr
+    assert "run-workers runs Redis workers, but stream, classify use another backend" in done.stderr
     assert "STREAMER_BACKEND = 'redis'" in done.stderr
 
 
