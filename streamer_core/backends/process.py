@@ -56,6 +56,7 @@ from .shared_memory import (
     block_names,
     dump,
     new_prefix,
+    plain,
     unlink_leftovers,
     wire_of,
 )
@@ -204,6 +205,8 @@ class _ProcessBackend(Backend):
         logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
 
     def encode(self, value: Any, index: int) -> Any:
+        if plain(value):
+            return value  # pickled with the rest of its batch when sent
         try:
             payload, blocks = dump(value, self._pool, self._min_bytes or 0)
         except Exception as exc:

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
-from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load
+from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain
 
 # Set in a worker process, so that a streamer made there (say, by importing the
 # web app's module to reach the model) refuses to spawn workers of its own.
@@ -59,6 +59,8 @@ def decode_outcome(ok: bool, payload: Any, peer: PeerBlocks) -> Tuple[bool, Any]
 
 
 def _encode_result(value: Any, pool: Optional[BlockPool], min_bytes: int) -> WireOutcome:
+    if plain(value):
+        return True, value  # pickled with the rest of the batch's outcomes
     try:
         payload, blocks = dump(value, pool, min_bytes)
         if not blocks:

@@ -69,8 +69,19 @@ _SHM_DIR = "/dev/shm"
 _PAGE = 4096
 
 #: What crosses the pipe for one value: its pickle alone, or
-#: ``("shm", pickle, ((block name, byte count), ...))``.
-Wire = Union[bytes, Tuple[str, bytes, Tuple[Tuple[str, int], ...]]]
+#: ``("shm", pickle, ((block name, byte count), ...))``, or a str, int,
+#: float, bool or None as it is (see :func:`plain`).
+Wire = Union[bytes, Tuple[str, bytes, Tuple[Tuple[str, int], ...]], str, int, float, bool, None]
+
+#: Types whose values need no pickle of their own: they cannot fail to pickle,
+#: and the pipe pickles a batch's list of them in one call.
+_PLAIN = frozenset([str, int, float, bool, type(None)])
+
+
+def plain(value: Any) -> bool:
+    """Whether ``value`` crosses as it is (exactly a str, int, float, bool
+    or None: not bytes, which would read as a pickle)."""
+    return type(value) in _PLAIN
 
 
 def available() -> bool:
@@ -301,9 +312,10 @@ class SharedValue:
             self.pool.give(block)
 
 
-def wire_of(value: bytes | SharedValue) -> Wire:
-    """What crosses the pipe for a value :func:`dump` made."""
-    return value if isinstance(value, bytes) else value.wire
+def wire_of(value: Any) -> Wire:
+    """What crosses the pipe for a queued value: a :class:`SharedValue`'s
+    wire, anything else (a pickle, a plain value) as it is."""
+    return value.wire if isinstance(value, SharedValue) else value
 
 
 def _tensor_from_array(array: Any) -> Any:
@@ -373,6 +385,8 @@ def load(wire: Wire, peer: PeerBlocks, copy: bool) -> Any:
     blocks)."""
     if isinstance(wire, bytes):
         return pickle.loads(wire)
+    if not isinstance(wire, tuple):
+        return wire  # a plain value
     _, payload, refs = wire
     views: Sequence[Any] = [peer.view(name, nbytes) for name, nbytes in refs]
     if copy:
@@ -382,4 +396,4 @@ def load(wire: Wire, peer: PeerBlocks, copy: bool) -> Any:
 
 def block_names(wire: Wire) -> List[str]:
     """The names of the blocks ``wire`` refers to."""
-    return [] if isinstance(wire, bytes) else [name for name, _ in wire[2]]
+    return [name for name, _ in wire[2]] if isinstance(wire, tuple) else []
