@@ -14,7 +14,6 @@ from werkzeug.exceptions import BadRequest, HTTPException
 
 from streamer_core.errors import SerializationError, StreamerClosedError
 from streamer_core.http import (
-    DEFAULT_MAX_BODY_BYTES,
     FAST_JSON,
     MISSING,
     InvalidInput,
@@ -34,7 +33,7 @@ from streamer_core.probes import liveness, readiness
 from streamer_core.stats import stats_for
 from streamer_core.streamer import BaseStreamer
 
-from .settings import ROUTE_OPTIONS, app_routes, read_settings, setting_name
+from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
 __all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "request_item", "start_streamers"]
 
@@ -176,7 +175,8 @@ class FlaskStreamer:
         :class:`ConfigurationError` that names every wrong one), register the
         batched routes declared so far and the ``flask streamer`` commands."""
         settings = read_settings(app.config, app.name)
-        state = _AppState(self, settings, app.config.get("STREAMER_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES))
+        max_body_bytes = app.config.get(setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"])
+        state = _AppState(self, settings, max_body_bytes)
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
@@ -451,10 +451,15 @@ def request_item(field: Optional[str] = None) -> Any:
     Raises :class:`InvalidInput` (400) saying what to send. The route's
     ``max_body_bytes`` holds already when the hook runs."""
     req = request._get_current_object()  # type: ignore[attr-defined]
-    body = _json_body(req, current_app._get_current_object())  # type: ignore[attr-defined]
+    return _default_item(req, current_app._get_current_object(), field, None)  # type: ignore[attr-defined]
+
+
+def _default_item(req: Request, app: Flask, field: Optional[str], max_bytes: Optional[int]) -> Any:
+    body = _json_body(req, app)
     if body is not MISSING:
         return item_from_request(body, None, field)
-    return item_from_request(body, req.form, field, req.files)
+    # The form only when there is no JSON: reading it costs even when empty.
+    return item_from_request(body, req.form, field, req.files, max_bytes)
 
 
 def _json_body(req: Request, app: Flask) -> Any:
@@ -478,11 +483,7 @@ def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[in
         if route.parse is not None:
             return route.parse(req)
         check_media_type(req.mimetype, (req.content_length or 0) > 0)
-        body = _json_body(req, app)
-        if body is not MISSING:
-            return item_from_request(body, None, route.field)
-        # The form only when there is no JSON: reading it costs even when empty.
-        return item_from_request(body, req.form, route.field, req.files, max_bytes)
+        return _default_item(req, app, route.field, max_bytes)
     except InvalidInput:
         raise
     except BadRequest as exc:

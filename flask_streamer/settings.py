@@ -23,10 +23,10 @@ setting                      default         meaning
 ===========================  ==============  ==============================================
 
 Every route may override any of them but the three routes by the keyword of
-the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``). The Redis keys of a route are
-``streamer:<STREAMER_PREFIX>:<endpoint>:*``, or ``streamer:<prefix>:*`` when
-the route sets ``prefix`` itself (to share a queue with ``streamer-worker
---prefix``).
+the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``).
+The Redis keys of a route are ``streamer:<STREAMER_PREFIX>:<endpoint>:*``,
+or ``streamer:<prefix>:*`` when the route sets ``prefix`` itself (to share a
+queue with ``streamer-worker --prefix``).
 """
 
 from __future__ import annotations

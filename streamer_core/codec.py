@@ -22,6 +22,7 @@ there is one, as :class:`RemoteError` otherwise.
 from __future__ import annotations
 
 import builtins
+import io
 import pickle
 import traceback
 from typing import Any, Dict, List, Sequence, Tuple, Type
@@ -158,26 +159,42 @@ class PickleCodec(Codec):
         return pickle.loads(data)
 
     def dumps(self, value: Any) -> Tuple[bytes, Buffers]:
-        buffers: List[bytes] = []
-
-        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-            try:
-                view = buffer.raw()
-            except BufferError:  # not contiguous: in the payload
-                return True
-            if view.nbytes < OUT_OF_BAND_BYTES:
-                return True
-            buffers.append(view.tobytes())  # the one copy on this side
-            return False
-
         try:
-            return pickle.dumps(value, 5, buffer_callback=out_of_band), tuple(buffers)
+            payload, views = pickle_out_of_band(value, OUT_OF_BAND_BYTES)
+            return payload, tuple(view.tobytes() for view in views)  # the one copy on this side
         except Exception as exc:
             raise SerializationError(f"{type(value).__name__} cannot be pickled: {exc}") from exc
 
     def loads(self, data: bytes, buffers: Sequence[bytes] = ()) -> Any:
         # Writable copies, so that arrays built on them are writable too.
         return pickle.loads(data, buffers=[bytearray(buffer) for buffer in buffers])
+
+
+def pickle_out_of_band(
+    value: Any, min_bytes: float, pickler: Type[pickle.Pickler] = pickle.Pickler
+) -> Tuple[bytes, List[memoryview]]:
+    """Pickle ``value`` (protocol 5, with ``pickler``), leaving out of the
+    pickle each contiguous buffer (a numpy array's bytes) of at least
+    ``min_bytes``: the pickle, and views of those buffers in the order
+    ``pickle.loads(payload, buffers=...)`` takes them back. Shared by the
+    pickle codec and the process backend's shared memory."""
+    large: List[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            view = buffer.raw()
+        except BufferError:  # not contiguous: in the pickle
+            return True
+        if view.nbytes < min_bytes:
+            return True
+        large.append(view)
+        return False
+
+    if pickler is pickle.Pickler:
+        return pickle.dumps(value, 5, buffer_callback=out_of_band), large
+    stream = io.BytesIO()
+    pickler(stream, 5, buffer_callback=out_of_band).dump(value)
+    return stream.getvalue(), large
 
 
 CODECS: Dict[str, Type[Codec]] = {"msgpack": MsgpackCodec, "pickle": PickleCodec}

@@ -39,9 +39,9 @@ pickle is as safe as it is on the pipe.
 
 from __future__ import annotations
 
-import io
 import itertools
 import logging
+import math
 import os
 import pickle
 import sys
@@ -49,6 +49,8 @@ import threading
 from collections import deque
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from ..codec import pickle_out_of_band
 
 try:
     import _posixshmem  # type: ignore[import-not-found]  # what multiprocessing.shared_memory uses
@@ -338,32 +340,13 @@ class _TensorPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _pickle(value: Any, callback: Any) -> bytes:
-    if "torch" not in sys.modules:
-        return pickle.dumps(value, 5, buffer_callback=callback)
-    stream = io.BytesIO()
-    _TensorPickler(stream, 5, buffer_callback=callback).dump(value)
-    return stream.getvalue()
-
-
 def dump(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Tuple[bytes, List[Tuple[SharedMemory, int]]]:
     """Pickle ``value``, its buffers of at least ``min_bytes`` copied into
     blocks of ``pool``: the pickle and ``[(block, byte count), ...]``. Raises
     what pickling raises. Without a pool, or when it has no room, every
     buffer stays in the pickle."""
-    large: List[memoryview] = []
-
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        try:
-            view = buffer.raw()
-        except BufferError:  # not contiguous: in the pickle
-            return True
-        if pool is None or view.nbytes < max(min_bytes, 1):
-            return True
-        large.append(view)
-        return False
-
-    payload = _pickle(value, out_of_band)
+    pickler = _TensorPickler if "torch" in sys.modules else pickle.Pickler
+    payload, large = pickle_out_of_band(value, max(min_bytes, 1) if pool is not None else math.inf, pickler)
     if not large:
         return payload, []
     assert pool is not None
@@ -373,7 +356,7 @@ def dump(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Tuple[bytes, 
         if block is None:
             for taken, _ in blocks:
                 pool.give(taken)
-            return _pickle(value, None), []
+            return pickle_out_of_band(value, math.inf, pickler)[0], []
         _buffer(block)[: view.nbytes] = view  # the one copy on this side
         blocks.append((block, view.nbytes))
     return payload, blocks
