@@ -136,7 +136,8 @@ class BlockPool:
             if free:
                 self._idle_bytes -= size
                 return free.pop()
-            name = f"{self.prefix}{next(self._names):x}"
+            # The pid keeps apart two processes forked from one that made the pool.
+            name = f"{self.prefix}{os.getpid():x}_{next(self._names):x}"
         try:
             block = _create(name, size)
         except OSError as exc:

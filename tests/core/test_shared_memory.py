@@ -268,3 +268,36 @@ def _assert_same(got, expected):
             _assert_same(got[key], expected[key])
     else:
         assert got == expected
+
+
+def test_pools_with_one_prefix_in_two_processes_do_not_collide(tmp_path):
+    """As after a fork of a process that made its pool (gunicorn --preload):
+    the same prefix, a block each, both made."""
+    prefix = new_prefix("fork")
+    here = BlockPool(prefix)
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from streamer_core.backends.shared_memory import BlockPool\n"
+            f"pool = BlockPool({prefix!r})\n"
+            "block = pool.take(10000)\n"
+            "print(block.name if block is not None else 'none', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "pool.close()\n",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = other.stdout.readline().strip()
+        mine = here.take(10000)
+        assert theirs != "none" and mine is not None and mine.name != theirs
+    finally:
+        here.close()
+        other.communicate("\n", timeout=30)
+    assert not [name for name in os.listdir(SHM) if name.startswith(prefix)]
