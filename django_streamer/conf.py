@@ -174,7 +174,7 @@ def max_body_bytes() -> Optional[int]:
     reads (checked by :func:`read_settings`)."""
     streamer = getattr(settings, "STREAMER", None)
     value = streamer.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) if isinstance(streamer, Mapping) else None
-    return value if isinstance(value, int) and value >= 1 else None
+    return value if check_max_body_bytes(value, "") is None else None  # a wrong one is a system check error
 
 
 def model_specs() -> Dict[str, ModelSpec]:

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
-from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain
+from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain, shared_wire
 
 # Set in a worker process, so that a streamer made there (say, by importing the
 # web app's module to reach the model) refuses to spawn workers of its own.
@@ -66,7 +66,7 @@ def _encode_result(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Wir
         if not blocks:
             return True, payload
         # Lent to the parent until it names them free with a later batch.
-        return True, ("shm", payload, tuple((block.name, nbytes) for block, nbytes in blocks))
+        return True, shared_wire(payload, blocks)
     except Exception as exc:
         error = SerializationError(
             f"the model's result ({type(value).__name__}) cannot be sent back from the worker process: {exc}"

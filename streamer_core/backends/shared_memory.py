@@ -308,11 +308,16 @@ class SharedValue:
 
     @property
     def wire(self) -> Wire:
-        return ("shm", self.payload, tuple((block.name, nbytes) for block, nbytes in self.blocks))
+        return shared_wire(self.payload, self.blocks)
 
     def __del__(self) -> None:
         for block, _ in self.blocks:
             self.pool.give(block)
+
+
+def shared_wire(payload: bytes, blocks: Sequence[Tuple[SharedMemory, int]]) -> Wire:
+    """The wire of a pickle whose large buffers :func:`dump` put in ``blocks``."""
+    return ("shm", payload, tuple((block.name, nbytes) for block, nbytes in blocks))
 
 
 def wire_of(value: Any) -> Wire:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from streamer_core import Streamer, WorkerDiedError
-from streamer_core.backends.shared_memory import BlockPool, PeerBlocks, dump, load, new_prefix
+from streamer_core.backends.shared_memory import BlockPool, PeerBlocks, dump, load, new_prefix, shared_wire
 from tests.core import models
 from tests.helpers import wait_for
 
@@ -244,7 +244,7 @@ def test_dump_and_load_give_back_the_value(value, min_bytes):
     peer = PeerBlocks()
     try:
         payload, blocks = dump(value, pool, min_bytes)
-        wire = ("shm", payload, tuple((block.name, size) for block, size in blocks)) if blocks else payload
+        wire = shared_wire(payload, blocks) if blocks else payload
         for copy in (True, False):
             _assert_same(load(wire, peer, copy=copy), value)
         peer.close()
