@@ -663,6 +663,14 @@ class Scheduler:
                 self._policy.delivered(size, seconds, time.monotonic())
             self._cond.notify_all()
 
+    def answered(self, n: int, seconds: float) -> None:
+        """``n`` calls passed on elsewhere (to a broker) are being answered,
+        ``seconds`` after they arrived: their callers are expected back, as
+        after :meth:`batch_done`, for backends whose batches end before
+        their answers come."""
+        with self._cond:
+            self._policy.delivered(n, seconds, time.monotonic())
+
     def batch_returned(self, items: Sequence[_Item], held: int) -> None:
         """A batch meant for a worker holding ``held`` batches could not be
         handed to it (it died meanwhile): queue the items again, first."""

@@ -53,7 +53,8 @@ def test_worker_metrics_add_up_over_the_supervisors_workers(
     assert found, scrape(port)
     assert found[("streamer_queue_wait_seconds_count", (model,))] == 90
     batches = found[("streamer_batch_size_count", (model,))]
-    assert found[("streamer_model_seconds_count", (model,))] == batches >= 90 / 8
+    # Each call runs in one batch or more: the calls were made one after another.
+    assert found[("streamer_model_seconds_count", (model,))] == batches >= 10
     assert wait_for(lambda: scrape(port)[("streamer_workers_live", (model,))] == 2, 5)
     # The web side counts the calls, under its own name.
     assert streamer.stats().requests["ok"] == 10

@@ -7,8 +7,9 @@ How a request and its answer move, for a prefix ``P`` (keys under ``streamer:P``
     submit(batch): encode each input
       (large arrays out of band: codec.py)
     dispatcher: XADD one entry per input ->  P:requests  (a stream;  ->  reader: XREADGROUP the next batch
-      with a random request id               consumer group               while the model runs the current
-                                             "workers")                   one; parse (wire.py), decode
+      with a random request id, all at       consumer group               while the model runs the current
+      once (a script), once callers just     "workers")                   one; parse (wire.py), decode
+      answered are back
                                                                          main: take the batch when the
                                                                            hold rule says so; run the model
     collector: XREAD from its last id,   <-  P:results:<client>      <-  writer: MULTI: XADD one entry per

@@ -63,6 +63,8 @@ __all__ = [
     "new_client_id",
     "new_request_id",
     "request_fields",
+    "request_arguments",
+    "ADD_REQUESTS_SCRIPT",
     "parse_request",
     "result_entry",
     "legacy_result_entry",
@@ -128,6 +130,19 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (ms + window), '+inf')
 return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
 """
 )
+# Add request entries to the stream KEYS[1] in one command, so that sending
+# many costs one reply to parse, not one each. ARGV holds, for each entry,
+# how many field and value arguments it has, then those (request_arguments);
+# the reply is the entries' ids, in order.
+ADD_REQUESTS_SCRIPT = """
+local ids, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+return ids
+"""
 # Delete KEYS[1] if it holds a Redis type other than ARGV[1] (and is not
 # missing); return the type it held, or false.
 _REPAIR_SCRIPT = """
@@ -210,6 +225,17 @@ def request_fields(
     for n, buffer in enumerate(buffers):
         fields[f"b{n}"] = buffer
     return fields
+
+
+def request_arguments(entries: Sequence[Dict[str, Any]]) -> List[Any]:
+    """The arguments of :data:`ADD_REQUESTS_SCRIPT` adding these entries
+    (each as :func:`request_fields` makes it)."""
+    arguments: List[Any] = []
+    for fields in entries:
+        arguments.append(2 * len(fields))
+        for pair in fields.items():
+            arguments.extend(pair)
+    return arguments
 
 
 def parse_request(entry_id: Any, fields: Any) -> Request:

@@ -71,6 +71,12 @@ logger = logging.getLogger("streamer_core.redis")
 _BLOCK_MS = 500
 # How often a worker holding a partial batch looks for companions (seconds).
 _HOLD_POLL_S = 0.001
+# A batch whose requests were all read within this many seconds runs without
+# asking Redis which of them their callers withdrew meanwhile (see
+# RedisWorker._withdrawn): a caller rarely gives up within milliseconds of
+# sending, and the question costs a round trip while every caller of the
+# batch waits.
+_RECHECK_AFTER_S = 0.01
 
 #: One request's outcome: (True, output), (False, error), or None when its
 #: caller has given up (nothing is written back).
@@ -81,7 +87,7 @@ class _Input:
     """A request in this worker's hands: its input, decoded by the reader,
     or the error that answers it without running the model."""
 
-    __slots__ = ("request", "value", "error", "cost")
+    __slots__ = ("request", "value", "error", "cost", "read_at")
 
     def __init__(
         self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
@@ -90,6 +96,7 @@ class _Input:
         self.value = value
         self.error = error
         self.cost = cost
+        self.read_at = time.monotonic()  # when this worker read it
 
 
 class RedisWorker:
@@ -359,9 +366,13 @@ class RedisWorker:
         """The requests of ``batch`` whose callers gave up since they were
         read (their web process deleted them from the stream). Claiming the
         batch again tells: Redis 7 skips deleted entries (and drops them from
-        the pending list). On older servers, or when Redis does not answer,
-        nothing counts as withdrawn: such a request runs, and its answer is
-        dropped by its web process."""
+        the pending list). Asked only when a request of the batch has waited
+        here ``_RECHECK_AFTER_S`` or more (read ahead while the model ran,
+        or held for companions). On older servers, or when Redis does not
+        answer, nothing counts as withdrawn: such a request runs, and its
+        answer is dropped by its web process."""
+        if time.monotonic() - min((held.read_at for held in batch), default=0.0) < _RECHECK_AFTER_S:
+            return set()
         ids = [held.request.entry_id for held in batch]
         try:
             kept = self._main_conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, ids, justid=True)
