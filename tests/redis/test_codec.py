@@ -8,9 +8,12 @@ import logging
 import pickle
 import uuid
 from fractions import Fraction
+from typing import Any, List
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamer_core import BatchLengthError, RemoteError, RemoteTraceback, SerializationError, StreamerTimeoutError
 from tests.redis import models
@@ -295,6 +298,47 @@ def test_redis_py_sends_a_large_value_without_copying_it():
     assert any(chunk is payload for chunk in packer.pack("XADD", "k", "*", "p", payload))
     small = packer.pack("XADD", "k", "*", "p", b"small")
     assert len(small) == 1 and b"small" in small[0], "small commands are packed in one piece, as before"
+
+
+_ARGUMENTS = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.binary(max_size=20),
+        st.binary(max_size=20).map(bytearray),
+        st.binary(max_size=20).map(memoryview),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(["XADD", "SCRIPT LOAD", b"EVALSHA", b"CLIENT SETNAME"]), arguments=_ARGUMENTS)
+def test_our_packer_writes_what_redis_py_writes(name: Any, arguments: List[Any]) -> None:
+    """Small commands take a shorter path through our packer than through
+    redis-py's own; the bytes on the wire are the same."""
+    import redis.connection
+
+    from streamer_core.backends.redis.connection import connect
+
+    packer = connect("127.0.0.1:6379").connection_pool.connection_kwargs.get("command_packer")
+    if packer is None:
+        pytest.skip("this redis-py packs with its own Python packer")
+    theirs = redis.connection.HiredisRespSerializer()
+    assert b"".join(packer.pack(name, *arguments)) == b"".join(theirs.pack(name, *arguments))
+
+
+def test_our_packer_refuses_what_redis_py_refuses():
+    import redis
+
+    from streamer_core.backends.redis.connection import connect
+
+    packer = connect("127.0.0.1:6379").connection_pool.connection_kwargs.get("command_packer")
+    if packer is None:
+        pytest.skip("this redis-py packs with its own Python packer")
+    with pytest.raises(redis.DataError):
+        packer.pack("SET", "k", None)
 
 
 # The codec on its own, without a broker: what each value becomes, and what a
