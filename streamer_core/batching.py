@@ -631,14 +631,20 @@ class Scheduler:
             self._idle += 1
             self._cond.notify()
 
-    def learn(self, items: Sequence[_Item], out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
+    def learn(
+        self, items: Sequence[_Item], out_of_memory: bool, ran: Sequence[Tuple[int, int]], oom_splits: int = 0
+    ) -> None:
         """Learn from a batch that ran: if it ran out of memory (``ran``: the
-        spans of it whose model calls returned), cap later batches at the
-        cost of the costliest part that ran; if not, count it towards
-        lifting such a cap (see :class:`~streamer_core.oom.CostCap`)."""
+        spans of it whose model calls returned; ``oom_splits``: how many
+        times it or a part was split for it, counted in the stats), cap
+        later batches at the cost of the costliest part that ran; if not,
+        count it towards lifting such a cap (see
+        :class:`~streamer_core.oom.CostCap`)."""
         cap = self._cap
         if not out_of_memory and not cap.active:
             return  # the common case: no lock taken, no list made
+        if oom_splits and self.stats is not None:
+            self.stats.oom_split(oom_splits)
         costs = [item.cost for item in items]
         with self._cond:
             cap.learn(costs, self._config.batch_cost, out_of_memory, ran)

@@ -12,6 +12,12 @@ with the label ``model``:
 ``streamer_requests_total``        counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
 ``streamer_queue_depth``           gauge      inputs waiting now
 ``streamer_workers_live``          gauge      workers able to take a batch now
+``streamer_oom_splits_total``      counter    batches (or parts) split because the model ran
+                                              out of memory on them
+``streamer_batch_cost_cap``        gauge      the cap on a batch's cost learned from running
+                                              out of memory (``+Inf``: none; in inputs
+                                              without ``item_cost``); in multiprocess mode,
+                                              the lowest of the live processes'
 =================================  =========  ==============================================
 
 In one process (the usual case) the numbers are read from
@@ -123,6 +129,17 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         live.add_metric([snap.model], float(snap.workers_live))
     yield depth
     yield live
+    splits = CounterMetricFamily(
+        "streamer_oom_splits", "Batches or parts split because the model ran out of memory.", labels=["model"]
+    )
+    cap = GaugeMetricFamily(
+        "streamer_batch_cost_cap", "The cap on a batch's cost learned from running out of memory.", labels=["model"]
+    )
+    for snap in snapshots:
+        splits.add_metric([snap.model], float(snap.oom_splits))
+        cap.add_metric([snap.model], snap.batch_cost_cap)
+    yield splits
+    yield cap
 
 
 def _le(bound: float) -> str:
@@ -165,10 +182,19 @@ class _Mirrors:
         self.live = Gauge(
             "streamer_workers_live", "Workers able to take a batch now.", ["model"], multiprocess_mode="livesum"
         )
+        self.oom_splits = Counter(
+            "streamer_oom_splits", "Batches or parts split because the model ran out of memory.", ["model"]
+        )
+        self.cost_cap = Gauge(
+            "streamer_batch_cost_cap",
+            "The cap on a batch's cost learned from running out of memory.",
+            ["model"],
+            multiprocess_mode="livemin",
+        )
         self._watched: Dict[str, ModelStats] = {}
         # Each model's labelled children, looked up once (a lookup costs as
         # much as a record).
-        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any]]] = {}
+        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any], Any]] = {}
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
@@ -182,6 +208,7 @@ class _Mirrors:
                 self.model_seconds.labels(model),
                 self.queue_wait.labels(model),
                 {outcome: self.requests.labels(model, outcome) for outcome in OUTCOMES},  # each at 0 from the start
+                self.oom_splits.labels(model),
             )
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
@@ -190,7 +217,7 @@ class _Mirrors:
         self._set_gauges(stats)
 
     def record(self, stats: ModelStats, what: str, *args: Any) -> None:
-        batch_size, model_seconds, queue_wait, requests = self._children[stats.model]
+        batch_size, model_seconds, queue_wait, requests, oom_splits = self._children[stats.model]
         if what == "batch":
             size, seconds, waits = args
             batch_size.observe(size)
@@ -198,6 +225,8 @@ class _Mirrors:
             observe = queue_wait.observe
             for wait in waits:
                 observe(wait)
+        elif what == "oom_splits":
+            oom_splits.inc(args[0])
         else:
             requests[what].inc(args[0])
 
@@ -205,6 +234,7 @@ class _Mirrors:
         queued, live = stats.gauges()
         self.depth.labels(stats.model).set(queued)
         self.live.labels(stats.model).set(live)
+        self.cost_cap.labels(stats.model).set(stats.cost_cap())
 
     def _gauges(self) -> None:
         import time

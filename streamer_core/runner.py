@@ -19,12 +19,14 @@ PredictFunction = Callable[[List[Any]], Sequence[Any]]
 
 class BatchRun(NamedTuple):
     """What running one batch gave: an outcome per input, whether the model
-    ran out of memory on it (or on a part), and the spans ``[start, end)``
-    of the inputs whose model call returned."""
+    ran out of memory on it (or on a part), the spans ``[start, end)`` of
+    the inputs whose model call returned, and how many times a batch or a
+    part of it was split in halves because it ran out of memory."""
 
     outcomes: List[Outcome]
     out_of_memory: bool
     ran: List[Tuple[int, int]]
+    oom_splits: int = 0
 
 
 def run_batch(
@@ -42,9 +44,9 @@ def run_batch(
     :class:`BatchLengthError`: which output belongs to which input is unknown.
     """
     ran: List[Tuple[int, int]] = []
-    flags = [False]
-    outcomes = _run(predict, inputs, 0, isolate_errors, oom_errors, ran, flags)
-    return BatchRun(outcomes, flags[0], ran)
+    counts = [0, 0]  # out-of-memory errors, and the splits they caused
+    outcomes = _run(predict, inputs, 0, isolate_errors, oom_errors, ran, counts)
+    return BatchRun(outcomes, counts[0] > 0, ran, counts[1])
 
 
 def _run(
@@ -54,7 +56,7 @@ def _run(
     isolate: bool,
     oom_errors: OomErrors,
     ran: List[Tuple[int, int]],
-    flags: List[bool],
+    counts: List[int],
 ) -> List[Outcome]:
     n = len(inputs)
     try:
@@ -62,12 +64,13 @@ def _run(
     except Exception as exc:
         out_of_memory = is_out_of_memory(exc, oom_errors)
         if out_of_memory:
-            flags[0] = True
+            counts[0] += 1
             free_cached_memory()
         if (isolate or out_of_memory) and n > 1:
+            counts[1] += out_of_memory
             middle = n // 2
-            return _run(predict, inputs[:middle], start, isolate, oom_errors, ran, flags) + _run(
-                predict, inputs[middle:], start + middle, isolate, oom_errors, ran, flags
+            return _run(predict, inputs[:middle], start, isolate, oom_errors, ran, counts) + _run(
+                predict, inputs[middle:], start + middle, isolate, oom_errors, ran, counts
             )
         return [(False, exc)] * n
     ran.append((start, start + n))

@@ -17,12 +17,17 @@ What is counted, and where:
   ran it (the process backend's workers report the seconds to their parent;
   Redis workers count in their own process);
 * ``queue_wait_seconds``: per input, from its arrival to the start of the
-  model call that ran it.
+  model call that ran it;
+* ``oom_splits``: batches (or parts of one) split in halves because the
+  model ran out of memory on them, where the model runs (see
+  :mod:`streamer_core.oom`); ``batch_cost_cap``, the cap on a batch's cost
+  learned from those errors, read from the live streamers.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import weakref
 from dataclasses import dataclass
@@ -141,6 +146,10 @@ class StreamerStats:
     now and ``workers_live`` how many workers can take batches now, over
     every streamer of this name the process runs. With the Redis backend a
     web process counts calls and the queue, its workers count batches.
+    ``oom_splits`` counts batches (or parts of one) split in halves because
+    the model ran out of memory on them, and ``batch_cost_cap`` is the cap
+    on a batch's cost learned from that now (``inf``: none; in inputs for a
+    streamer without ``item_cost``), the lowest of this name's streamers.
     """
 
     model: str
@@ -150,6 +159,8 @@ class StreamerStats:
     model_seconds: Histogram
     queue_depth: int
     workers_live: int
+    oom_splits: int = 0
+    batch_cost_cap: float = math.inf
 
     @property
     def batches(self) -> int:
@@ -169,6 +180,10 @@ class GaugeSource(Protocol):
         """``(inputs queued, workers live)`` now."""
         ...
 
+    def cost_cap(self) -> float:
+        """The cap on a batch's cost learned from running out of memory (``inf``: none)."""
+        ...
+
 
 class ModelStats:
     """The numbers of one model name in this process (see the module
@@ -182,6 +197,7 @@ class ModelStats:
         self._batch_size = _Buckets(BATCH_SIZE_BUCKETS)
         self._queue_wait = _Buckets(SECONDS_BUCKETS)
         self._model_seconds = _Buckets(SECONDS_BUCKETS)
+        self._oom_splits = 0
         # Live streamers of this name, read for the gauges; weak, so stats
         # never keep a streamer (or its model) alive.
         self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
@@ -210,6 +226,15 @@ class ModelStats:
         mirror = self._mirror
         if mirror is not None:
             mirror(self, "batch", len(waits), seconds, waits)
+
+    def oom_split(self, splits: int) -> None:
+        """A model call ran out of memory and its batch was split in halves
+        ``splits`` times (counting the splits of its parts)."""
+        with self._lock:
+            self._oom_splits += splits
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "oom_splits", splits)
 
     def succeeded(self, calls: int) -> None:
         """``calls`` calls completed with their results."""
@@ -244,8 +269,22 @@ class ModelStats:
             queued, live = queued + q, live + w
         return queued, live
 
+    def cost_cap(self) -> float:
+        """The lowest cap on a batch's cost that this name's live streamers
+        have learned from running out of memory (``inf``: none)."""
+        with self._lock:
+            sources = list(self._sources)
+        cap = math.inf
+        for source in sources:
+            try:
+                cap = min(cap, source.cost_cap())
+            except Exception:  # as for the gauges: a snapshot never fails on a source
+                pass
+        return cap
+
     def snapshot(self) -> StreamerStats:
         queued, live = self.gauges()
+        cap = self.cost_cap()
         with self._lock:
             return StreamerStats(
                 self.model,
@@ -255,6 +294,8 @@ class ModelStats:
                 self._model_seconds.frozen(),
                 queued,
                 live,
+                self._oom_splits,
+                cap,
             )
 
 

@@ -117,6 +117,10 @@ class _Engine:
             return 0, 0
         return self.scheduler.queued() + self.backend.waiting(), self.backend.workers_now()
 
+    def cost_cap(self) -> float:
+        """The cap on a batch's cost learned from running out of memory, for the stats."""
+        return self.scheduler.cost_cap
+
     def _dispatch(self) -> None:
         scheduler, backend = self.scheduler, self.backend
         while True:

@@ -291,7 +291,7 @@ class _ProcessBackend(Backend):
         kind = message[0]
         if kind == "done":
             self._peer.forget(message[5])  # its blocks it has unlinked
-            self._on_done(slot, message[1], message[2], message[3], message[4])
+            self._on_done(slot, message[1], message[2], message[3], message[4], message[6])
         elif kind == "ready":
             # The line is written before wait_ready() can return: once it
             # says ready, the log says so too.
@@ -322,6 +322,7 @@ class _ProcessBackend(Backend):
         wire: List[Any],
         ran_out: Optional[List[Tuple[int, int]]],
         model_seconds: float,
+        oom_splits: int = 0,
     ) -> None:
         with self._lock:
             if not slot.batches or slot.batches[0].batch_id != batch_id:
@@ -334,7 +335,7 @@ class _ProcessBackend(Backend):
             slot.last_done = now
             held_after = len(slot.batches)
         scheduler = self._scheduler
-        scheduler.learn(sent.items, ran_out is not None, ran_out or ())
+        scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
         scheduler.batch_done(len(sent.items), elapsed, held_after)
         if scheduler.stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
             scheduler.stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items])

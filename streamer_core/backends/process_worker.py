@@ -132,9 +132,9 @@ def worker_main(
                 return  # told to stop, or the parent closed its end
             _, batch_id, wires, _, gone = message
             peer.forget(gone)  # the parent's blocks it has unlinked
-            outcomes, ran_out, seconds = _run(predict, wires, isolate_errors, oom_errors, peer, pool, min_bytes)
+            outcomes, ran_out, seconds, splits = _run(predict, wires, isolate_errors, oom_errors, peer, pool, min_bytes)
             dropped = pool.dropped() if pool is not None else []
-            conn.send(("done", batch_id, outcomes, ran_out, seconds, dropped))
+            conn.send(("done", batch_id, outcomes, ran_out, seconds, dropped, splits))
             del outcomes
     finally:
         if pool is not None:
@@ -163,13 +163,14 @@ def _run(
     peer: PeerBlocks,
     pool: Optional[BlockPool],
     min_bytes: int,
-) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]], float]:
+) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]], float, int]:
     """Unpickle a batch, run it, and pickle one outcome per input. Also
     returns, when the model ran out of memory, the spans of the batch (by
     position) whose model calls returned, for the parent to learn from (a
     span may take in an input that could not be unpickled between two that
-    ran, which only makes the learned cap a little generous), and the
-    seconds the model ran, for the parent's stats."""
+    ran, which only makes the learned cap a little generous), the seconds
+    the model ran, and how many times the batch or a part of it was split
+    because it ran out of memory, for the parent's stats."""
     from ..runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
@@ -182,12 +183,12 @@ def _run(
             error = SerializationError(f"could not unpickle this input in the worker process: {exc!r}")
             outcomes[position] = (False, encode_exception(error))
     if not inputs:
-        return outcomes, None, 0.0
+        return outcomes, None, 0.0, 0
     started = time.monotonic()
     run = run_batch(predict, inputs, isolate_errors, oom_errors)
     seconds = time.monotonic() - started
     for position, (ok, value) in zip(positions, run.outcomes):
         outcomes[position] = _encode_result(value, pool, min_bytes) if ok else (False, encode_exception(value))
     if not run.out_of_memory:
-        return outcomes, None, seconds
-    return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran], seconds
+        return outcomes, None, seconds, 0
+    return outcomes, [(positions[start], positions[end - 1] + 1) for start, end in run.ran], seconds, run.oom_splits

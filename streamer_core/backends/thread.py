@@ -66,7 +66,7 @@ class _ThreadBackend(Backend):
             try:
                 run = run_batch(predict, [item.value for item in items], isolate, oom_errors)
                 outcomes = run.outcomes
-                scheduler.learn(items, run.out_of_memory, run.ran)
+                scheduler.learn(items, run.out_of_memory, run.ran, run.oom_splits)
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
                 logger.exception("the model raised %r outside of its error isolation", exc)
                 outcomes = [(False, exc)] * len(items)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List
 
@@ -60,6 +61,7 @@ def test_no_caller_sees_running_out_and_later_batches_stop_running_out(closing, 
             item_cost=float,
             batch_cost="sum",
             oom_errors=(FakeOutOfMemory,),
+            name=f"oom-{uuid.uuid4().hex[:8]}",
         )
     )
     inputs = [1 + (7 * i) % 10 for i in range(1500)]
@@ -68,6 +70,11 @@ def test_no_caller_sees_running_out_and_later_batches_stop_running_out(closing, 
     assert model.ran_out(model.calls) >= 1, "the load never ran out of memory: the test proves nothing"
     cap = streamer._engine.scheduler.cost_cap
     assert cap <= 40 * 1.25**2, f"the cap learned ({cap}) is far over what fits"
+    # Every call that ran out was split (no input alone is over the limit),
+    # and the stats (the metrics' source) say so, and show the cap.
+    stats = streamer.stats()
+    assert stats.oom_splits == model.ran_out(model.calls)
+    assert stats.batch_cost_cap == cap
     later = [call for call in model.calls[len(model.calls) // 2 :] if len(call[0]) > 0]
     share = model.ran_out(later) / len(later)
     assert share < 0.15, f"{share:.0%} of the later model calls still ran out of memory"
@@ -136,6 +143,7 @@ def test_a_process_worker_splits_and_the_parent_learns(closing):
             item_cost=float,
             batch_cost="sum",
             oom_errors=(FakeOutOfMemory,),
+            name=f"oom-process-{uuid.uuid4().hex[:8]}",
         )
     )
     assert streamer.wait_ready(60)
@@ -145,6 +153,9 @@ def test_a_process_worker_splits_and_the_parent_learns(closing):
     times_ran_out = max(count for _, count in outputs)
     assert times_ran_out >= 1, "the worker never ran out: the test proves nothing"
     assert streamer._engine.scheduler.cost_cap <= 40 * 1.25**2
+    # The worker tells its parent how many times it split a batch.
+    assert streamer.stats().oom_splits == times_ran_out
+    assert streamer.stats().batch_cost_cap == streamer._engine.scheduler.cost_cap
     # Each good run of GOOD_RUN batches may try once for more: far fewer
     # times out of memory than batches.
     assert times_ran_out <= 10 + len(inputs) / 4 / GOOD_RUN

@@ -235,3 +235,57 @@ def test_stats_keep_no_streamer_alive() -> None:
     gc.collect()
     assert engine() is None, "the stats hold the streamer's engine (and its model) alive"
     assert stats_for(name).snapshot().requests["ok"] == 1
+
+
+def _splits_at_three(batch: List[int]) -> List[int]:
+    """Runs out of (fake) memory on more than two inputs."""
+    if len(batch) > 2:
+        raise models.FakeOutOfMemory(f"{len(batch)} inputs do not fit")
+    return [x * 2 for x in batch]
+
+
+def test_out_of_memory_splits_and_the_learned_cap_are_counted_and_scraped(closing: Callable[[Any], Any]) -> None:
+    """A batch of 8 that runs out of memory on more than 2 inputs is split
+    3 times (8 -> 4 + 4 -> four 2s), and the cap learned is 2 inputs; both
+    show in stats() and in a scrape. Before that there is no cap (+Inf)."""
+    name = unique("oom")
+    streamer = closing(
+        ThreadedStreamer(
+            _splits_at_three, batch_size=8, isolate_errors=False, oom_errors=(models.FakeOutOfMemory,), name=name
+        )
+    )
+    assert streamer.stats().oom_splits == 0 and streamer.stats().batch_cost_cap == float("inf")
+    assert scrape()["streamer_batch_cost_cap"][(("model", name),)] == float("inf")
+    assert streamer.predict(list(range(8))) == [2 * x for x in range(8)]  # one call: one batch of 8
+    stats = streamer.stats()
+    assert (stats.oom_splits, stats.batch_cost_cap) == (3, 2)
+    samples = scrape()
+    assert samples["streamer_oom_splits_total"][(("model", name),)] == 3
+    assert samples["streamer_batch_cost_cap"][(("model", name),)] == 2
+
+
+_OOM_CALLS = """
+import sys
+from streamer_core import ThreadedStreamer
+from tests.core import models
+from tests.core.test_stats import _splits_at_three
+
+streamer = ThreadedStreamer(
+    _splits_at_three, batch_size=8, isolate_errors=False, oom_errors=(models.FakeOutOfMemory,), name=sys.argv[1]
+)
+assert streamer.predict(list(range(8))) == [2 * x for x in range(8)]
+assert streamer.stats().batch_cost_cap == 2
+streamer.close()
+"""
+
+
+def test_multiprocess_mode_adds_up_out_of_memory_splits(tmp_path: Path) -> None:
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
+    name = unique("multi-oom")
+    runs = [subprocess.Popen([sys.executable, "-c", _OOM_CALLS, name], env=env, cwd=ROOT) for _ in range(2)]
+    assert [run.wait(60) for run in runs] == [0, 0]
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+    assert registry.get_sample_value("streamer_oom_splits_total", {"model": name}) == 6

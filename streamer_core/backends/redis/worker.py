@@ -206,6 +206,11 @@ class RedisWorker:
         with self._cond:
             return len(self._next), int(self._serving)
 
+    def cost_cap(self) -> float:
+        """The cap on a batch's cost learned from running out of memory
+        (``inf``: none), for the stats."""
+        return self._cap.limit
+
     def stop(self) -> None:
         """Finish the batches in hand, then return from :meth:`run_forever`."""
         self._stopping.set()
@@ -352,6 +357,8 @@ class RedisWorker:
             for position, outcome in zip(positions, run.outcomes):
                 outcomes[position] = outcome
             self._cap.learn([batch[p].cost for p in positions], config.batch_cost, run.out_of_memory, run.ran)
+            if run.oom_splits:
+                self._stats.oom_split(run.oom_splits)
             with self._cond:
                 self._shaping = config.max_batch_cost is not None or self._cap.active
         seconds = time.monotonic() - started if inputs else 0.0
