@@ -109,6 +109,30 @@ def cycles(events: Sequence[Tuple[str, float]], model: Sequence[Tuple[float, flo
     return found
 
 
+def run_callers(streamer: Any, seconds: float, callers: int = BATCH) -> Tuple[int, float]:
+    """``callers`` threads, each calling ``streamer`` with one input of its
+    own in a closed loop for ``seconds`` and checking that the answer is its
+    own; return how many calls were answered and in how many seconds."""
+    stop, answered = time.monotonic() + seconds, [0] * callers
+
+    def client(index: int) -> None:
+        base, seq = (index + 1) * 10**9, 0
+        while time.monotonic() < stop:
+            value = base + seq
+            if streamer.submit([value]).result(5) != [value]:
+                raise AssertionError("a caller got another caller's answer")
+            seq += 1
+        answered[index] = seq
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(callers)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(answered), time.monotonic() - started
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.process_cycle", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="how long the 64 clients run (default 8)")
@@ -119,21 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log_path = os.path.join(folder, "model.log")
         streamer = Streamer(TimedModel, BATCH, 0.1, model_init_kwargs={"log_path": log_path})
         streamer.wait_ready(60)
-        stop = time.monotonic() + args.seconds
-
-        def client(index: int) -> None:
-            base, seq = (index + 1) * 10**9, 0
-            while time.monotonic() < stop:
-                value = base + seq
-                if streamer.submit([value]).result(5) != [value]:
-                    raise AssertionError("a caller got another caller's answer")
-                seq += 1
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(BATCH)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_callers(streamer, args.seconds)
         streamer.close()
         with open(log_path) as handle:
             model = [(float(a), float(b)) for a, b in (line.split() for line in handle)]

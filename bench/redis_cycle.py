@@ -39,11 +39,11 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import sim
+from .process_cycle import run_callers
 from .redis_bench import PrivateRedis
 
 FIXED_MS, PER_ITEM_MS, BATCH = 10.0, 0.2, 64
@@ -194,24 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             streamer = RedisStreamer(url, prefix=PREFIX)
             if not streamer.wait_ready(60):
                 raise SystemExit("the worker did not start")
-            stop, answered = time.monotonic() + args.seconds, [0] * BATCH
-
-            def client(index: int) -> None:
-                base, seq = (index + 1) * 10**9, 0
-                while time.monotonic() < stop:
-                    value = base + seq
-                    if streamer.submit([value]).result(5) != [value]:
-                        raise AssertionError("a caller got another caller's answer")
-                    seq += 1
-                answered[index] = seq
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(BATCH)]
-            started = time.monotonic()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.monotonic() - started
+            answered, elapsed = run_callers(streamer, args.seconds, BATCH)
             streamer.close()
         finally:
             if worker.pid is not None and worker.is_alive():
@@ -234,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for stage in STAGES:
         value = statistics.median(cycle[stage] for cycle in found)
         print(f"  {stage:12s} {value:7.0f}" if stage in ("sends", "reads") else f"  {stage:12s} {value * 1000:7.3f}")
-    print(f"  throughput   {sum(answered) / elapsed / ideal:7.3f} of ideal")
+    print(f"  throughput   {answered / elapsed / ideal:7.3f} of ideal")
     return 0
 
 
