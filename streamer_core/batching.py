@@ -632,7 +632,7 @@ class Scheduler:
             self._cond.notify()
 
     def learn(
-        self, items: Sequence[_Item], out_of_memory: bool, ran: Sequence[Tuple[int, int]], oom_splits: int = 0
+        self, items: Sequence[_Item], out_of_memory: bool, ran: Sequence[Tuple[int, int]], oom_splits: int
     ) -> None:
         """Learn from a batch that ran: if it ran out of memory (``ran``: the
         spans of it whose model calls returned; ``oom_splits``: how many

@@ -26,7 +26,7 @@ class BatchRun(NamedTuple):
     outcomes: List[Outcome]
     out_of_memory: bool
     ran: List[Tuple[int, int]]
-    oom_splits: int = 0
+    oom_splits: int
 
 
 def run_batch(

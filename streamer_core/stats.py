@@ -19,9 +19,11 @@ What is counted, and where:
 * ``queue_wait_seconds``: per input, from its arrival to the start of the
   model call that ran it;
 * ``oom_splits``: batches (or parts of one) split in halves because the
-  model ran out of memory on them, where the model runs (see
-  :mod:`streamer_core.oom`); ``batch_cost_cap``, the cap on a batch's cost
-  learned from those errors, read from the live streamers.
+  model ran out of memory on them (see :mod:`streamer_core.oom`), by
+  whoever learns from them: the web process for the thread and process
+  backends (workers report their splits to it), each worker for Redis;
+  ``batch_cost_cap``, the cap on a batch's cost learned from those errors,
+  read from the live streamers.
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ class _ProcessBackend(Backend):
         wire: List[Any],
         ran_out: Optional[List[Tuple[int, int]]],
         model_seconds: float,
-        oom_splits: int = 0,
+        oom_splits: int,
     ) -> None:
         with self._lock:
             if not slot.batches or slot.batches[0].batch_id != batch_id:
