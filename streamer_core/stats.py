@@ -161,8 +161,8 @@ class StreamerStats:
     model_seconds: Histogram
     queue_depth: int
     workers_live: int
-    oom_splits: int = 0
-    batch_cost_cap: float = math.inf
+    oom_splits: int
+    batch_cost_cap: float
 
     @property
     def batches(self) -> int:

@@ -38,7 +38,8 @@ __all__ = ["RedisStreamer"]
 
 logger = logging.getLogger("streamer_core.redis")
 
-# Items sent to Redis in one pipeline by a web process.
+# The most items a web process sends to Redis at once (one script call, or
+# one pipeline for requests carrying large arrays).
 _SEND_BATCH = 256
 # The longest a web process holds a request to send it with others (seconds):
 # only while callers it has just answered are due back, by the in-process
