@@ -33,7 +33,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
-from .green import in_unpatched_greenlet, wait_in_greenlet
+from .green import green_waiter, in_unpatched_greenlet, wait_green
 from .oom import CostCap
 from .stats import ModelStats
 
@@ -87,6 +87,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     _deadline: float = float("inf")
     #: Where the call's outcome is counted (set by the scheduler).
     _stats: Optional[ModelStats] = None
+    #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
+    _green_wake: Optional[Callable[[], None]] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,14 +97,14 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
 
     def set_result(self, result: Any) -> None:
         super().set_result(result)
-        self._finished.release()
+        self._wake()
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
         super().set_exception(exception)
         stats = self._stats
         if stats is not None and exception is not None:
             stats.failed(exception)  # counted before the caller wakes to read the numbers
-        self._finished.release()
+        self._wake()
 
     def _set_quietly(self, result: Any) -> bool:
         """Complete the future but leave its waiter asleep until
@@ -115,7 +117,11 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         return True
 
     def _wake(self) -> None:
+        """Let the waiting caller (a thread, or a greenlet) return."""
         self._finished.release()
+        green_wake = self._green_wake
+        if green_wake is not None:
+            green_wake()
 
     def cancel(self) -> bool:
         return self._cancel("cancelled")
@@ -129,8 +135,22 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
             stats = self._stats
             if stats is not None:
                 stats.finished(outcome)
-            self._finished.release()
+            self._wake()
         return cancelled
+
+    def _wait_green(self, timeout: float) -> bool:
+        """Yield to the gevent hub until done or ``timeout`` seconds pass;
+        return whether done. :meth:`_wake` wakes the greenlet directly;
+        a second greenlet waiting on the same call goes by a done-callback."""
+        wake, waiter = green_waiter()
+        if self._green_wake is None:
+            self._green_wake = wake
+        else:
+            self.add_done_callback(lambda _done: wake())
+        # Completed before the hook was in place: _wake did not see it.
+        if not self.done():
+            wait_green(waiter, timeout)
+        return self.done()
 
     def result(self, timeout: Optional[float] = None) -> List[Any]:
         self._wait(timeout)
@@ -149,7 +169,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         if timeout is None:
             timeout = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
         if in_unpatched_greenlet():  # gevent without monkey-patching: yield to the hub
-            if wait_in_greenlet(self, max(0.0, timeout)):
+            if self._wait_green(max(0.0, timeout)):
                 return
         elif self._finished.acquire(timeout=max(0.0, timeout)):
             self._finished.release()  # let any other waiter through too

@@ -9,7 +9,7 @@ service_streamer's batched endpoint collapses that way.
 The streamer's own threads are real OS threads then, so a greenlet cannot
 wait on a gevent primitive that they set (gevent objects are not safe across
 threads). It waits instead on an event-loop *async watcher*, the one gevent
-object that another thread may signal; the future's done-callback sends it.
+object that another thread may signal; completing the future sends it.
 
 With ``threading`` monkey-patched, the streamer's locks are gevent's own and
 an ordinary wait yields to the hub already: nothing here is needed then.
@@ -18,14 +18,14 @@ gevent is imported only if the program has imported it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any, Deque, Optional
+from functools import partial
+from typing import Any, Callable, Deque, Optional, Tuple
 
-__all__ = ["in_unpatched_greenlet", "wait_in_greenlet"]
+__all__ = ["in_unpatched_greenlet", "green_waiter", "wait_green"]
 
 
 def in_unpatched_greenlet() -> bool:
@@ -55,23 +55,40 @@ def _hub_if_exists() -> Optional[object]:
     return hub
 
 
-def wait_in_greenlet(future: concurrent.futures.Future[Any], timeout: Optional[float]) -> bool:
-    """Yield to the gevent hub until ``future`` is done or ``timeout`` seconds
-    pass; return whether it is done. Other greenlets run meanwhile."""
-    if future.done():
-        return True
-    import gevent
-    from gevent.hub import Waiter
+def green_waiter() -> Tuple[Callable[[], None], Any]:
+    """A waiter for the current greenlet and a function that wakes it, which
+    any thread may call: ``wake()`` queues the waiter on its hub's
+    :class:`_Waker`. Pass the waiter to :func:`wait_green`."""
+    get_hub, waiter_class = _gevent_parts()
+    hub = get_hub()
+    waiter = waiter_class(hub)
+    return partial(_waker_of(hub).wake, waiter), waiter
 
-    hub = gevent.get_hub()
-    waker = _waker_of(hub)
-    waiter = Waiter(hub)
-    future.add_done_callback(lambda _done: waker.wake(waiter))  # runs on the completing thread
-    with gevent.Timeout(timeout, False):
+
+def wait_green(waiter: Any, timeout: float) -> None:
+    """Yield to the hub until ``waiter`` is woken or ``timeout`` seconds
+    pass; other greenlets run meanwhile. A wake that comes after the
+    timeout only stores a value in a waiter nobody waits on: harmless."""
+    timer = waiter.hub.loop.timer(timeout)
+    timer.start(waiter.switch, None)
+    try:
         waiter.get()
-    # On a timeout the callback may still fire: switching a Waiter nobody
-    # waits on only stores the value, so it is harmless.
-    return future.done()
+    finally:
+        timer.close()
+
+
+_parts: Optional[Tuple[Callable[[], Any], Callable[[Any], Any]]] = None
+
+
+def _gevent_parts() -> Tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """gevent's ``get_hub`` and ``Waiter``, imported once (only ever called
+    with gevent imported already)."""
+    global _parts
+    if _parts is None:
+        from gevent.hub import Waiter, get_hub
+
+        _parts = (get_hub, Waiter)
+    return _parts
 
 
 class _Waker:

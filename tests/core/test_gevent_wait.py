@@ -80,6 +80,16 @@ def test_the_main_greenlet_and_raw_greenlets_wait_without_blocking_the_hub():
     assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while the main greenlet waited"
 
 
+def test_several_greenlets_waiting_on_one_call_all_wake_and_a_failure_wakes_its_caller():
+    out = run_scenario("shared")
+    assert out["unpatched_greenlet"] is True, out
+    assert out["shared"] == [[10]] * 3, f"not every greenlet waiting on the call got its result: {out['shared']}"
+    assert out["shared_elapsed"] < 5 * MODEL_SECONDS, out
+    assert out["failed"] == "ValueError: no 13 here", out
+    assert out["failed_elapsed"] < 5 * MODEL_SECONDS, out
+    assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while greenlets waited"
+
+
 def test_control_a_blocking_wait_is_caught_by_these_checks():
     """With the greenlet-aware wait turned off, every wait blocks the only
     OS thread: calls run one at a time and the ticker stalls. If this test
@@ -238,6 +248,51 @@ def _scenario_main_greenlet() -> Dict[str, Any]:
     return {"from_main": from_main, "from_raw": raw, "max_gap": ticker.max_gap(start, end)}
 
 
+def _scenario_shared() -> Dict[str, Any]:
+    """Three greenlets wait on one call's future; then a call the model
+    fails: its waiting greenlet must wake with the error, not time out."""
+    gevent, unpatched_greenlet = _setup(False)
+    from streamer_core import ThreadedStreamer
+
+    def model(batch: List[int]) -> List[int]:
+        time.sleep(MODEL_SECONDS)
+        if 13 in batch:
+            raise ValueError("no 13 here")
+        return [x * 10 for x in batch]
+
+    streamer = ThreadedStreamer(model, batch_size=8, max_latency=0.01, timeout=20)
+    ticker = _Ticker()
+    ticking = gevent.spawn(ticker)
+    gevent.sleep(0.05)
+    start = time.monotonic()
+    future = streamer.submit([1])
+    waiters = [gevent.spawn(future.result) for _ in range(3)]
+    gevent.joinall(waiters, timeout=10)
+    shared_end = time.monotonic()
+
+    def fail() -> str:
+        try:
+            streamer.predict([13])
+        except ValueError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    failing = gevent.spawn(fail)
+    failing.join(10)
+    end = time.monotonic()
+    ticker.running = False
+    ticking.join()
+    streamer.close()
+    return {
+        "unpatched_greenlet": unpatched_greenlet,
+        "shared": [waiter.value for waiter in waiters],
+        "shared_elapsed": shared_end - start,
+        "failed": failing.value,
+        "failed_elapsed": end - shared_end,
+        "max_gap": ticker.max_gap(start, end),
+    }
+
+
 def _main(argv: List[str]) -> None:
     blocking = "--blocking" in argv
     args = [a for a in argv if a != "--blocking"]
@@ -247,6 +302,8 @@ def _main(argv: List[str]) -> None:
         out = _scenario_timeout(blocking)
     elif args[0] == "main":
         out = _scenario_main_greenlet()
+    elif args[0] == "shared":
+        out = _scenario_shared()
     else:
         raise SystemExit(f"unknown scenario {args[0]!r}")
     print(json.dumps(out))
