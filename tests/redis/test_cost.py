@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List
 
@@ -16,6 +17,7 @@ from streamer_core import ItemCostError
 from streamer_core.backends.redis.wire import MalformedEntry, parse_request, request_fields
 from tests.core.models import FakeOutOfMemory
 from tests.redis import models
+from tests.redis.conftest import GROUP
 
 
 def run_load(streamer: Any, inputs: List[Any], threads: int = 24) -> List[Any]:
@@ -53,6 +55,37 @@ def test_the_worker_keeps_each_batch_within_the_budget(broker, make_streamer, st
         assert len(batch) <= 8 and (len(batch) == 1 or sum(map(len, batch)) <= 12), f"over the budget: {batch}"
     assert ["y" * 50] in batches, "the input over the budget should run, alone"
     assert max(map(len, batches)) > 1, "nothing was ever batched"
+
+
+def test_the_only_worker_shapes_out_of_two_full_batches_worth(broker, make_streamer, start_worker):
+    """Shaped batches are usually far smaller than ``batch_size``; the only
+    worker alive holds, besides the batch it runs, what two full batches
+    would be less that batch (more to shape from), and never more: all of
+    it pending under its name. Here each batch is one input (the budget),
+    so a worker that held only one batch more would hold 1 + 4."""
+    import redis
+
+    streamer = make_streamer(broker, item_cost=len)
+    texts = [f"{i:010d}" for i in range(40)]  # each costs 10: one per batch
+    futures = [streamer.submit([text]) for text in texts]
+    broker.wait_queued(40)
+    looker = redis.Redis.from_url(broker.url)
+    held = []
+
+    def model(batch: list) -> list:
+        time.sleep(0.03)  # the reader reads ahead, the writer acknowledges the last batch
+        held.append((len(batch), int(looker.xpending(broker.requests, GROUP)["pending"])))
+        return batch
+
+    try:
+        start_worker(broker, model, batch_size=4, max_latency=0.05, max_batch_cost=10)
+        assert [f.result(10) for f in futures] == [[text] for text in texts]
+    finally:
+        looker.close()
+    assert {size for size, _ in held} == {1}, held
+    assert all(pending <= 8 for _, pending in held), f"(batch, pending) while running: {held}"
+    assert any(pending == 8 for _, pending in held[:-8]), f"it should hold two full batches' worth: {held}"
+    assert broker.pending() == 0 and broker.xlen() == 0
 
 
 def test_a_worker_costs_requests_that_came_without_a_cost(broker, make_streamer, start_worker):

@@ -20,8 +20,10 @@ How a request and its answer move, for a prefix ``P`` (keys under ``streamer:P``
     Workers beat into P:workers (a sorted set) so web processes know
     whether any is alive.
 
-The reader holds at most one batch beyond the one running; a busy worker
-reads ahead only a full batch, so callers reach a free worker first. A
+The reader holds at most one batch beyond the one running (the only
+worker alive, shaping by cost, up to two full batches' worth with the
+running one); a busy worker reads ahead only a full batch, so callers
+reach a free worker first. A
 worker's heartbeat (XCLAIM ... JUSTID) keeps what it holds from going idle;
 entries idle longer than ``claim_after`` belong to a worker that died and
 are XAUTOCLAIMed by another, which runs them one at a time (and fails one

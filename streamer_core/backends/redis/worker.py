@@ -10,10 +10,11 @@ Three threads share the work, so that the model never waits on Redis::
              just answered, by the same rule as in-process), run the model
     writer   write the answers of a batch, acknowledge and delete its requests
 
-The reader holds at most one batch beyond the one running, so a worker never
-has more than two batches pending under its name (plus the one being
-answered): a worker killed at any point loses nothing, since what it held is
-taken over by the others after ``claim_after``.
+The reader holds at most one batch beyond the one running (the only worker
+alive, shaping by cost, two full batches' worth with the running one), so a
+worker never has more than two batches' worth pending under its name (plus
+the one being answered): a worker killed at any point loses nothing, since
+what it held is taken over by the others after ``claim_after``.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class RedisWorker:
         self._orphan_in_hand = False  # one at a time, each run before the next is claimed
         self._reader_done = False
         self._running = False  # the model is running a batch
+        self._running_size = 0  # of how many requests
         self._delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
         self._sole_worker = False  # no other worker is alive: read ahead as requests come
         self._policy = HoldPolicy(self._config.max_latency)
@@ -276,7 +278,7 @@ class RedisWorker:
                 return
             answered, seconds = self._run(predict, batch)
             with self._cond:
-                self._running = False
+                self._running, self._running_size = False, 0
                 if alone:
                     self._orphan_in_hand = False
                 if seconds:
@@ -310,7 +312,7 @@ class RedisWorker:
                         self._next, self._next_alone = [], False
                         if self._shaping and not alone:
                             batch, self._next = self._shape(batch)
-                        self._running = True
+                        self._running, self._running_size = True, len(batch)
                         self._cond.notify_all()  # the reader may fill the next one
                         return batch, alone
                     self._cond.wait(hold_until - now)
@@ -391,22 +393,21 @@ class RedisWorker:
     # the reader thread
 
     def _read(self) -> None:
-        """Fill the next batch while the model runs: at most ``batch_size``
-        requests beyond the running batch, or one request taken over from a
-        dead worker, to run alone."""
+        """Fill the next batch while the model runs: at most
+        :meth:`_read_ahead` requests beyond the running batch, or one request
+        taken over from a dead worker, to run alone."""
         import redis
 
-        size = self._config.batch_size
         failing_since: Optional[float] = None
         errors = LoopErrors("the Redis worker's reader")
         try:
             while not self._stopping.is_set():
                 with self._cond:
-                    while (len(self._next) >= size or self._next_alone) and not self._stopping.is_set():
+                    while (len(self._next) >= self._read_ahead() or self._next_alone) and not self._stopping.is_set():
                         self._cond.wait()
                     if self._stopping.is_set():
                         return
-                    room, empty, busy = size - len(self._next), not self._next, self._running
+                    room, empty, busy = self._read_ahead() - len(self._next), not self._next, self._running
                     now = time.monotonic()
                     hold_left = None if empty or busy else self._policy.hold_until(self._next_first_seen, now) - now
                 try:
@@ -455,6 +456,18 @@ class RedisWorker:
             with self._cond:
                 self._reader_done = True
                 self._cond.notify_all()
+
+    def _read_ahead(self) -> int:
+        """How many requests to hold besides the running batch: a full batch;
+        for the only worker alive shaping by cost, what two full batches
+        would be, less the running one. Its shaped batches are usually far
+        smaller than ``batch_size``, and the more it holds the more alike
+        the inputs it can put together; no other worker waits for them. A
+        SIGKILL still loses nothing: all of it is pending under its name."""
+        size = self._config.batch_size
+        if self._shaping and self._sole_worker:
+            return 2 * size - self._running_size
+        return size
 
     def _may_read(self, busy: bool, room: int, hold_left: Optional[float]) -> Any:
         """Whether to read now, and how: ``False``, not now (having waited a
