@@ -231,10 +231,10 @@ class _Mirrors:
             requests[what].inc(args[0])
 
     def _set_gauges(self, stats: ModelStats) -> None:
-        queued, live = stats.gauges()
+        queued, live, cap = stats.gauges()
         self.depth.labels(stats.model).set(queued)
         self.live.labels(stats.model).set(live)
-        self.cost_cap.labels(stats.model).set(stats.cost_cap())
+        self.cost_cap.labels(stats.model).set(cap)
 
     def _gauges(self) -> None:
         import time

@@ -258,35 +258,29 @@ class ModelStats:
         """One call failed with ``exc``."""
         self.finished(outcome_of(exc))
 
-    def gauges(self) -> Tuple[int, int]:
-        """``(inputs queued, workers live)`` now, over this name's live streamers."""
+    def gauges(self) -> Tuple[int, int, float]:
+        """``(inputs queued, workers live, batch cost cap)`` now, over this
+        name's live streamers, read in one pass: the sums of the first two,
+        and the lowest cap on a batch's cost they have learned from running
+        out of memory (``inf``: none)."""
         with self._lock:
             sources = list(self._sources)
         queued = live = 0
+        cap = math.inf
         for source in sources:
             try:
                 q, w = source.gauges()
             except Exception:  # a broker that cannot be reached has no live workers
                 q, w = 0, 0
             queued, live = queued + q, live + w
-        return queued, live
-
-    def cost_cap(self) -> float:
-        """The lowest cap on a batch's cost that this name's live streamers
-        have learned from running out of memory (``inf``: none)."""
-        with self._lock:
-            sources = list(self._sources)
-        cap = math.inf
-        for source in sources:
             try:
                 cap = min(cap, source.cost_cap())
-            except Exception:  # as for the gauges: a snapshot never fails on a source
+            except Exception:  # as for the counts: a snapshot never fails on a source
                 pass
-        return cap
+        return queued, live, cap
 
     def snapshot(self) -> StreamerStats:
-        queued, live = self.gauges()
-        cap = self.cost_cap()
+        queued, live, cap = self.gauges()
         with self._lock:
             return StreamerStats(
                 self.model,
