@@ -14,8 +14,8 @@ django_streamer.E003    ``MODEL`` is missing, does not import, or is neither a
                         ManagedModel subclass nor a function taking a list
 django_streamer.E004    ``BATCH_SIZE``, ``WORKER_NUM`` or ``MAX_QUEUE`` is not a whole
                         number >= 1
-django_streamer.E005    ``MAX_LATENCY`` (>= 0) or ``TIMEOUT`` (> 0) is not a finite
-                        number of seconds
+django_streamer.E005    ``MAX_LATENCY`` (>= 0) or ``TIMEOUT`` (> 0) is not a number
+                        of seconds of at most a day (86400)
 django_streamer.E006    ``CUDA_DEVICES`` is not a list of device indexes or GPU UUIDs
                         (or a string such as ``"0,1"``)
 django_streamer.E007    the redis backend without ``REDIS_URL``, or a malformed one
@@ -52,7 +52,9 @@ HINTS: Dict[str, str] = {
         "streamer_core.ManagedModel subclass or a function that takes a list of inputs and returns a list."
     ),
     "django_streamer.E004": "Use a whole number of at least 1 (MAX_QUEUE may also be None for no limit).",
-    "django_streamer.E005": ("Give seconds as a number: MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."),
+    "django_streamer.E005": (
+        "Give seconds as a number of at most 86400 (a day): MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."
+    ),
     "django_streamer.E006": "Use a list such as [0, 1] or the string '0,1', or None to leave the devices alone.",
     "django_streamer.E007": "Set REDIS_URL, e.g. 'redis://127.0.0.1:6379/0', at the top level or in the model's entry.",
     "django_streamer.E008": "Remove the key or correct its spelling; see django_streamer.conf for every key.",

@@ -166,8 +166,10 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     def _wait(self, timeout: Optional[float]) -> None:
         if self._state in ("FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"):
             return
-        if timeout is None:
-            timeout = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
+        # Never longer than the call may take (the dispatcher fails it at its
+        # deadline), which also keeps a huge timeout from overflowing the wait.
+        longest = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
+        timeout = longest if timeout is None else min(timeout, longest)
         if in_unpatched_greenlet():  # gevent without monkey-patching: yield to the hub
             if self._wait_green(max(0.0, timeout)):
                 return

@@ -25,6 +25,12 @@ DeviceId = Union[int, str]
 
 DEFAULT_MAX_LATENCY = 0.1
 DEFAULT_TIMEOUT = 20.0
+#: The longest timeout, max_latency or claim_after taken, seconds (a day).
+#: A wait longer than that is a hang by another name; a request through Redis
+#: carries its timeout within this bound; and far enough above it
+#: (``threading.TIMEOUT_MAX``) a timed wait raises OverflowError, which would
+#: stop a streamer's dispatcher.
+MAX_SECONDS = 86_400.0
 #: How a batch's cost follows from its inputs' costs (``batch_cost``).
 BATCH_COST_RULES = ("max", "sum")
 
@@ -44,6 +50,8 @@ def _check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {seconds!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{name} is in seconds and must be at most {MAX_SECONDS:.0f} (a day), got {seconds!r}")
     return seconds
 
 

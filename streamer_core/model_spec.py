@@ -26,6 +26,7 @@ from .config import (
     BATCH_COST_RULES,
     DEFAULT_MAX_LATENCY,
     DEFAULT_TIMEOUT,
+    MAX_SECONDS,
     DeviceId,
     _check_int,
     _check_seconds,
@@ -126,7 +127,7 @@ class ModelSpec:
             add("max_queue", "size", f"must be a whole number >= 1, or None for no limit; got {self.max_queue!r}")
         for name, allow_zero in (("max_latency", True), ("timeout", False)):
             value = getattr(self, name)
-            bound = ">= 0" if allow_zero else "> 0"
+            bound = f"{'>= 0' if allow_zero else '> 0'}, at most {MAX_SECONDS:.0f}"
             if not _is_seconds(value, allow_zero):
                 add(name, "seconds", f"is in seconds and must be a finite number {bound}, got {value!r}")
         found.extend(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamer_core import BatchingConfig, Streamer, ThreadedStreamer
+from streamer_core.config import MAX_SECONDS
 from tests.core import models
 
 
@@ -17,6 +18,10 @@ from tests.core import models
         ({"batch_size": 4, "max_latency": -1}, ValueError, "max_latency is in seconds"),
         ({"batch_size": 4, "max_latency": "0.1"}, TypeError, "max_latency is in seconds"),
         ({"batch_size": 4, "timeout": 0}, ValueError, "timeout is in seconds and must be finite and > 0"),
+        # Beyond a day a wait is a hang; far beyond, the dispatcher's timed wait overflowed and it died.
+        ({"batch_size": 4, "timeout": 86_400.5}, ValueError, r"timeout .* must be at most 86400 \(a day\)"),
+        ({"batch_size": 4, "timeout": 1e12}, ValueError, r"timeout .* must be at most 86400 \(a day\)"),
+        ({"batch_size": 4, "max_latency": 1e12}, ValueError, r"max_latency .* must be at most 86400"),
         ({"batch_size": 4, "max_queue": 0}, ValueError, "max_queue must be >= 1"),
         ({"batch_size": 4, "isolate_errors": "yes"}, TypeError, "isolate_errors must be True or False"),
     ],
@@ -30,6 +35,16 @@ def test_bad_batching_settings(kwargs, error, message):
 
 def test_max_latency_zero_is_allowed():
     assert BatchingConfig(4, max_latency=0).max_latency == 0.0
+
+
+def test_a_day_is_the_longest_timeout_and_a_longer_wait_for_a_result_ends_with_the_call():
+    with ThreadedStreamer(models.double, 4, timeout=MAX_SECONDS) as streamer:
+        assert streamer.predict([1]) == [2]
+        with pytest.raises(ValueError, match="at most 86400"):
+            streamer.predict([1], timeout=MAX_SECONDS * 2)
+        # A caller's own wait may be longer than any call takes: it ends
+        # with the call (it used to overflow the lock's timed wait).
+        assert streamer.submit([3]).result(timeout=1e15) == [6]
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,8 @@ def test_a_bad_top_level_default_is_reported_once_for_every_model(streamer_setti
         ("MAX_LATENCY", "0.05"),
         ("TIMEOUT", 0),
         ("TIMEOUT", float("inf")),
+        ("TIMEOUT", 86_401),
+        ("MAX_LATENCY", 1e12),
     ],
 )
 def test_e005_bad_seconds(streamer_settings, key, value):

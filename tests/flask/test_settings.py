@@ -90,6 +90,7 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_PREFIX": 3}, "STREAMER_PREFIX", "must be a string"),
         ({"STREAMER_TIMEOUT": 0}, "STREAMER_TIMEOUT", "finite number > 0"),
         ({"STREAMER_TIMEOUT": "20"}, "STREAMER_TIMEOUT", "in seconds"),
+        ({"STREAMER_TIMEOUT": 86_401}, "STREAMER_TIMEOUT", "at most 86400"),
         ({"STREAMER_MAX_QUEUE": 0}, "STREAMER_MAX_QUEUE", "or None for no limit"),
         ({"STREAMER_CODEC": "json"}, "STREAMER_CODEC", "'msgpack' or 'pickle'"),
         ({"STREAMER_ITEM_COST": "tests.flask.apps:nothing"}, "STREAMER_ITEM_COST", "does not import"),

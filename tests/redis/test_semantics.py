@@ -25,6 +25,7 @@ from streamer_core import (
     UnavailableError,
     WorkerStartError,
 )
+from streamer_core.config import MAX_SECONDS
 from tests.redis import models
 from tests.redis.conftest import wait_for
 
@@ -90,6 +91,16 @@ def test_queued_requests_fill_batches_up_to_batch_size(broker, make_streamer, st
     start_worker(broker, model, batch_size=4, max_latency=0.05)
     assert [f.result(10) for f in futures] == [[x * 2] for x in range(10)]
     assert [len(b) for b in model.batches] == [4, 4, 2]
+
+
+def test_the_longest_timeout_a_streamer_takes_crosses_to_the_worker(broker, make_streamer, start_worker):
+    # A request carries its timeout; one the worker read as out of range
+    # was dropped as malformed, and its caller waited out that timeout.
+    start_worker(broker, Recorder(), batch_size=4)
+    streamer = make_streamer(broker, timeout=MAX_SECONDS)
+    assert streamer.predict([1, 2]) == [2, 4]
+    with pytest.raises(ValueError, match="at most 86400"):
+        make_streamer(broker, timeout=MAX_SECONDS + 1)
 
 
 def test_an_exception_type_unknown_on_the_web_side_arrives_as_remote_error(broker, make_streamer, start_worker):

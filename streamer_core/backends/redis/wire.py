@@ -52,6 +52,8 @@ import re
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ...config import MAX_SECONDS
+
 __all__ = [
     "Keys",
     "GROUP",
@@ -92,8 +94,8 @@ DEAD_FIELD_BYTES = 256
 BEAT_S = 1.0
 PRESENCE_MS = 3000
 PRESENCE_TTL_MS = 60_000
-# The longest timeout a request may carry, ms (a day): a bound, not a policy.
-_MAX_TIMEOUT_MS = 86_400_000
+# The longest timeout a request may carry, ms: the longest any streamer takes.
+_MAX_TIMEOUT_MS = int(MAX_SECONDS * 1000)
 # Client and request ids: letters, digits, '-' and '_'. They become part of a
 # key name (the results stream), so nothing else is let through.
 _TOKEN = re.compile(rb"[0-9A-Za-z_-]{1,64}\Z")
