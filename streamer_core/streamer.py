@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .batching import BatchFuture, Scheduler, _Item
-from .config import BatchingConfig, check_cost
+from .config import BatchingConfig, _check_seconds, check_cost
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .stats import ModelStats, StreamerStats, stats_for
 
@@ -275,7 +275,8 @@ class BaseStreamer:
         """Stop taking calls, finish those already queued or running for up to
         ``timeout`` seconds, fail the rest with :class:`StreamerClosedError`,
         and stop every thread and worker process. Safe to call twice."""
-        self._engine.close(timeout)
+        # Checked before anything stops: a close that failed half-way would leave workers behind.
+        self._engine.close(_check_seconds("close's timeout", timeout, allow_zero=True))
         self._finalizer.detach()
 
     def destroy_workers(self) -> None:

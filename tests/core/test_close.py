@@ -60,6 +60,19 @@ def test_calls_after_close_fail_clearly_and_close_twice_is_fine():
         streamer.submit([1])
 
 
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12, -1])
+def test_a_close_timeout_that_cannot_be_waited_is_refused_before_anything_stops(timeout):
+    # close(inf) used to stop the queue, then overflow its timed wait, and
+    # leave the worker processes running.
+    streamer = Streamer(models.double, batch_size=4, worker_num=1)
+    with pytest.raises(ValueError, match="close's timeout is in seconds"):
+        streamer.close(timeout)
+    assert not streamer.closed and streamer.predict([2]) == [4]
+    workers = streamer.worker_pids()
+    streamer.close(5)
+    assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "a worker outlived close()"
+
+
 def test_context_manager_closes():
     with ThreadedStreamer(models.double, batch_size=4) as streamer:
         assert streamer.predict([3]) == [6]
