@@ -69,7 +69,10 @@ class NoWorkerError(UnavailableError):
 
 class WorkerDiedError(StreamerError):
     """The worker process running this item died, and the item was not retried
-    (it was in a batch that killed a worker ``max_item_crashes`` times)."""
+    (it was in a batch that killed a worker ``max_item_crashes`` times); or,
+    on the thread backend, the model raised an exception that ends a thread
+    (``SystemExit``, ``KeyboardInterrupt``: it is the ``__cause__``), which
+    is not raised again in the caller's thread."""
 
 
 class BatchLengthError(StreamerError):

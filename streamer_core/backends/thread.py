@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
+from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name, logger
@@ -69,7 +70,7 @@ class _ThreadBackend(Backend):
                 scheduler.learn(items, run.out_of_memory, run.ran, run.oom_splits)
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
                 logger.exception("the model raised %r outside of its error isolation", exc)
-                outcomes = [(False, exc)] * len(items)
+                outcomes = [(False, _ended(exc))] * len(items)
             seconds = time.monotonic() - started
             scheduler.batch_done(len(items), seconds, self._finished_one())
             if stats is not None:
@@ -85,6 +86,19 @@ class _ThreadBackend(Backend):
             self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             logger.warning("the model thread is still inside the model; it is left to finish on its own")
+
+
+def _ended(exc: BaseException) -> BaseException:
+    """What the callers of a batch get when the model raised ``exc``: an
+    exception that ends a thread (SystemExit, KeyboardInterrupt) is not
+    raised again in theirs, where it would stop a caller's thread, or a
+    server's worker whose request thread it reached, but reported as the
+    process backend reports a worker that exited."""
+    if isinstance(exc, Exception):
+        return exc
+    error = WorkerDiedError(f"the model raised {exc!r}, which ends the thread it runs in; this batch failed")
+    error.__cause__ = exc
+    return error
 
 
 def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[List[Any]], Sequence[Any]]:

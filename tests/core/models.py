@@ -24,6 +24,13 @@ def fail_on_negative(batch: List[int]) -> List[int]:
     return [x * 2 for x in batch]
 
 
+def exit_on_negative(batch: List[int]) -> List[int]:
+    """Raises SystemExit (as a library's fatal-error path may) on a negative input."""
+    if any(x < 0 for x in batch):
+        raise SystemExit(3)
+    return [x * 2 for x in batch]
+
+
 def one_short(batch: List[Any]) -> List[Any]:
     return batch[:-1]
 

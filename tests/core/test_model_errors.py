@@ -12,7 +12,14 @@ from typing import Any, Callable
 
 import pytest
 
-from streamer_core import BatchLengthError, RemoteTraceback, SerializationError, Streamer, ThreadedStreamer
+from streamer_core import (
+    BatchLengthError,
+    RemoteTraceback,
+    SerializationError,
+    Streamer,
+    ThreadedStreamer,
+    WorkerDiedError,
+)
 from tests.core import models
 from tests.helpers import wait_for
 
@@ -50,6 +57,17 @@ def test_only_the_failing_input_gets_the_exception(closing, make):
             assert future.result(10) == [x * 2]
     # The worker survived and keeps serving.
     assert streamer.predict([10, 11]) == [20, 22]
+
+
+@pytest.mark.parametrize("make", BACKENDS)
+def test_a_model_that_raises_system_exit_fails_its_callers_and_stops_nothing_else(closing, make):
+    # On the thread backend the SystemExit itself used to reach the caller's
+    # thread, where it ends a program, or a server worker it was raised in.
+    streamer = closing(make(models.exit_on_negative))
+    with pytest.raises(WorkerDiedError) as info:
+        streamer.predict([-1])
+    assert "SystemExit" in str(info.value) or "exited with code 3" in str(info.value)
+    assert streamer.predict([1, 2]) == [2, 4]
 
 
 def test_the_failure_is_isolated_even_inside_one_batch(closing, gate):
