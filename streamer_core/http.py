@@ -288,9 +288,26 @@ def dumps_json(value: Any) -> bytes:
     Without orjson, :func:`to_jsonable` and the standard library. Raises
     ``TypeError`` or ``ValueError`` for a value that has no JSON form."""
     if _orjson is not None:
-        data: bytes = _orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
-        return data
-    return json.dumps(to_jsonable(value), separators=(",", ":")).encode()
+        try:
+            data: bytes = _orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
+            return data
+        except _orjson.JSONEncodeError:
+            try:  # what only the standard library writes: integers beyond 64 bits
+                return _stdlib_dumps(value)
+            except (TypeError, ValueError):
+                pass
+            raise
+    return _stdlib_dumps(value)
+
+
+def _stdlib_dumps(value: Any) -> bytes:
+    return json.dumps(to_jsonable(value), separators=(",", ":"), default=_decimal_as_text).encode()
+
+
+def _decimal_as_text(value: Any) -> Any:
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def loads_json(data: bytes) -> Any:

@@ -51,6 +51,8 @@ OUTPUTS = {
     "int tensor": torch.arange(4),
     "nested": {"top5": [(3, "cat", np.float32(0.5))], 7: ["int key"], "v": np.ones(2, dtype=np.float32)},
     "plain": [1, "two", None, True, 2.5, {"a": [1, 2]}],
+    # orjson takes integers of 64 bits only: these go by the standard library.
+    "big ints": {"id": 2**70, "low": -(2**64), "v": np.ones(2, dtype=np.float32)},
 }
 
 
@@ -65,7 +67,7 @@ def test_every_answer_decodes_to_todays_values(json_path: str, name: str) -> Non
         # where tolist() wrote the float64 it widens to.
         assert np.array_equal(np.asarray(decoded, dtype=value.dtype), value)
         assert np.allclose(decoded, expected, rtol=1e-6)
-    elif name in ("tensor", "numpy scalars", "nested"):
+    elif name in ("tensor", "numpy scalars", "nested", "big ints"):
         assert _close(decoded, expected)  # float32 values: as float32, equal
     else:
         assert decoded == expected
@@ -95,10 +97,12 @@ def test_float32_arrays_read_back_exactly(array: np.ndarray) -> None:
 
 
 def test_decimal_and_what_has_no_json_form(json_path: str) -> None:
-    if json_path == "orjson":
-        assert json.loads(dumps_json({"d": decimal.Decimal("1.50")})) == {"d": "1.50"}
+    assert json.loads(dumps_json({"d": decimal.Decimal("1.50")})) == {"d": "1.50"}
+    assert json.loads(dumps_json([2**70, decimal.Decimal("2")])) == [2**70, "2"]
     with pytest.raises((TypeError, ValueError)):
         dumps_json({1, 2})
+    with pytest.raises((TypeError, ValueError)):
+        dumps_json([2**70, {1, 2}])
 
 
 def test_nan_is_null_with_orjson() -> None:
