@@ -43,7 +43,15 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig, DeviceId, _check_int, check_devices
+from ..config import (
+    DEFAULT_MAX_LATENCY,
+    DEFAULT_TIMEOUT,
+    BatchingConfig,
+    DeviceId,
+    _check_int,
+    _check_seconds,
+    check_devices,
+)
 from ..errors import SerializationError, StreamerError, WorkerStartError
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
@@ -70,6 +78,9 @@ _ctx = spawn_context()
 # A worker that dies this many times in a row before it is ready is given up.
 _MAX_START_FAILURES = 3
 _MAX_RESPAWN_DELAY = 5.0
+#: How long a worker may run one batch after every caller of it has given up
+#: before it is taken for hung, killed and restarted (seconds).
+DEFAULT_HANG_TIMEOUT = 60.0
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -127,6 +138,7 @@ class _ProcessBackend(Backend):
         init_kwargs: Dict[str, Any],
         config: BatchingConfig,
         shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
+        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
     ) -> None:
         try:
             self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
@@ -137,6 +149,8 @@ class _ProcessBackend(Backend):
                 f"(not a lambda or a nested function) and pass plain init arguments ({exc})"
             ) from exc
         self._config = config
+        self._hang_timeout = hang_timeout
+        self._next_hang_check = 0.0
         self._isolate = config.isolate_errors
         self._min_bytes = shared_memory_min_bytes if shared_memory_available() else None
         self._prefix = new_prefix("")
@@ -261,6 +275,8 @@ class _ProcessBackend(Backend):
                 if self._stopping and not watched:
                     return
                 respawns = [s.respawn_at for s in self._slots if s.respawn_at is not None]
+                if self._hang_timeout is not None:  # a batch sent meanwhile may never be answered
+                    respawns.append(self._next_hang_check)
             timeout = None if not respawns else max(0.0, min(respawns) - time.monotonic())
             try:
                 ready = multiprocessing.connection.wait([*watched, self._wake_r], timeout)
@@ -279,6 +295,7 @@ class _ProcessBackend(Backend):
                             self._read(slot)
                         self._died(slot)
                 self._respawn_due()
+                self._kill_hung()
             except Exception:
                 logger.exception("error in the worker collector thread; it keeps running")
 
@@ -382,6 +399,37 @@ class _ProcessBackend(Backend):
         if state == "ready":
             self._scheduler.worker_lost(lost, reason + " while it held a batch with this input")
         self._check_broken()
+
+    def _kill_hung(self) -> None:
+        """Kill each worker that has run one batch for ``hang_timeout``
+        seconds or more while none of that batch's callers waits any longer
+        (a deadlock, a GPU that stopped answering): its death is handled as
+        any other, so it is restarted and its next batch runs again. A
+        batch with a caller still waiting is left to run, however long."""
+        now = time.monotonic()
+        hang_timeout = self._hang_timeout
+        if hang_timeout is None or now < self._next_hang_check:
+            return
+        self._next_hang_check = now + min(1.0, hang_timeout / 4)
+        hung = []
+        with self._lock:
+            for slot in self._slots:
+                if slot.state != "ready" or slot.conn is None or not slot.batches:
+                    continue
+                running = slot.batches[0]
+                seconds = now - max(running.sent_at, slot.last_done)
+                if seconds >= hang_timeout and not any(item.task.live() for item in running.items):
+                    hung.append((slot, slot.process, seconds))
+        for slot, process, seconds in hung:
+            logger.error(
+                "worker %d (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
+                "hung, it is killed and restarted (hang_timeout=%gs; raise it if batches take that long)",
+                slot.index,
+                process.pid,
+                seconds,
+                hang_timeout,
+            )
+            process.kill()
 
     def _release_blocks(self, slot: _Slot) -> None:
         """Unmap and unlink what the slot's process left in shared memory:
@@ -527,6 +575,11 @@ class Streamer(BaseStreamer):
     and seen by the model in place) instead of the pipe; ``None`` sends
     everything through the pipe. The model may change an input array it is
     given, but must not keep it past its call: the memory is reused.
+    ``hang_timeout`` (seconds, default 60; ``None``: never): a worker that
+    has run one batch this long while none of that batch's callers waits
+    any more (each timed out or gave up) is taken for hung, killed and
+    restarted, so a model stuck for good (a deadlock, a GPU that stopped
+    answering) does not stop the service.
 
     The constructor returns at once; calls queue until a worker is ready
     (:meth:`wait_ready` waits for that). Same signature as service_streamer's
@@ -553,6 +606,7 @@ class Streamer(BaseStreamer):
         max_item_crashes: int = 2,
         name: Optional[str] = None,
         shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
+        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
     ) -> None:
         config = BatchingConfig(
             batch_size,
@@ -569,13 +623,22 @@ class Streamer(BaseStreamer):
         _check_int("max_item_crashes", max_item_crashes, 1)
         if shared_memory_min_bytes is not None:
             _check_int("shared_memory_min_bytes", shared_memory_min_bytes, 1)
+        if hang_timeout is not None:
+            hang_timeout = _check_seconds("hang_timeout", hang_timeout, allow_zero=False)
         devices = check_devices("cuda_devices", cuda_devices)
         target = predict_function_or_model
         check_model("predict_function_or_model", target)
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
         self._backend = _ProcessBackend(
-            target, worker_num, devices, model_init_args or (), model_init_kwargs or {}, config, shared_memory_min_bytes
+            target,
+            worker_num,
+            devices,
+            model_init_args or (),
+            model_init_kwargs or {},
+            config,
+            shared_memory_min_bytes,
+            hang_timeout,
         )
         super().__init__(
             config,

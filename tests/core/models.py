@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, List
@@ -29,6 +30,16 @@ def exit_on_negative(batch: List[int]) -> List[int]:
     if any(x < 0 for x in batch):
         raise SystemExit(3)
     return [x * 2 for x in batch]
+
+
+def stuck_on_hang(batch: List[str]) -> List[str]:
+    """Never returns from a batch holding "hang" (a deadlock); takes 1.5 s
+    over one holding "slow"; else each input in upper case."""
+    if "hang" in batch:
+        threading.Event().wait()
+    if "slow" in batch:
+        time.sleep(1.5)
+    return [x.upper() for x in batch]
 
 
 def one_short(batch: List[Any]) -> List[Any]:

@@ -20,6 +20,7 @@ from streamer_core import (
     SerializationError,
     Streamer,
     StreamerError,
+    StreamerTimeoutError,
     WorkerDiedError,
     WorkerStartError,
 )
@@ -123,6 +124,32 @@ def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing
             assert future.result(20) == [text.upper()]
     assert wait_for(lambda: len(streamer.worker_pids()) == 2, 10), "dead workers should be replaced"
     assert streamer.predict(["still", "serving"]) == ["STILL", "SERVING"]
+
+
+def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog):
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01, hang_timeout=0.5))
+    assert streamer.wait_ready(60)
+    [stuck] = streamer.worker_pids()
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.2)
+    # Without the watchdog every later call would time out as well, for good.
+    assert streamer.predict(["after"], timeout=30) == ["AFTER"]
+    assert not alive(stuck) and streamer.worker_pids() != [stuck]
+    assert "taken for hung" in caplog.text
+
+
+def test_a_long_batch_whose_caller_still_waits_is_not_taken_for_hung(closing):
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01, hang_timeout=0.5))
+    assert streamer.wait_ready(60)
+    pids = streamer.worker_pids()
+    assert streamer.predict(["slow"], timeout=20) == ["SLOW"]  # 1.5 s, three times hang_timeout
+    assert streamer.worker_pids() == pids
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), "60"])
+def test_a_bad_hang_timeout_is_refused(value):
+    with pytest.raises((TypeError, ValueError), match="hang_timeout is in seconds"):
+        Streamer(models.double, batch_size=4, hang_timeout=value)
 
 
 def test_a_model_that_cannot_load_fails_calls_with_its_error(closing):
