@@ -50,6 +50,14 @@ def with_batch(batch: List[Any]) -> List[Any]:
     return [[x, list(batch)] for x in batch]
 
 
+def pid_unless_hang(batch: List[Any]) -> List[Any]:
+    """Never returns from a batch holding "hang" (a deadlock); else each
+    input with the worker's pid."""
+    if "hang" in batch:
+        threading.Event().wait()
+    return [[x, os.getpid()] for x in batch]
+
+
 def text_cost(text: Any) -> int:
     """An item_cost: a text's length."""
     return len(text)

@@ -13,7 +13,7 @@ from typing import Any, List
 
 import pytest
 
-from streamer_core import NoWorkerError, UnavailableError
+from streamer_core import NoWorkerError, StreamerTimeoutError, UnavailableError
 from tests.core import models
 from tests.helpers import wait_for
 
@@ -141,3 +141,25 @@ def _refused(streamer):
     except NoWorkerError:
         return True
     return False
+
+
+def test_a_worker_whose_model_hangs_stops_showing_itself_alive_until_it_returns(broker, make_streamer, start_worker):
+    # Run in a thread of this process, a hung worker cannot exit: it stops
+    # beating (and claiming its requests, for other workers to take over).
+    release = threading.Event()
+
+    def model(batch: list) -> list:
+        if "hang" in batch:
+            release.wait(30)
+        return [x.upper() for x in batch]
+
+    start_worker(broker, model, batch_size=4, hang_timeout=0.5)
+    streamer = make_streamer(broker)
+    assert streamer.predict(["a"]) == ["A"]
+    assert streamer.live_workers() == 1
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.3)
+    assert wait_for(lambda: streamer.live_workers() == 0, 10), "a hung worker kept counting as alive"
+    release.set()
+    assert wait_for(lambda: streamer.live_workers() == 1, 10), "the worker did not come back when its model returned"
+    assert streamer.predict(["b"]) == ["B"]

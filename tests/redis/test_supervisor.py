@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from streamer_core import StreamerTimeoutError
 from tests.helpers import beating_workers
 from tests.redis.conftest import alive, wait_for, wait_serving, worker_children
 
@@ -44,6 +45,21 @@ def test_a_killed_worker_process_is_replaced_and_calls_are_still_served(fault_br
     assert not any(alive(pid) for pid in (first[1], replacement))
 
 
+def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(fault_broker, make_streamer, procs):
+    supervisor = procs.supervisor(fault_broker, "pid_unless_hang", batch_size=4, hang_timeout=0.5)
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 1, 20), procs.log(supervisor)
+    [stuck] = worker_children(supervisor.pid)
+    wait_serving(procs, supervisor, [stuck])
+    streamer = make_streamer(fault_broker, timeout=30)
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.3)
+    # Without the watchdog every later call would time out as well, for good.
+    [[text, pid]] = streamer.predict(["after"])
+    assert text == "after" and pid != stuck and not alive(stuck)
+    log = procs.log(supervisor, tail=None)
+    assert "taken for hung" in log and "its model hung; restarting it" in log
+
+
 def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything():
     from streamer_core import run_redis_workers_forever
     from tests.redis import models
@@ -54,6 +70,8 @@ def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything(
         run_redis_workers_forever(models.double, 4, cuda_devices="0,1")
     with pytest.raises(ValueError, match="claim_after"):
         run_redis_workers_forever(models.double, 4, claim_after=-1)
+    with pytest.raises(ValueError, match="hang_timeout"):
+        run_redis_workers_forever(models.double, 4, hang_timeout=0)
     with pytest.raises(TypeError, match="ManagedModel"):
         run_redis_workers_forever(object, 4)
 

@@ -20,7 +20,7 @@ from ...errors import WorkerStartError
 from ...streamer import callable_name
 from ..spawning import spawn_context
 from .connection import MAX_BACKOFF_S, wait_for_broker
-from .worker import RedisWorker
+from .worker import EXIT_HUNG, RedisWorker
 
 __all__ = ["run_redis_workers_forever", "run_worker_groups", "WorkerGroup", "EXIT_INIT_FAILED"]
 
@@ -39,6 +39,7 @@ def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C
     logging.basicConfig(level=options.pop("log_level", logging.INFO), format=LOG_FORMAT)
     worker = RedisWorker(**options)
+    worker.exit_when_hung = True
     try:
         worker.run_forever(gpu_id)
     except WorkerStartError:
@@ -236,9 +237,8 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
                     processes[n] = None
                     continue
                 restarts[n] += 1
-                logger.warning(
-                    "%s worker %d (pid %d) exited with %s; restarting it", group.name, i, process.pid, process.exitcode
-                )
+                why = "its model hung" if process.exitcode == EXIT_HUNG else f"it exited with {process.exitcode}"
+                logger.warning("%s worker %d (pid %d): %s; restarting it", group.name, i, process.pid, why)
                 time.sleep(min(MAX_BACKOFF_S, 0.1 * restarts[n]))
                 start(n)
         for process in processes:

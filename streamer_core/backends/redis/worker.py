@@ -79,6 +79,13 @@ _HOLD_POLL_S = 0.001
 # batch waits.
 _RECHECK_AFTER_S = 0.01
 
+#: How long a worker may run one batch after every caller of it has given up
+#: before it is taken for hung (seconds); see RedisWorker.
+DEFAULT_HANG_TIMEOUT = 60.0
+#: Exit code of a worker process that ended itself because its model hung:
+#: the supervisor starts it again.
+EXIT_HUNG = 4
+
 #: One request's outcome: (True, output), (False, error), or None when its
 #: caller has given up (nothing is written back).
 Outcome = Optional[Tuple[bool, Any]]
@@ -114,7 +121,13 @@ class RedisWorker:
     cost, as on every streamer (:class:`~streamer_core.BatchingConfig`):
     ``max_batch_cost``, ``batch_cost``, ``oom_errors``, and ``item_cost``,
     used for requests whose web side sent no cost of its own; ``name``, the
-    model's name in :meth:`stats` and the metrics (default ``prefix``).
+    model's name in :meth:`stats` and the metrics (default ``prefix``);
+    ``hang_timeout`` (seconds, default 60; ``None``: never): a worker that
+    has run one batch this long while none of that batch's callers waits
+    any more is taken for hung. Under :func:`run_redis_workers_forever` (and
+    the worker commands) its process then exits, and is started again;
+    elsewhere it stops claiming its requests and showing itself alive, so
+    other workers take them over, until the model returns.
     """
 
     def __init__(
@@ -136,6 +149,7 @@ class RedisWorker:
         batch_cost: str = "max",
         oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         name: Optional[str] = None,
+        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
     ) -> None:
         self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
         self._config = config = BatchingConfig(
@@ -160,6 +174,12 @@ class RedisWorker:
         self._errors_codec: Codec = get_codec("msgpack")
         self._claim_after = _check_seconds("claim_after", claim_after, allow_zero=False)
         self._max_item_crashes = _check_int("max_item_crashes", max_item_crashes, 1)
+        self._hang_timeout = (
+            None if hang_timeout is None else _check_seconds("hang_timeout", hang_timeout, allow_zero=False)
+        )
+        # Set by the supervisor's worker processes: exit when hung, to be started again.
+        self.exit_when_hung = False
+        self._hung_logged = False
         self._broker = redis_broker
         self._keys = Keys(prefix)
         self._dead = DeadLetters(self._keys)
@@ -179,6 +199,10 @@ class RedisWorker:
         self._reader_done = False
         self._running = False  # the model is running a batch
         self._running_size = 0  # of how many requests
+        # While the model runs a batch: since when, and until when its last
+        # caller waits (monotonic seconds); read by the heartbeat thread.
+        self._model_since: Optional[float] = None
+        self._model_until = 0.0
         self._delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
         self._sole_worker = False  # no other worker is alive: read ahead as requests come
         self._policy = HoldPolicy(self._config.max_latency)
@@ -355,7 +379,12 @@ class RedisWorker:
         started = time.monotonic()
         if inputs:
             config = self._config
-            run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
+            waits_ms = max(batch[p].request.created_ms() + batch[p].request.timeout_ms - now_ms for p in positions)
+            self._model_until, self._model_since = started + waits_ms / 1000, started
+            try:
+                run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
+            finally:
+                self._model_since = None
             for position, outcome in zip(positions, run.outcomes):
                 outcomes[position] = outcome
             self._cap.learn([batch[p].cost for p in positions], config.batch_cost, run.out_of_memory, run.ran)
@@ -687,10 +716,13 @@ class RedisWorker:
     # the heartbeat thread
 
     def _heartbeat(self) -> None:
-        """Keep the requests in hand from looking abandoned while the model runs."""
+        """Keep the requests in hand from looking abandoned while the model
+        runs; unless the model has hung (see :meth:`_hung`)."""
         conn = connect(self._broker)
         self._beat(conn)
-        while not self._stopping.wait(min(BEAT_S, self._claim_after / 3)):
+        while not self._stopping.wait(min(BEAT_S, self._claim_after / 3, (self._hang_timeout or BEAT_S) / 4)):
+            if self._hung():
+                continue  # neither alive to the web side nor keeping its requests: others take them over
             self._beat(conn)
             with self._held_lock:
                 in_hand = list(self._held)
@@ -700,6 +732,35 @@ class RedisWorker:
                 except Exception as exc:  # a blip: the next beat tries again
                     logger.debug("heartbeat failed: %s", exc)
         conn.close()
+
+    def _hung(self) -> bool:
+        """Whether the model has run the batch in hand for ``hang_timeout``
+        seconds or more and none of its callers waits any more. A worker
+        process of the supervisor then exits (and is started again)."""
+        since, hang_timeout = self._model_since, self._hang_timeout
+        now = time.monotonic()
+        if since is None or hang_timeout is None or now - since < hang_timeout or now < self._model_until:
+            self._hung_logged = False
+            return False
+        if self.exit_when_hung:
+            logger.error(
+                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, "
+                "its process exits to be started again (hang_timeout=%gs; raise it if batches take that long)",
+                self.consumer,
+                now - since,
+                hang_timeout,
+            )
+            os._exit(EXIT_HUNG)
+        if not self._hung_logged:
+            self._hung_logged = True
+            logger.error(
+                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, it "
+                "stops claiming its requests until the model returns (hang_timeout=%gs)",
+                self.consumer,
+                now - since,
+                hang_timeout,
+            )
+        return True
 
     def _beat(self, conn: Any) -> None:
         """Tell web processes this worker is alive (see ``require_workers``),
