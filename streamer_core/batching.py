@@ -709,12 +709,19 @@ class Scheduler:
             self._in_flight -= 1
             self._cond.notify_all()
 
-    def worker_lost(self, batches: Sequence[Sequence[_Item]], reason: str) -> None:
-        """A ready worker died holding ``batches``. Each of their items is run
-        again alone, unless it has now been in ``max_item_crashes`` crashed
-        batches: then its call fails with :class:`WorkerDiedError`."""
+    def worker_lost(
+        self, batches: Sequence[Sequence[_Item]], reason: str, unstarted: Sequence[Sequence[_Item]] = ()
+    ) -> None:
+        """A ready worker died holding ``batches`` (which it may have run)
+        and ``unstarted`` (sent ahead, known not to have reached the model).
+        Each item of ``batches`` is run again alone, unless it has now been
+        in ``max_item_crashes`` crashed batches: then its call fails with
+        :class:`WorkerDiedError`. Those of ``unstarted`` queue again, first,
+        as they were."""
         with self._cond:
-            self._count(len(batches), -1)
+            self._count(len(batches) + len(unstarted), -1)
+            self._in_flight -= len(unstarted)
+            self._queue.extendleft(reversed([item for items in unstarted for item in items if item.task.live()]))
             for items in batches:
                 self._in_flight -= 1
                 for item in items:

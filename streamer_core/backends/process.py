@@ -397,7 +397,8 @@ class _ProcessBackend(Backend):
         reason = f"worker {slot.index} (pid {slot.pid}) {_describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
         if state == "ready":
-            self._scheduler.worker_lost(lost, reason + " while it held a batch with this input")
+            # A worker runs its batches in turn: only the first can have reached the model.
+            self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
         self._check_broken()
 
     def _kill_hung(self) -> None:

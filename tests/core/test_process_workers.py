@@ -109,6 +109,36 @@ def test_a_worker_killed_holding_the_next_batch_too_loses_no_call(closing, tmp_p
     assert time.monotonic() - killed_at < 2.0
 
 
+def test_the_batch_sent_ahead_to_a_worker_that_died_is_not_counted_as_crashed(closing, tmp_path):
+    """With max_item_crashes=1 the batch the worker ran fails at once, but
+    the one sent ahead never reached the model: it runs again, batched."""
+    (tmp_path / "hold").write_text("")
+    streamer = closing(
+        Streamer(
+            models.HoldModel,
+            batch_size=4,
+            max_latency=0.05,
+            max_item_crashes=1,
+            model_init_kwargs={"folder": str(tmp_path)},
+        )
+    )
+    assert streamer.wait_ready(60)
+    futures = [streamer.submit([x]) for x in range(8)]
+    assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
+    [slot] = streamer._backend._slots
+    assert wait_for(lambda: len(slot.batches) == 2, 5), "the next full batch should have been sent ahead"
+    ran = {item.task.future for item in slot.batches[0].items}
+    os.kill(slot.pid, signal.SIGKILL)  # then let the worker that replaces it run
+    (tmp_path / "hold").unlink()
+    for x, future in enumerate(futures):
+        if future in ran:
+            with pytest.raises(WorkerDiedError, match="not retried"):
+                future.result(10)
+        else:
+            assert future.result(10) == [x * 2]
+    assert len(ran) == 4
+
+
 def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing):
     streamer = closing(Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.2, worker_num=2))
     assert streamer.wait_ready(60)
