@@ -46,6 +46,7 @@ from ..batching import Scheduler, _Item, deliver
 from ..config import (
     DEFAULT_MAX_LATENCY,
     DEFAULT_TIMEOUT,
+    MAX_SECONDS,
     BatchingConfig,
     DeviceId,
     _check_int,
@@ -119,6 +120,7 @@ class _Slot:
         self.spawning = False  # a process for it is being started
         self.free: List[str] = []  # its result blocks copied out here, to name free with the next batch
         self.gone: List[str] = []  # this process's blocks unlinked since the last batch, for it to unmap
+        self.hang_timeout: Optional[float] = None  # doubled at each kill for hanging, until a batch is answered
 
     def block_prefix(self, prefix: str) -> str:
         """The names of the current process's shared memory blocks start with this."""
@@ -157,6 +159,8 @@ class _ProcessBackend(Backend):
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
         self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
+        for slot in self._slots:
+            slot.hang_timeout = hang_timeout
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
@@ -346,6 +350,7 @@ class _ProcessBackend(Backend):
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
                 return
             sent = slot.batches.popleft()
+            slot.hang_timeout = self._hang_timeout  # it answers: whatever was taken for a hang was not one
             now = time.monotonic()
             # A batch sent while the worker ran another started when that one ended.
             elapsed = now - max(sent.sent_at, slot.last_done)
@@ -406,29 +411,35 @@ class _ProcessBackend(Backend):
         seconds or more while none of that batch's callers waits any longer
         (a deadlock, a GPU that stopped answering): its death is handled as
         any other, so it is restarted and its next batch runs again. A
-        batch with a caller still waiting is left to run, however long."""
+        batch with a caller still waiting is left to run, however long.
+        Each kill doubles the slot's ``hang_timeout`` until it answers a
+        batch, so a batch that is only slow (a first call that compiles)
+        ends up finishing rather than being killed for good."""
         now = time.monotonic()
-        hang_timeout = self._hang_timeout
-        if hang_timeout is None or now < self._next_hang_check:
+        if self._hang_timeout is None or now < self._next_hang_check:
             return
-        self._next_hang_check = now + min(1.0, hang_timeout / 4)
+        self._next_hang_check = now + min(1.0, self._hang_timeout / 4)
         hung = []
         with self._lock:
             for slot in self._slots:
-                if slot.state != "ready" or slot.conn is None or not slot.batches:
+                limit = slot.hang_timeout
+                if limit is None or slot.state != "ready" or slot.conn is None or not slot.batches:
                     continue
                 running = slot.batches[0]
                 seconds = now - max(running.sent_at, slot.last_done)
-                if seconds >= hang_timeout and not any(item.task.live() for item in running.items):
-                    hung.append((slot, slot.process, seconds))
-        for slot, process, seconds in hung:
+                if seconds >= limit and not any(item.task.live() for item in running.items):
+                    slot.hang_timeout = min(2 * limit, MAX_SECONDS)
+                    hung.append((slot, slot.process, seconds, limit))
+        for slot, process, seconds, limit in hung:
             logger.error(
                 "worker %d (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
-                "hung, it is killed and restarted (hang_timeout=%gs; raise it if batches take that long)",
+                "hung (hang_timeout=%gs), it is killed and restarted; next time it gets %gs, until it answers "
+                "(raise hang_timeout if batches take that long)",
                 slot.index,
                 process.pid,
                 seconds,
-                hang_timeout,
+                limit,
+                slot.hang_timeout,
             )
             process.kill()
 
@@ -580,7 +591,8 @@ class Streamer(BaseStreamer):
     has run one batch this long while none of that batch's callers waits
     any more (each timed out or gave up) is taken for hung, killed and
     restarted, so a model stuck for good (a deadlock, a GPU that stopped
-    answering) does not stop the service.
+    answering) does not stop the service; each kill doubles that worker's
+    wait until it answers a batch.
 
     The constructor returns at once; calls queue until a worker is ready
     (:meth:`wait_ready` waits for that). Same signature as service_streamer's

@@ -4,6 +4,7 @@ inputs that cannot cross the process boundary."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,7 +166,31 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog
     # Without the watchdog every later call would time out as well, for good.
     assert streamer.predict(["after"], timeout=30) == ["AFTER"]
     assert not alive(stuck) and streamer.worker_pids() != [stuck]
-    assert "taken for hung" in caplog.text
+    assert "taken for hung (hang_timeout=0.5s)" in caplog.text
+
+
+def test_each_kill_for_hanging_doubles_the_wait_until_the_worker_answers(closing, caplog):
+    # A batch that is only slow (a first call that compiles) must end up
+    # finishing, not be killed over and over.
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01, hang_timeout=0.5))
+    assert streamer.wait_ready(60)
+
+    def stuck_once() -> None:
+        kills = caplog.text.count("taken for hung")
+        with pytest.raises(StreamerTimeoutError):
+            streamer.predict(["hang"], timeout=0.2)
+        assert wait_for(lambda: caplog.text.count("taken for hung") > kills, 30)
+        assert wait_for(lambda: "restarting it" in caplog.text.rsplit("taken for hung", 1)[1], 10)
+        assert streamer.wait_ready(60)
+
+    stuck_once()
+    stuck_once()
+    limits = re.findall(r"hang_timeout=([0-9.]+)s\), it is killed", caplog.text)
+    assert limits == ["0.5", "1"], caplog.text
+    assert streamer.predict(["answered"], timeout=30) == ["ANSWERED"]
+    caplog.clear()
+    stuck_once()
+    assert re.findall(r"hang_timeout=([0-9.]+)s\), it is killed", caplog.text) == ["0.5"], "not reset by an answer"
 
 
 def test_a_long_batch_whose_caller_still_waits_is_not_taken_for_hung(closing):

@@ -58,6 +58,26 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(fault_broker, m
     assert text == "after" and pid != stuck and not alive(stuck)
     log = procs.log(supervisor, tail=None)
     assert "taken for hung" in log and "its model hung; restarting it" in log
+    # Started again after hanging, a worker waits twice as long as its
+    # group's hang_timeout, or twice its own if it answered nothing: a batch
+    # that is only slow (a first call that compiles) ends up finishing.
+    wait_serving(procs, supervisor, [pid])
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.3)  # it had answered "after": 1 s, then 2 x 0.5
+    assert wait_for(lambda: set(worker_children(supervisor.pid)) - {stuck, pid}, 20), procs.log(supervisor)
+    [third] = set(worker_children(supervisor.pid)) - {stuck, pid}
+    wait_serving(procs, supervisor, [third])
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.3)  # answered nothing: 1 s, then 2 x 1
+    assert wait_for(lambda: set(worker_children(supervisor.pid)) - {stuck, pid, third}, 20), procs.log(supervisor)
+    [fourth] = set(worker_children(supervisor.pid)) - {stuck, pid, third}
+    wait_serving(procs, supervisor, [fourth])
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["hang"], timeout=0.3)
+    [[text, fifth]] = streamer.predict(["last"])
+    assert fifth not in (stuck, pid, third, fourth)
+    limits = re.findall(r"hang_timeout=([0-9.]+)s; raise it", procs.log(supervisor, tail=None))
+    assert limits == ["0.5", "1", "1", "2"], procs.log(supervisor)
 
 
 def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything():

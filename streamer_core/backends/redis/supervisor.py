@@ -15,12 +15,12 @@ import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ...config import DEFAULT_MAX_LATENCY, LOG_FORMAT, DeviceId, _check_int, check_devices
+from ...config import DEFAULT_MAX_LATENCY, LOG_FORMAT, MAX_SECONDS, DeviceId, _check_int, check_devices
 from ...errors import WorkerStartError
 from ...streamer import callable_name
 from ..spawning import spawn_context
 from .connection import MAX_BACKOFF_S, wait_for_broker
-from .worker import EXIT_HUNG, RedisWorker
+from .worker import DEFAULT_HANG_TIMEOUT, EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS, RedisWorker
 
 __all__ = ["run_redis_workers_forever", "run_worker_groups", "WorkerGroup", "EXIT_INIT_FAILED"]
 
@@ -183,12 +183,18 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
     context = spawn_context()
     processes: List[Any] = [None] * len(slots)  # multiprocessing.Process, or None once not restarted
     restarts = [0] * len(slots)
+    # A worker that exited because its model hung is started again with twice
+    # the hang_timeout (of the one it had, if it had answered nothing, else of
+    # its group's): a batch that is only slow ends up finishing.
+    hang_limits: List[Optional[float]] = [None] * len(slots)
     stopping = threading.Event()
     finished = threading.Event()
 
     def start(n: int) -> None:
         group, i, gpu_id = slots[n]
         options = dict(group.options, log_level=log_level)
+        if hang_limits[n] is not None:
+            options["hang_timeout"] = hang_limits[n]
         process = context.Process(
             target=_worker_process, args=(options, gpu_id, os.getpid()), name=f"streamer-redis-{group.name}-{i}"
         )
@@ -237,7 +243,14 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
                     processes[n] = None
                     continue
                 restarts[n] += 1
-                why = "its model hung" if process.exitcode == EXIT_HUNG else f"it exited with {process.exitcode}"
+                hung = process.exitcode in (EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS)
+                base = group.options.get("hang_timeout", DEFAULT_HANG_TIMEOUT)
+                if hung and base is not None:
+                    had = hang_limits[n] if process.exitcode == EXIT_HUNG else None
+                    hang_limits[n] = min(2 * (base if had is None else had), MAX_SECONDS)
+                else:
+                    hang_limits[n] = None
+                why = "its model hung" if hung else f"it exited with {process.exitcode}"
                 logger.warning("%s worker %d (pid %d): %s; restarting it", group.name, i, process.pid, why)
                 time.sleep(min(MAX_BACKOFF_S, 0.1 * restarts[n]))
                 start(n)

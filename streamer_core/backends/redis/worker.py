@@ -82,9 +82,11 @@ _RECHECK_AFTER_S = 0.01
 #: How long a worker may run one batch after every caller of it has given up
 #: before it is taken for hung (seconds); see RedisWorker.
 DEFAULT_HANG_TIMEOUT = 60.0
-#: Exit code of a worker process that ended itself because its model hung:
-#: the supervisor starts it again.
+#: Exit codes of a worker process that ended itself because its model hung,
+#: before it had answered any batch, or after: the supervisor starts it again,
+#: with twice the hang_timeout it had, or twice the one it was given.
 EXIT_HUNG = 4
+EXIT_HUNG_AFTER_ANSWERS = 5
 
 #: One request's outcome: (True, output), (False, error), or None when its
 #: caller has given up (nothing is written back).
@@ -125,7 +127,8 @@ class RedisWorker:
     ``hang_timeout`` (seconds, default 60; ``None``: never): a worker that
     has run one batch this long while none of that batch's callers waits
     any more is taken for hung. Under :func:`run_redis_workers_forever` (and
-    the worker commands) its process then exits, and is started again;
+    the worker commands) its process then exits, and is started again with
+    twice the wait (twice its own if it had answered nothing);
     elsewhere it stops claiming its requests and showing itself alive, so
     other workers take them over, until the model returns.
     """
@@ -180,6 +183,7 @@ class RedisWorker:
         # Set by the supervisor's worker processes: exit when hung, to be started again.
         self.exit_when_hung = False
         self._hung_logged = False
+        self._answered = False  # the model has returned from a batch since the worker started
         self._broker = redis_broker
         self._keys = Keys(prefix)
         self._dead = DeadLetters(self._keys)
@@ -301,6 +305,7 @@ class RedisWorker:
             if batch is None:
                 return
             answered, seconds = self._run(predict, batch)
+            self._answered = self._answered or seconds > 0
             with self._cond:
                 self._running, self._running_size = False, 0
                 if alone:
@@ -750,7 +755,7 @@ class RedisWorker:
                 now - since,
                 hang_timeout,
             )
-            os._exit(EXIT_HUNG)
+            os._exit(EXIT_HUNG_AFTER_ANSWERS if self._answered else EXIT_HUNG)
         if not self._hung_logged:
             self._hung_logged = True
             logger.error(
