@@ -274,9 +274,7 @@ def _orjson_default(value: Any) -> Any:
     tolist = getattr(value, "tolist", None)
     if callable(tolist):
         return tolist()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return _decimal_as_text(value)
 
 
 def dumps_json(value: Any) -> bytes:
@@ -305,6 +303,8 @@ def _stdlib_dumps(value: Any) -> bytes:
 
 
 def _decimal_as_text(value: Any) -> Any:
+    """A ``Decimal`` as a string, as Django's encoder writes it; anything
+    else has no JSON form."""
     if isinstance(value, decimal.Decimal):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -39,7 +39,7 @@ def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C
     logging.basicConfig(level=options.pop("log_level", logging.INFO), format=LOG_FORMAT)
     worker = RedisWorker(**options)
-    worker.exit_when_hung = True
+    worker._exit_when_hung = True
     try:
         worker.run_forever(gpu_id)
     except WorkerStartError:

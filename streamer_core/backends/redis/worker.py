@@ -181,7 +181,7 @@ class RedisWorker:
             None if hang_timeout is None else _check_seconds("hang_timeout", hang_timeout, allow_zero=False)
         )
         # Set by the supervisor's worker processes: exit when hung, to be started again.
-        self.exit_when_hung = False
+        self._exit_when_hung = False
         self._hung_logged = False
         self._answered = False  # the model has returned from a batch since the worker started
         self._broker = redis_broker
@@ -747,7 +747,7 @@ class RedisWorker:
         if since is None or hang_timeout is None or now - since < hang_timeout or now < self._model_until:
             self._hung_logged = False
             return False
-        if self.exit_when_hung:
+        if self._exit_when_hung:
             logger.error(
                 "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, "
                 "its process exits to be started again (hang_timeout=%gs; raise it if batches take that long)",
