@@ -68,6 +68,13 @@ _SHAPING_WINDOW = 8
 _RESULT_GRACE = 1.0
 
 
+# What Future.__init__ would make, made by BatchFuture on first use instead;
+# under this lock, so that a completion and a first use do not interleave.
+_LAZY_PARTS = frozenset(("_condition", "_waiters", "_done_callbacks"))
+_LAZY_LOCK = threading.Lock()
+_DONE_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
+
+
 class BatchFuture(concurrent.futures.Future[List[Any]]):
     """The future of one ``submit(batch)`` call; its result is a list, one
     output per input, in input order.
@@ -82,6 +89,9 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     on the Future's condition: the condition is still held by the completing
     thread when it notifies, so the woken caller would block again at once.
     That second wake-up per call is what limits a thread-per-request server.
+    And that condition, with the lists of waiters and callbacks, is made
+    only when something needs it (``wait``, ``as_completed``, a callback, a
+    cancel): most calls complete without ever making one.
     """
 
     _deadline: float = float("inf")
@@ -91,9 +101,33 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     _green_wake: Optional[Callable[[], None]] = None
 
     def __init__(self) -> None:
-        super().__init__()
+        # Not Future.__init__: its condition and lists are made on first use
+        # (__getattr__), which most calls never reach: a completion that
+        # finds no condition sets the result under _LAZY_LOCK alone.
+        self._state = "PENDING"
+        self._result = None
+        self._exception = None
         self._finished = threading.Lock()
         self._finished.acquire()
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _LAZY_PARTS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        parts = self.__dict__
+        with _LAZY_LOCK:
+            if "_condition" not in parts:
+                parts["_waiters"], parts["_done_callbacks"] = [], []
+                parts["_condition"] = threading.Condition()
+        return parts[name]
+
+    def done(self) -> bool:
+        return self._state in _DONE_STATES
+
+    def cancelled(self) -> bool:
+        return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+
+    def running(self) -> bool:
+        return self._state == "RUNNING"
 
     def set_result(self, result: Any) -> None:
         super().set_result(result)
@@ -110,6 +144,12 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         """Complete the future but leave its waiter asleep until
         :meth:`_wake`: a batch's results are all set before any caller wakes
         to compete with the delivering thread."""
+        with _LAZY_LOCK:
+            if "_condition" not in self.__dict__:  # nobody waits on it, nor has a callback: no notifying
+                if self._state != "PENDING":
+                    return False
+                self._result, self._state = result, "FINISHED"
+                return True
         try:
             super().set_result(result)
         except concurrent.futures.InvalidStateError:
@@ -132,6 +172,9 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
                 return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
             cancelled = super().cancel()
         if cancelled:
+            # As an executor does for a cancelled item: concurrent.futures.wait()
+            # and as_completed() count only a "notified" cancel as done.
+            self.set_running_or_notify_cancel()
             stats = self._stats
             if stats is not None:
                 stats.finished(outcome)
