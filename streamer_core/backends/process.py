@@ -16,7 +16,9 @@ How data moves::
                                batch_done(), deliver() -> futures
                                waits on every pipe and every process sentinel:
                                a death reruns its batch's items alone (or fails
-                               them after max_item_crashes) and respawns the worker
+                               them after max_item_crashes), queues the batch
+                               sent ahead again, and respawns the worker; kills
+                               a worker stuck past hang_timeout (then: a death)
 
 Batches are formed here, in the parent, and each worker holds at most two
 (the one it runs and the next), so the parent always knows which inputs a
@@ -278,10 +280,10 @@ class _ProcessBackend(Backend):
                         watched[slot.process.sentinel] = slot
                 if self._stopping and not watched:
                     return
-                respawns = [s.respawn_at for s in self._slots if s.respawn_at is not None]
+                wakeups = [s.respawn_at for s in self._slots if s.respawn_at is not None]
                 if self._hang_timeout is not None:  # a batch sent meanwhile may never be answered
-                    respawns.append(self._next_hang_check)
-            timeout = None if not respawns else max(0.0, min(respawns) - time.monotonic())
+                    wakeups.append(self._next_hang_check)
+            timeout = None if not wakeups else max(0.0, min(wakeups) - time.monotonic())
             try:
                 ready = multiprocessing.connection.wait([*watched, self._wake_r], timeout)
                 for obj in ready:
