@@ -162,7 +162,7 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog
     assert streamer.wait_ready(60)
     [stuck] = streamer.worker_pids()
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.2)
+        streamer.predict(["hang"], timeout=1)
     # Without the watchdog every later call would time out as well, for good.
     assert streamer.predict(["after"], timeout=30) == ["AFTER"]
     assert not alive(stuck) and streamer.worker_pids() != [stuck]
@@ -178,7 +178,7 @@ def test_each_kill_for_hanging_doubles_the_wait_until_the_worker_answers(closing
     def stuck_once() -> None:
         kills = caplog.text.count("taken for hung")
         with pytest.raises(StreamerTimeoutError):
-            streamer.predict(["hang"], timeout=0.2)
+            streamer.predict(["hang"], timeout=1)
         assert wait_for(lambda: caplog.text.count("taken for hung") > kills, 30)
         assert wait_for(lambda: "restarting it" in caplog.text.rsplit("taken for hung", 1)[1], 10)
         assert streamer.wait_ready(60)

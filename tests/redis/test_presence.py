@@ -158,7 +158,7 @@ def test_a_worker_whose_model_hangs_stops_showing_itself_alive_until_it_returns(
     assert streamer.predict(["a"]) == ["A"]
     assert streamer.live_workers() == 1
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.3)
+        streamer.predict(["hang"], timeout=1)
     assert wait_for(lambda: streamer.live_workers() == 0, 10), "a hung worker kept counting as alive"
     release.set()
     assert wait_for(lambda: streamer.live_workers() == 1, 10), "the worker did not come back when its model returned"

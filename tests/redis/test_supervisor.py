@@ -52,7 +52,7 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(fault_broker, m
     wait_serving(procs, supervisor, [stuck])
     streamer = make_streamer(fault_broker, timeout=30)
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.3)
+        streamer.predict(["hang"], timeout=1)
     # Without the watchdog every later call would time out as well, for good.
     [[text, pid]] = streamer.predict(["after"])
     assert text == "after" and pid != stuck and not alive(stuck)
@@ -63,17 +63,17 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(fault_broker, m
     # that is only slow (a first call that compiles) ends up finishing.
     wait_serving(procs, supervisor, [pid])
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.3)  # it had answered "after": 1 s, then 2 x 0.5
+        streamer.predict(["hang"], timeout=1)  # it had answered "after": 1 s, then 2 x 0.5
     assert wait_for(lambda: set(worker_children(supervisor.pid)) - {stuck, pid}, 20), procs.log(supervisor)
     [third] = set(worker_children(supervisor.pid)) - {stuck, pid}
     wait_serving(procs, supervisor, [third])
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.3)  # answered nothing: 1 s, then 2 x 1
+        streamer.predict(["hang"], timeout=1)  # answered nothing: 1 s, then 2 x 1
     assert wait_for(lambda: set(worker_children(supervisor.pid)) - {stuck, pid, third}, 20), procs.log(supervisor)
     [fourth] = set(worker_children(supervisor.pid)) - {stuck, pid, third}
     wait_serving(procs, supervisor, [fourth])
     with pytest.raises(StreamerTimeoutError):
-        streamer.predict(["hang"], timeout=0.3)
+        streamer.predict(["hang"], timeout=1)
     [[text, fifth]] = streamer.predict(["last"])
     assert fifth not in (stuck, pid, third, fourth)
     limits = re.findall(r"hang_timeout=([0-9.]+)s; raise it", procs.log(supervisor, tail=None))
