@@ -156,3 +156,18 @@ def test_a_cancelled_or_given_up_call_counts_as_done_for_wait_and_as_completed(c
     assert time.monotonic() - started < 1.0, "wait() sat out its timeout on a cancelled call"
     gate.release()
     assert held.result(5) == ["ok:hold"]
+
+
+def test_a_future_makes_on_first_use_all_that_the_standard_future_makes():
+    """BatchFuture does not call Future.__init__: it sets the state itself
+    and makes the rest on first use. Should a Python version's Future start
+    with anything else, this fails here rather than in users' calls."""
+    import concurrent.futures
+
+    from streamer_core.batching import _LAZY_PARTS, BatchFuture
+
+    standard = set(vars(concurrent.futures.Future()))
+    ours = BatchFuture()
+    assert standard - set(vars(ours)) == set(_LAZY_PARTS)
+    ours._condition  # noqa: B018 - made on first use
+    assert standard <= set(vars(ours))
