@@ -72,7 +72,8 @@ _RESULT_GRACE = 1.0
 # under this lock, so that a completion and a first use do not interleave.
 _LAZY_PARTS = frozenset(("_condition", "_waiters", "_done_callbacks"))
 _LAZY_LOCK = threading.Lock()
-_DONE_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
+_CANCELLED_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED"))
+_DONE_STATES = _CANCELLED_STATES | {"FINISHED"}
 
 
 class BatchFuture(concurrent.futures.Future[List[Any]]):
@@ -124,7 +125,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         return self._state in _DONE_STATES
 
     def cancelled(self) -> bool:
-        return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+        return self._state in _CANCELLED_STATES
 
     def running(self) -> bool:
         return self._state == "RUNNING"
@@ -169,7 +170,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     def _cancel(self, outcome: str) -> bool:
         with self._condition:
             if self._state not in ("PENDING", "RUNNING"):
-                return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+                return self._state in _CANCELLED_STATES
             cancelled = super().cancel()
         if cancelled:
             # As an executor does for a cancelled item: concurrent.futures.wait()
@@ -207,7 +208,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         return super().exception(0)
 
     def _wait(self, timeout: Optional[float]) -> None:
-        if self._state in ("FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"):
+        if self._state in _DONE_STATES:
             return
         # Never longer than the call may take (the dispatcher fails it at its
         # deadline), which also keeps a huge timeout from overflowing the wait.

@@ -106,7 +106,7 @@ class _Sent(NamedTuple):
 class _Slot:
     """One worker position: its device, and the process filling it now."""
 
-    def __init__(self, index: int, device: Optional[DeviceId]) -> None:
+    def __init__(self, index: int, device: Optional[DeviceId], hang_timeout: Optional[float]) -> None:
         self.index = index
         self.device = device
         self.process: Any = None  # a multiprocessing.Process, once started
@@ -122,7 +122,7 @@ class _Slot:
         self.spawning = False  # a process for it is being started
         self.free: List[str] = []  # its result blocks copied out here, to name free with the next batch
         self.gone: List[str] = []  # this process's blocks unlinked since the last batch, for it to unmap
-        self.hang_timeout: Optional[float] = None  # doubled at each kill for hanging, until a batch is answered
+        self.hang_timeout = hang_timeout  # doubled at each kill for hanging, until a batch is answered
 
     def block_prefix(self, prefix: str) -> str:
         """The names of the current process's shared memory blocks start with this."""
@@ -160,9 +160,9 @@ class _ProcessBackend(Backend):
         self._prefix = new_prefix("")
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
-        self._slots = [_Slot(i, devices[i % len(devices)] if devices else None) for i in range(worker_num)]
-        for slot in self._slots:
-            slot.hang_timeout = hang_timeout
+        self._slots = [
+            _Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)
+        ]
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)

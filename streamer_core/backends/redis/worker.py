@@ -747,24 +747,20 @@ class RedisWorker:
         if since is None or hang_timeout is None or now - since < hang_timeout or now < self._model_until:
             self._hung_logged = False
             return False
-        if self._exit_when_hung:
-            logger.error(
-                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, "
-                "its process exits to be started again (hang_timeout=%gs; raise it if batches take that long)",
-                self.consumer,
-                now - since,
-                hang_timeout,
-            )
-            os._exit(EXIT_HUNG_AFTER_ANSWERS if self._answered else EXIT_HUNG)
         if not self._hung_logged:
             self._hung_logged = True
             logger.error(
-                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, it "
-                "stops claiming its requests until the model returns (hang_timeout=%gs)",
+                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, %s "
+                "(hang_timeout=%gs; raise it if batches take that long)",
                 self.consumer,
                 now - since,
+                "its process exits to be started again"
+                if self._exit_when_hung
+                else "it stops claiming its requests until the model returns",
                 hang_timeout,
             )
+        if self._exit_when_hung:
+            os._exit(EXIT_HUNG_AFTER_ANSWERS if self._answered else EXIT_HUNG)
         return True
 
     def _beat(self, conn: Any) -> None:
