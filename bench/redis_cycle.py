@@ -24,6 +24,9 @@ Every time is in ms after the model's end, the medians over full cycles:
     model        the model starts the next batch
     cycle        ... and ends it
 
+and the web process's CPU time per call (every thread, the callers' loop
+and the hooks included: compare it between versions, not with a server).
+
 Run from the repository root (needs ``redis-server`` on PATH)::
 
     .venv/bin/python -m bench.redis_cycle --seconds 8
@@ -194,7 +197,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             streamer = RedisStreamer(url, prefix=PREFIX)
             if not streamer.wait_ready(60):
                 raise SystemExit("the worker did not start")
+            cpu = time.process_time()
             answered, elapsed = run_callers(streamer, args.seconds, BATCH)
+            cpu = time.process_time() - cpu
             streamer.close()
         finally:
             if worker.pid is not None and worker.is_alive():
@@ -218,6 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         value = statistics.median(cycle[stage] for cycle in found)
         print(f"  {stage:12s} {value:7.0f}" if stage in ("sends", "reads") else f"  {stage:12s} {value * 1000:7.3f}")
     print(f"  throughput   {answered / elapsed / ideal:7.3f} of ideal")
+    print(f"  web CPU      {cpu / answered * 1e6:7.1f} us per call (this process, all threads, hooks included)")
     return 0
 
 

@@ -100,6 +100,11 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     _stats: Optional[ModelStats] = None
     #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
     _green_wake: Optional[Callable[[], None]] = None
+    #: Called once the call ends other than by its results (an error, a
+    #: timeout, a cancel); maybe more than once, so it must be idempotent.
+    #: A backend's cheaper done-callback: adding a real one makes the
+    #: future's condition, and takes its slow path, on every call.
+    _unanswered: Optional[Callable[[], None]] = None
 
     def __init__(self) -> None:
         # Not Future.__init__: its condition and lists are made on first use
@@ -139,7 +144,13 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         stats = self._stats
         if stats is not None and exception is not None:
             stats.failed(exception)  # counted before the caller wakes to read the numbers
+        self._ended_unanswered()
         self._wake()
+
+    def _ended_unanswered(self) -> None:
+        hook = self._unanswered
+        if hook is not None:
+            hook()
 
     def _set_quietly(self, result: Any) -> bool:
         """Complete the future but leave its waiter asleep until
@@ -179,6 +190,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
             stats = self._stats
             if stats is not None:
                 stats.finished(outcome)
+            self._ended_unanswered()
             self._wake()
         return cancelled
 

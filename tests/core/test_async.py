@@ -171,3 +171,12 @@ def test_a_future_makes_on_first_use_all_that_the_standard_future_makes():
     assert standard - set(vars(ours)) == set(_LAZY_PARTS)
     ours._condition  # noqa: B018 - made on first use
     assert standard <= set(vars(ours))
+
+
+def test_an_answered_call_completes_without_its_futures_condition(closing):
+    """The common case takes the fast path: nothing made the condition, so
+    the answer is set under one lock and the caller woken by its own."""
+    streamer = closing(ThreadedStreamer(lambda batch: [x * 2 for x in batch], batch_size=8, max_latency=0.01))
+    futures = [streamer.submit([i]) for i in range(20)]
+    assert [future.result(5) for future in futures] == [[2 * i] for i in range(20)]
+    assert not [future for future in futures if "_condition" in vars(future)]

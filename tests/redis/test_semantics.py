@@ -52,6 +52,19 @@ def test_a_call_spread_over_several_batches_gets_its_results_in_order(broker, ma
     assert len(model.batches) >= 4 and max(map(len, model.batches)) <= 3, model.batches
 
 
+def test_answered_calls_complete_without_their_futures_condition(broker, make_streamer, start_worker):
+    """A future makes its condition only for something that needs it (wait(),
+    a done-callback); an answer that finds none is set under one lock. The
+    web side once added a done-callback to every call, which cost each
+    Redis call the slow path: it must not (a call it gives up is withdrawn
+    all the same, see test_trimming)."""
+    start_worker(broker, models.double, batch_size=8)
+    streamer = make_streamer(broker)
+    futures = [streamer.submit([i]) for i in range(20)]
+    assert [future.result(10) for future in futures] == [[2 * i] for i in range(20)]
+    assert not [future for future in futures if "_condition" in vars(future)]
+
+
 def test_only_the_failing_inputs_caller_gets_the_exception(broker, make_streamer, start_worker):
     streamer = make_streamer(broker)
     inputs = [1, 2, -3, 4, 5, -6, 7]

@@ -121,21 +121,23 @@ def test_a_live_web_process_keeps_its_result_stream_from_expiring(broker, make_s
     assert broker.conn.ttl(key) > 2, "an idle but live web process let its result stream expire"
 
 
-@pytest.mark.parametrize("give_up", ["result_timeout", "apredict_cancelled"])
+@pytest.mark.parametrize("give_up", ["result_timeout", "result_timeout_300_inputs", "apredict_cancelled"])
 def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_streamer, start_worker, gate, give_up):
     """A caller gives up long before the streamer's timeout, while the worker
     is busy (``future.result(timeout)`` runs out, or an ``apredict`` task is
     cancelled, as when an HTTP client disconnects): its request is withdrawn
-    from Redis and never reaches the model. (Once, it stayed and was run.)"""
+    from Redis and never reaches the model. (Once, it stayed and was run.)
+    A call of 300 inputs goes to Redis in two sends: both are withdrawn."""
     start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker, timeout=10)
     held = streamer.submit(["hold"])
     assert gate.entered.wait(5)
-    if give_up == "result_timeout":
-        future = streamer.submit(["abandoned"])
-        broker.wait_queued(2)
+    if give_up.startswith("result_timeout"):
+        inputs = ["abandoned"] * (300 if give_up.endswith("300_inputs") else 1)
+        future = streamer.submit(inputs)
+        broker.wait_queued(1 + len(inputs))
         with pytest.raises(StreamerTimeoutError):
-            future.result(timeout=0.1)
+            future.result(timeout=0.3)
         assert future.cancelled()
     else:
 

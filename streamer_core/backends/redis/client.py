@@ -144,18 +144,29 @@ class _RedisClientBackend(Backend):
             return
         for request_id, item in sent:
             future = item.task.future
-            if future is not None:
-                future.add_done_callback(functools.partial(self._call_ended, request_id))
+            if future is None:
+                continue
+            # Told when the call ends unanswered (not a done-callback: that
+            # would cost every call the future's slow path).
+            hook = future._unanswered
+            if hook is None:
+                future._unanswered = functools.partial(self._calls_ended, [request_id])
+            else:  # another input of the same call
+                hook.args[0].append(request_id)  # type: ignore[attr-defined]
+            if future.done():  # it ended before the hook was in place, or as it was added
+                self._calls_ended([request_id])
 
-    def _call_ended(self, request_id: bytes, _future: Any = None) -> None:
-        """A call is over. If this input is still unanswered (its caller gave
-        up, or it timed out), delete its request, so that a worker that has
-        not read it yet never runs it."""
+    def _calls_ended(self, request_ids: List[bytes]) -> None:
+        """Calls ended other than by their answers (the caller gave up, a
+        timeout, an error). Delete the requests of their inputs still
+        unanswered, so that a worker that has not read them never runs them.
+        Idempotent: it may be told twice of one input."""
         with self._lock:
-            entry_id = self._entries.pop(request_id, None)
-            if self._pending.pop(request_id, None) is not None and entry_id is not None:
-                self._abandoned.append(entry_id)
-                self._abandon.set()
+            for request_id in request_ids:
+                entry_id = self._entries.pop(request_id, None)
+                if self._pending.pop(request_id, None) is not None and entry_id is not None:
+                    self._abandoned.append(entry_id)
+                    self._abandon.set()
 
     def _delete_abandoned(self) -> None:
         """Delete the requests of calls that ended unanswered, as soon as they
@@ -295,6 +306,7 @@ class _RedisClientBackend(Backend):
                     continue
                 for answer in parsed:
                     item = self._pending.pop(answer.item_id, None)
+                    self._entries.pop(answer.item_id, None)
                     if item is not None:  # else answered already (sent twice after a restart) or given up
                         items.append(item)
                         answers.append(answer)
@@ -373,7 +385,7 @@ class _RedisClientBackend(Backend):
 
     def _fail_waiting(self, make_error: Callable[[], BaseException]) -> None:
         """Fail every call waiting for an answer. Their requests are deleted
-        as each call ends (see :meth:`_call_ended`), so a worker that starts
+        as each call ends (see :meth:`_calls_ended`), so a worker that starts
         later does not run them for nobody."""
         with self._lock:
             waiting = [item for item in self._pending.values() if item.task.live()]
@@ -439,7 +451,7 @@ class _RedisClientBackend(Backend):
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""
         with self._lock:
-            return len(self._pending)  # each call's end removes its inputs (_call_ended)
+            return len(self._pending)  # each call's end removes its inputs (_on_results, _calls_ended)
 
 
 class RedisStreamer(BaseStreamer):
