@@ -57,7 +57,8 @@ class WorkerStartError(UnavailableError):
 
 
 class BrokerUnavailableError(UnavailableError):
-    """The broker (Redis) cannot be reached; the call was not queued, or its
+    """The broker (Redis) cannot be reached, or refuses to queue the call
+    (out of memory, a read-only replica); the call was not queued, or its
     answer could not be read back."""
 
 

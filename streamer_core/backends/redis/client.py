@@ -132,15 +132,24 @@ class _RedisClientBackend(Backend):
                     request_id = new_request_id()
                     self._pending[request_id] = item
                     sent.append((request_id, item))
+        try:
+            failure = self._send(sent) if sent else None
+        except BaseException:  # the dispatcher fails the batch and frees the slot
+            with self._lock:
+                for request_id, _ in sent:
+                    self._pending.pop(request_id, None)
+            raise
         # The items are Redis's now: this side only waits for their answers.
         scheduler.batch_done(0, 0.0, held)
-        failure = self._send(sent) if sent else None
         if failure is not None:
             error = BrokerUnavailableError(f"{broker_problem(failure)}: the call was not queued; retry later")
             with self._lock:
-                for request_id, item in sent:
+                for request_id, _ in sent:
                     self._pending.pop(request_id, None)
-                    item.task.fail(error)
+            # Not under the lock: a call whose other inputs went in an earlier
+            # send withdraws them as it fails (_calls_ended takes the lock).
+            for _, item in sent:
+                item.task.fail(error)
             return
         for request_id, item in sent:
             future = item.task.future
@@ -186,8 +195,9 @@ class _RedisClientBackend(Backend):
                     errors.log(exc)
 
     def _send(self, entries: Sequence[Tuple[bytes, _Item]]) -> Optional[BaseException]:
-        """XADD the entries, retrying briefly through a blip; ``None`` once
-        sent, else the last error."""
+        """XADD the entries, retrying briefly through a blip (a lost
+        connection, or Redis refusing writes: out of memory, a read-only
+        replica); ``None`` once sent, else the last error."""
         import redis
 
         failure: Optional[BaseException] = None
@@ -226,10 +236,11 @@ class _RedisClientBackend(Backend):
                 failure = exc
                 logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
             except redis.ResponseError as exc:
-                if not is_wrong_type(exc):
-                    raise
                 failure = exc
-                repair_key(self._send_conn, self._keys.requests, "stream")
+                if is_wrong_type(exc):
+                    repair_key(self._send_conn, self._keys.requests, "stream")
+                else:
+                    logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
             time.sleep(0.1 * 2**attempt)
         return failure
 

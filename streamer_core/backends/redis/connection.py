@@ -103,8 +103,12 @@ def _large_value_packer() -> Any:
 def broker_problem(exc: BaseException) -> str:
     """What went wrong talking to Redis, in words for a log line or an
     error: a refused password is not an unreachable server."""
+    import redis
+
     if is_auth_error(exc):
         return f"Redis refused the credentials ({exc}): check the password (and user) in the Redis URL"
+    if isinstance(exc, redis.ResponseError):  # it answered, with an error: out of memory, read-only, ...
+        return f"Redis refused the command ({exc})"
     return f"Redis cannot be reached ({exc})"
 
 
