@@ -5,12 +5,21 @@ batching rule), a dispatcher thread that takes batches from it whenever a
 worker is free, and a backend that owns the workers (a thread, spawned
 processes). The streamer object itself is referenced by none of its threads:
 dropping it without ``close()`` still stops them, through a finalizer.
+
+Threads and worker processes do not survive ``fork()``. A streamer made
+before a server forks its workers (gunicorn ``--preload``, uWSGI without
+``--lazy-apps``: a module-level streamer, as service_streamer's README has
+it) finds in each forked process an engine whose threads are not there: it
+starts its own there on first use, and leaves the parent's to the parent
+(it never stops them, nor lets ``multiprocessing`` stop them as the forked
+process exits).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import weakref
@@ -26,6 +35,24 @@ __all__ = ["BaseStreamer", "Backend"]
 logger = logging.getLogger("streamer_core")
 
 DEFAULT_CLOSE_TIMEOUT = 10.0
+
+# How many times this process was forked into (counted in the child): a
+# streamer whose count is older was started in a parent.
+_forks = 0
+# The engines a fork left in this process, held so that nothing of them runs
+# here (their finalizers, a shared-memory pool given back): they are the parent's.
+_inherited: List[_Engine] = []
+_restart_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _forks, _restart_lock
+    _forks += 1
+    _restart_lock = threading.Lock()  # one held by another thread at the fork would stay held here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Backend:
@@ -154,19 +181,72 @@ class _Engine:
         self.backend.stop(max(deadline, time.monotonic() + 1.0))
 
 
+def _close_in_owner(engine: _Engine, pid: int) -> None:
+    """A dropped streamer's finalizer: close its engine, in the process that
+    started it only (a forked process inherits the finalizer, not the workers)."""
+    if os.getpid() == pid:
+        engine.close(2.0)
+
+
 class BaseStreamer:
     """Methods every streamer has; see :class:`ThreadedStreamer` and
     :class:`Streamer` for how to make one."""
 
     def __init__(
-        self, config: BatchingConfig, backend: Backend, *, max_item_crashes: int = 2, name: Optional[str] = None
+        self,
+        config: BatchingConfig,
+        make_backend: Callable[[], Backend],
+        *,
+        max_item_crashes: int = 2,
+        name: Optional[str] = None,
     ) -> None:
         self._config = config
         self._stats = stats_for(self._default_name() if name is None else name)
-        self._engine = engine = _Engine(config, backend, max_item_crashes, self._stats)
-        self._finalizer = weakref.finalize(self, self._engine.close, 2.0)
+        self._make_backend = make_backend  # called again in a forked process
+        self._max_item_crashes = max_item_crashes
+        self._start_engine()
+
+    def _start_engine(self) -> None:
+        engine = _Engine(self._config, self._make_backend(), self._max_item_crashes, self._stats)
+        self._current, self._forks, self._pid = engine, _forks, os.getpid()
+        self._finalizer = weakref.finalize(self, _close_in_owner, engine, self._pid)
         # The engine, not the streamer: the stats must not keep it alive.
         self._stats.watch(engine)
+
+    @property
+    def _engine(self) -> _Engine:
+        """This process's engine: in a process forked after it started,
+        started again there on first use (see the module's doc)."""
+        if self._forks != _forks:
+            self._after_fork(restart=True)
+        return self._current
+
+    def _after_fork(self, restart: bool) -> None:
+        """Leave the engine this process inherited to the parent that runs
+        it; start one of this process's own when ``restart`` (and the
+        inherited one was not closed)."""
+        with _restart_lock:
+            if self._forks == _forks:
+                return  # another thread did it
+            inherited = self._current
+            _inherited.append(inherited)
+            self._finalizer.detach()
+            self._stats.unwatch(inherited)
+            was_closed, inherited.closed = inherited.closed, True  # this process's copy only
+            if was_closed or not restart:
+                self._forks = _forks
+                return
+            logger.warning(
+                "%s %r was started in process %d, and this process (%d) was forked from it after: its "
+                "threads (and any worker processes) run in that one, not here, so this one starts its own. To "
+                "start them once per process, make the streamer after the fork (gunicorn without --preload, "
+                "uWSGI with --lazy-apps, or the Flask and Django layers, which start streamers in each process)",
+                type(self).__name__,
+                self.name,
+                self._pid,
+                os.getpid(),
+            )
+            self._start_engine()
 
     def _default_name(self) -> str:
         return type(self).__name__
@@ -276,7 +356,11 @@ class BaseStreamer:
         ``timeout`` seconds, fail the rest with :class:`StreamerClosedError`,
         and stop every thread and worker process. Safe to call twice."""
         # Checked before anything stops: a close that failed half-way would leave workers behind.
-        self._engine.close(_check_seconds("close's timeout", timeout, allow_zero=True))
+        timeout = _check_seconds("close's timeout", timeout, allow_zero=True)
+        if self._forks != _forks:  # forked, and not used here since: nothing of it runs in this process
+            self._after_fork(restart=False)
+            return
+        self._current.close(timeout)
         self._finalizer.detach()
 
     def destroy_workers(self) -> None:
@@ -285,7 +369,7 @@ class BaseStreamer:
 
     @property
     def closed(self) -> bool:
-        return self._engine.closed
+        return self._current.closed  # after a fork, the inherited engine's: the question starts nothing
 
     def __enter__(self) -> BaseStreamer:
         return self

@@ -33,6 +33,7 @@ what).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -41,8 +42,9 @@ import pickle
 import signal
 import threading
 import time
+import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, cast
 
 from ..batching import Scheduler, _Item, deliver
 from ..config import (
@@ -84,6 +86,33 @@ _MAX_RESPAWN_DELAY = 5.0
 #: How long a worker may run one batch after every caller of it has given up
 #: before it is taken for hung, killed and restarted (seconds).
 DEFAULT_HANG_TIMEOUT = 60.0
+
+
+# Every backend that has started workers in this process, for _after_fork_in_child.
+_started: weakref.WeakSet[_ProcessBackend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a process just forked from one with workers: they are the parent's
+    (see streamer.py). Close this process's copies of their pipes, so that
+    they still see the parent go when it does, and take them off
+    ``multiprocessing``'s list of this process's children: as this process
+    exits, ``multiprocessing`` would send them SIGTERM. Nothing else runs
+    in the new process yet: no lock is taken."""
+    children = getattr(multiprocessing.process, "_children", None)
+    for backend in list(_started):
+        for slot in backend._slots:
+            if children is not None:
+                children.discard(slot.process)
+            if slot.conn is not None:
+                try:
+                    slot.conn.close()
+                except OSError:
+                    pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -180,6 +209,7 @@ class _ProcessBackend(Backend):
                 "module that makes it; create it under `if __name__ == '__main__':` or lazily on first use"
             )
         self._scheduler = scheduler
+        _started.add(self)
         for slot in self._slots:
             self._spawn(slot)
         self._collector.start()
@@ -645,7 +675,8 @@ class Streamer(BaseStreamer):
         check_model("predict_function_or_model", target)
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
-        self._backend = _ProcessBackend(
+        backend = functools.partial(
+            _ProcessBackend,
             target,
             worker_num,
             devices,
@@ -657,10 +688,14 @@ class Streamer(BaseStreamer):
         )
         super().__init__(
             config,
-            self._backend,
+            backend,
             max_item_crashes=max_item_crashes,
             name=callable_name(target) if name is None else name,
         )
+
+    @property
+    def _backend(self) -> _ProcessBackend:
+        return cast(_ProcessBackend, self._engine.backend)
 
     def worker_pids(self) -> List[int]:
         """Process ids of the workers alive now."""

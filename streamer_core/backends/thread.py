@@ -172,6 +172,8 @@ class ThreadedStreamer(BaseStreamer):
             batch_cost,
             oom_errors,
         )
-        super().__init__(config, _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name)
+        super().__init__(
+            config, lambda: _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name
+        )
         facts = model_facts(predict, None)
         logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))

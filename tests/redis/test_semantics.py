@@ -443,3 +443,18 @@ def test_prefixes_keep_models_apart(broker, redis_url, make_streamer, start_work
         assert doubled == [[x * 2] for x in range(20)] and same == [[x] for x in range(20)]
     finally:
         other.cleanup()
+
+
+def test_a_redis_streamer_made_before_a_fork_serves_in_the_forked_process(broker, start_worker):
+    """Under gunicorn --preload a module-level RedisStreamer is forked: the
+    forked process reads its answers from a results stream of its own (the
+    parent's is the parent's to read), with threads of its own."""
+    from tests.core.test_fork import run
+
+    start_worker(broker, models.double, batch_size=8)
+    report, stderr = run("redis", "call", broker.url, broker.prefix)
+    child = report["child"]
+    assert child.get("answer") == [42], child
+    assert child["seconds"] < 5, "the forked process waited on threads that are not there"
+    assert report["before"] == [2] and report["after"] == [6]
+    assert "forked from it" in stderr

@@ -7,7 +7,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver
 from ...codec import Buffers, decode_error, get_codec
@@ -503,8 +503,12 @@ class RedisStreamer(BaseStreamer):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
         if item_cost is not None and not callable(item_cost):
             raise TypeError(f"item_cost must be a function of one input returning a positive number, got {item_cost!r}")
-        self._backend = _RedisClientBackend(redis_broker, prefix, codec, require_workers, item_cost)
-        super().__init__(config, self._backend, name=(prefix or "redis") if name is None else name)
+        backend = functools.partial(_RedisClientBackend, redis_broker, prefix, codec, require_workers, item_cost)
+        super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
+
+    @property
+    def _backend(self) -> _RedisClientBackend:
+        return cast(_RedisClientBackend, self._engine.backend)
 
     def _admit(self, inputs: List[Any]) -> None:
         if self._backend.workers_missing():

@@ -1,0 +1,75 @@
+"""A streamer made before ``fork()``, as a module-level one is under gunicorn
+``--preload`` or uWSGI without ``--lazy-apps``. Run by tests/core/test_fork.py
+(a script of its own: pytest's process is no place to fork), which reads
+the JSON line it prints last.
+
+    python forked_streamer.py thread|process|redis call|close [REDIS_URL PREFIX]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer
+
+
+def double(batch: List[int]) -> List[int]:
+    return [x * 2 for x in batch]
+
+
+def in_child(streamer: Any, action: str) -> Dict[str, Any]:
+    report: Dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        if action == "call":
+            report["answer"] = streamer.predict([21], timeout=10)
+            report["pids"] = streamer.worker_pids() if isinstance(streamer, Streamer) else []
+        else:
+            streamer.close(timeout=5)
+            report["closed"], report["live"] = streamer.closed, streamer.live_workers()
+            try:
+                streamer.predict([1], timeout=2)
+            except StreamerClosedError:
+                report["after_close"] = "StreamerClosedError"
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - started
+    return report
+
+
+def main(kind: str, action: str, *redis: str) -> None:
+    streamer: Any
+    if kind == "thread":
+        streamer = ThreadedStreamer(double, 8, 0.01)
+    elif kind == "process":
+        streamer = Streamer(double, 8, 0.01)
+    else:
+        streamer = RedisStreamer(redis[0], redis[1])
+    assert streamer.wait_ready(60)
+    report: Dict[str, Any] = {"before": streamer.predict([1], timeout=10)}
+    report["parent_pids"] = streamer.worker_pids() if kind == "process" else []
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(write, json.dumps(in_child(streamer, action)).encode())
+        os.close(write)
+        sys.exit(0)  # a normal exit, as a server's worker makes: atexit handlers and finalizers run
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report["child"] = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    report["child_exit"] = os.waitstatus_to_exitcode(status)
+    time.sleep(0.5)  # a worker killed by the child's exit would be seen dead by now
+    report["after"] = streamer.predict([3], timeout=10)
+    report["parent_pids_after"] = streamer.worker_pids() if kind == "process" else []
+    streamer.close()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
