@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -297,6 +298,20 @@ class ModelStats:
 
 _registry: Dict[str, ModelStats] = {}
 _registry_lock = threading.Lock()
+
+
+def _new_locks_after_fork() -> None:
+    """In a forked process: a lock another thread of the parent held at the
+    fork would stay held here for good (a streamer started again in the
+    forked process counts into the same numbers)."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for stats in _registry.values():
+        stats._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def stats_for(model: str) -> ModelStats:

@@ -25,7 +25,7 @@ def run(kind: str, action: str, *redis: str) -> Tuple[Dict[str, Any], str]:
         [sys.executable, str(SCRIPT), kind, action, *redis],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=60,
         cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr
@@ -42,6 +42,14 @@ def test_a_streamer_made_before_a_fork_serves_in_the_forked_process(kind):
     if kind == "process":
         assert child["pids"] and not set(child["pids"]) & set(report["parent_pids"]), "it needs workers of its own"
     assert report["before"] == [2] and report["after"] == [6]
+
+
+def test_a_fork_while_a_thread_counts_a_batch_does_not_stop_the_forked_process():
+    """A lock held by another thread at the fork stays held in the forked
+    process: the numbers' locks are made again there."""
+    report, _ = run("thread", "call-counting")
+    assert report["child"].get("answer") == [42], report["child"]
+    assert report["after"] == [6]
 
 
 def test_a_forked_process_exiting_leaves_the_parents_workers_alone():

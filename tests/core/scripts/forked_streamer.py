@@ -3,7 +3,10 @@
 (a script of its own: pytest's process is no place to fork), which reads
 the JSON line it prints last.
 
-    python forked_streamer.py thread|process|redis call|close [REDIS_URL PREFIX]
+    python forked_streamer.py thread|process|redis call|close|call-counting [REDIS_URL PREFIX]
+
+``call-counting`` forks while the parent holds the lock of the streamer's
+numbers, as one of its threads counting a batch would.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Dict, List
 
@@ -25,7 +29,7 @@ def in_child(streamer: Any, action: str) -> Dict[str, Any]:
     report: Dict[str, Any] = {}
     started = time.monotonic()
     try:
-        if action == "call":
+        if action.startswith("call"):
             report["answer"] = streamer.predict([21], timeout=10)
             report["pids"] = streamer.worker_pids() if isinstance(streamer, Streamer) else []
         else:
@@ -53,7 +57,23 @@ def main(kind: str, action: str, *redis: str) -> None:
     report: Dict[str, Any] = {"before": streamer.predict([1], timeout=10)}
     report["parent_pids"] = streamer.worker_pids() if kind == "process" else []
     read, write = os.pipe()
-    pid = os.fork()
+    if action == "call-counting":
+        held, release = threading.Event(), threading.Event()
+
+        def count() -> None:
+            with streamer._stats._lock:
+                held.set()
+                release.wait(10)
+
+        counter = threading.Thread(target=count)
+        counter.start()
+        held.wait(10)
+        pid = os.fork()
+        if pid:
+            release.set()
+            counter.join()
+    else:
+        pid = os.fork()
     if pid == 0:
         os.close(read)
         os.write(write, json.dumps(in_child(streamer, action)).encode())
