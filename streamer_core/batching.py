@@ -26,6 +26,7 @@ import concurrent.futures
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -72,6 +73,16 @@ _RESULT_GRACE = 1.0
 # under this lock, so that a completion and a first use do not interleave.
 _LAZY_PARTS = frozenset(("_condition", "_waiters", "_done_callbacks"))
 _LAZY_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    # Held by a thread of the parent at the fork (completing a call), it would stay held here.
+    global _LAZY_LOCK
+    _LAZY_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 _CANCELLED_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED"))
 _DONE_STATES = _CANCELLED_STATES | {"FINISHED"}
 

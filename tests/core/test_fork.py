@@ -44,10 +44,12 @@ def test_a_streamer_made_before_a_fork_serves_in_the_forked_process(kind):
     assert report["before"] == [2] and report["after"] == [6]
 
 
-def test_a_fork_while_a_thread_counts_a_batch_does_not_stop_the_forked_process():
-    """A lock held by another thread at the fork stays held in the forked
-    process: the numbers' locks are made again there."""
-    report, _ = run("thread", "call-counting")
+@pytest.mark.parametrize("lock", ["stats", "futures"])
+def test_a_fork_while_a_thread_holds_a_lock_does_not_stop_the_forked_process(lock):
+    """A lock held by another thread at the fork (counting a batch, handing
+    out its results) would stay held in the forked process: such locks are
+    made again there."""
+    report, _ = run("thread", f"call-holding-{lock}")
     assert report["child"].get("answer") == [42], report["child"]
     assert report["after"] == [6]
 

@@ -3,22 +3,24 @@
 (a script of its own: pytest's process is no place to fork), which reads
 the JSON line it prints last.
 
-    python forked_streamer.py thread|process|redis call|close|call-counting [REDIS_URL PREFIX]
+    python forked_streamer.py thread|process|redis call|close|call-holding-LOCK [REDIS_URL PREFIX]
 
-``call-counting`` forks while the parent holds the lock of the streamer's
-numbers, as one of its threads counting a batch would.
+``call-holding-stats`` (``-futures``) forks while a thread of the parent
+holds the lock of the streamer's numbers (of completing futures), as one
+counting a batch (handing out its results) would.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from typing import Any, Dict, List
 
-from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer
+from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, batching
 
 
 def double(batch: List[int]) -> List[int]:
@@ -57,11 +59,12 @@ def main(kind: str, action: str, *redis: str) -> None:
     report: Dict[str, Any] = {"before": streamer.predict([1], timeout=10)}
     report["parent_pids"] = streamer.worker_pids() if kind == "process" else []
     read, write = os.pipe()
-    if action == "call-counting":
+    if action.startswith("call-holding-"):
         held, release = threading.Event(), threading.Event()
+        lock = streamer._stats._lock if action.endswith("stats") else batching._LAZY_LOCK
 
         def count() -> None:
-            with streamer._stats._lock:
+            with lock:
                 held.set()
                 release.wait(10)
 
@@ -75,6 +78,7 @@ def main(kind: str, action: str, *redis: str) -> None:
     else:
         pid = os.fork()
     if pid == 0:
+        signal.alarm(30)  # a forked process stuck on a lock dies rather than outlive the test
         os.close(read)
         os.write(write, json.dumps(in_child(streamer, action)).encode())
         os.close(write)
