@@ -164,6 +164,27 @@ def test_a_call_redis_refuses_half_way_fails_fast_and_the_streamer_goes_on(fault
     streamer.close(timeout=5)
 
 
+def test_answers_redis_refuses_for_a_while_are_written_once_it_takes_them(
+    fault_broker, make_streamer, start_worker, gate
+):
+    """Redis out of memory refuses a worker's answers (the whole
+    transaction). The worker keeps them and tries again while their caller
+    waits, rather than dropping them, which had the batch taken over and run
+    again, and again, until the caller's timeout."""
+    conn = fault_broker.conn
+    start_worker(fault_broker, gate, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=20)
+    future = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    gate.release()
+    time.sleep(1.5)  # three times the workers' claim_after: a dropped answer's request would be run again by now
+    conn.config_set("maxmemory", 0)
+    assert future.result(10) == ["ok:hold"]
+    assert gate.seen() == ["hold"], "the model ran the batch again"
+
+
 def _answers(streamer: RedisStreamer, errors: list) -> bool:
     try:
         return streamer.predict([5], timeout=3) == [10]

@@ -803,8 +803,10 @@ class RedisWorker:
         after a while (the requests stay pending, and another worker takes
         them over)."""
         entries = self._result_entries(batch, outcomes)
+        import redis
+
         ids = [request.entry_id for request in batch]
-        delay, give_up_at = 0.05, None
+        delay, give_up_at, refused = 0.05, None, False
         while True:
             try:
                 pipe = conn.pipeline(transaction=True)
@@ -822,13 +824,28 @@ class RedisWorker:
                 return True
             except broker_errors() as exc:
                 logger.warning("could not write %d results to Redis (%s); retrying", len(batch), exc)
-                if self._stopping.is_set():
-                    give_up_at = give_up_at or time.monotonic() + 10.0
-                    if time.monotonic() > give_up_at:
-                        logger.error("gave up writing %d results; another worker will run them again", len(batch))
-                        return False
-                time.sleep(delay)
-                delay = min(MAX_BACKOFF_S, delay * 2)
+            except redis.ResponseError as exc:
+                # Refused as a whole (the transaction): out of memory under
+                # maxmemory, a read-only replica. Often for a while only, and
+                # dropping the answers would have the batch run again.
+                if self._callers_gone(batch):
+                    logger.error("Redis refused %d results (%s) until their callers had given up", len(batch), exc)
+                    return False
+                if not refused:
+                    refused = True
+                    logger.warning("Redis refused %d results (%s); retrying while their callers wait", len(batch), exc)
+            if self._stopping.is_set():
+                give_up_at = give_up_at or time.monotonic() + 10.0
+                if time.monotonic() > give_up_at:
+                    logger.error("gave up writing %d results; another worker will run them again", len(batch))
+                    return False
+            time.sleep(delay)
+            delay = min(MAX_BACKOFF_S, delay * 2)
+
+    def _callers_gone(self, batch: Sequence[Request]) -> bool:
+        """Whether every request of ``batch`` is past its deadline."""
+        now_ms = self._server_now_ms(refresh=False)
+        return all(now_ms > request.created_ms() + request.timeout_ms for request in batch)
 
     def _result_entries(
         self, batch: Sequence[Request], outcomes: Sequence[Outcome]
