@@ -73,6 +73,8 @@ _RESULT_GRACE = 1.0
 # under this lock, so that a completion and a first use do not interleave.
 _LAZY_PARTS = frozenset(("_condition", "_waiters", "_done_callbacks"))
 _LAZY_LOCK = threading.Lock()
+_CANCELLED_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED"))
+_DONE_STATES = _CANCELLED_STATES | {"FINISHED"}
 
 
 def _new_lock_after_fork() -> None:
@@ -83,8 +85,6 @@ def _new_lock_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_after_fork)
-_CANCELLED_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED"))
-_DONE_STATES = _CANCELLED_STATES | {"FINISHED"}
 
 
 class BatchFuture(concurrent.futures.Future[List[Any]]):

@@ -224,16 +224,20 @@ class BaseStreamer:
     def _after_fork(self, restart: bool) -> None:
         """Leave the engine this process inherited to the parent that runs
         it; start one of this process's own when ``restart`` (and the
-        inherited one was not closed)."""
+        inherited one was not closed), else refuse calls from now on. The
+        inherited engine is left as it came until then, so that a start
+        that fails is tried again, and a process forked from this one sees
+        what this one saw."""
         with _restart_lock:
             if self._forks == _forks:
                 return  # another thread did it
             inherited = self._current
-            _inherited.append(inherited)
+            if not any(engine is inherited for engine in _inherited):
+                _inherited.append(inherited)
             self._finalizer.detach()
             self._stats.unwatch(inherited)
-            was_closed, inherited.closed = inherited.closed, True  # this process's copy only
-            if was_closed or not restart:
+            if inherited.closed or not restart:
+                inherited.closed = True  # this process's copy only
                 self._forks = _forks
                 return
             logger.warning(

@@ -44,6 +44,12 @@ def test_a_streamer_made_before_a_fork_serves_in_the_forked_process(kind):
     assert report["before"] == [2] and report["after"] == [6]
 
 
+def test_a_process_forked_from_a_forked_one_serves_too():
+    report, _ = run("thread", "call-in-grandchild")
+    assert report["child"].get("answer") == [42], report["child"]
+    assert report["after"] == [6]
+
+
 @pytest.mark.parametrize("lock", ["stats", "futures"])
 def test_a_fork_while_a_thread_holds_a_lock_does_not_stop_the_forked_process(lock):
     """A lock held by another thread at the fork (counting a batch, handing

@@ -802,9 +802,9 @@ class RedisWorker:
         since these answers are not kept anywhere else; once stopping, give up
         after a while (the requests stay pending, and another worker takes
         them over)."""
-        entries = self._result_entries(batch, outcomes)
         import redis
 
+        entries = self._result_entries(batch, outcomes)
         ids = [request.entry_id for request in batch]
         delay, give_up_at, refused = 0.05, None, False
         while True:

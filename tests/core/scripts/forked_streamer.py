@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, batching
 
@@ -28,6 +28,8 @@ def double(batch: List[int]) -> List[int]:
 
 
 def in_child(streamer: Any, action: str) -> Dict[str, Any]:
+    if action == "call-in-grandchild":  # forked again before any use: the grandchild calls
+        return through_fork(lambda: in_child(streamer, "call"))
     report: Dict[str, Any] = {}
     started = time.monotonic()
     try:
@@ -47,6 +49,24 @@ def in_child(streamer: Any, action: str) -> Dict[str, Any]:
     return report
 
 
+def through_fork(work: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Fork; the new process runs ``work`` and exits; return its report."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # a forked process stuck on a lock dies rather than outlive the test
+        os.close(read)
+        os.write(write, json.dumps(work()).encode())
+        os.close(write)
+        sys.exit(0)  # a normal exit, as a server's worker makes: atexit handlers and finalizers run
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report: Dict[str, Any] = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    report["exit"] = os.waitstatus_to_exitcode(status)
+    return report
+
+
 def main(kind: str, action: str, *redis: str) -> None:
     streamer: Any
     if kind == "thread":
@@ -58,7 +78,6 @@ def main(kind: str, action: str, *redis: str) -> None:
     assert streamer.wait_ready(60)
     report: Dict[str, Any] = {"before": streamer.predict([1], timeout=10)}
     report["parent_pids"] = streamer.worker_pids() if kind == "process" else []
-    read, write = os.pipe()
     if action.startswith("call-holding-"):
         held, release = threading.Event(), threading.Event()
         lock = streamer._stats._lock if action.endswith("stats") else batching._LAZY_LOCK
@@ -71,23 +90,12 @@ def main(kind: str, action: str, *redis: str) -> None:
         counter = threading.Thread(target=count)
         counter.start()
         held.wait(10)
-        pid = os.fork()
-        if pid:
-            release.set()
-            counter.join()
+        report["child"] = through_fork(lambda: in_child(streamer, action))
+        release.set()
+        counter.join()
     else:
-        pid = os.fork()
-    if pid == 0:
-        signal.alarm(30)  # a forked process stuck on a lock dies rather than outlive the test
-        os.close(read)
-        os.write(write, json.dumps(in_child(streamer, action)).encode())
-        os.close(write)
-        sys.exit(0)  # a normal exit, as a server's worker makes: atexit handlers and finalizers run
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        report["child"] = json.loads(pipe.read() or "{}")
-    _, status = os.waitpid(pid, 0)
-    report["child_exit"] = os.waitstatus_to_exitcode(status)
+        report["child"] = through_fork(lambda: in_child(streamer, action))
+    report["child_exit"] = report["child"].pop("exit")
     time.sleep(0.5)  # a worker killed by the child's exit would be seen dead by now
     report["after"] = streamer.predict([3], timeout=10)
     report["parent_pids_after"] = streamer.worker_pids() if kind == "process" else []
