@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
@@ -183,6 +184,25 @@ def test_answers_redis_refuses_for_a_while_are_written_once_it_takes_them(
     conn.config_set("maxmemory", 0)
     assert future.result(10) == ["ok:hold"]
     assert gate.seen() == ["hold"], "the model ran the batch again"
+
+
+def test_a_user_without_dangerous_commands_can_call(fault_broker, make_streamer, start_worker, caplog):
+    """A hardened ACL (``+@all -@dangerous``) refuses INFO, which a web
+    process asks for its server's run id, to send again what a restart lost.
+    Such a user still makes calls, told once that restarts go unnoticed."""
+    fault_broker.conn.acl_setuser(
+        "app", enabled=True, passwords=["+s3cret"], keys=["*"], channels=["*"], commands=["+@all", "-@dangerous"]
+    )
+    start_worker(fault_broker, models.double, batch_size=4)
+    host_port = fault_broker.url.split("://", 1)[-1].rsplit("/", 1)[0]
+    restricted = SimpleNamespace(url=f"redis://app:s3cret@{host_port}/0", prefix=fault_broker.prefix)
+    with caplog.at_level("WARNING", logger="streamer_core.redis"):
+        streamer = make_streamer(restricted)
+        assert streamer.predict([1, 2], timeout=10) == [2, 4]
+        time.sleep(1.5)  # the collector checks the server about once a second
+        assert streamer.predict([3], timeout=10) == [6]
+    refused = [r for r in caplog.records if "INFO" in r.getMessage()]
+    assert len(refused) == 1, [r.getMessage() for r in caplog.records]
 
 
 def _answers(streamer: RedisStreamer, errors: list) -> bool:

@@ -93,6 +93,7 @@ class _RedisClientBackend(Backend):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server_id: Optional[str] = None
+        self._info_refused = False  # this client may not run INFO (see _server_run_id)
         self._scheduler: Optional[Scheduler] = None
         self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
         self._abandon = threading.Event()
@@ -412,14 +413,32 @@ class _RedisClientBackend(Backend):
             return False
         return time.monotonic() - self._workers_seen > _NO_WORKER_S
 
-    def _server_run_id(self, conn: Any) -> str:
-        return str(conn.info("server")["run_id"])
+    def _server_run_id(self, conn: Any) -> Optional[str]:
+        """The server's run id, which changes when it restarts; ``None``
+        for a user that may not run INFO (an ACL of ``-@dangerous``; said
+        once in the log): its restarts then go unnoticed."""
+        import redis
+
+        if self._info_refused:
+            return None
+        try:
+            return str(conn.info("server")["run_id"])
+        except redis.ResponseError as exc:
+            if not isinstance(exc, redis.exceptions.NoPermissionError) and "unknown command" not in str(exc).lower():
+                raise
+            self._info_refused = True
+            logger.warning(
+                "Redis refuses INFO to this client (%s): a restart of Redis that loses the requests in flight "
+                "will not be noticed, and their calls time out; allow INFO (+info) to have them sent again",
+                exc,
+            )
+            return None
 
     def _server_restarted(self) -> bool:
         """Whether the server is not the one the pending items were sent to; if
         so, send them again (a restarted server has lost them)."""
         run_id = self._server_run_id(self._read_conn)
-        if run_id == self._server_id:
+        if run_id is None or run_id == self._server_id:
             return False
         first = self._server_id is None
         self._server_id = run_id
