@@ -404,6 +404,9 @@ def test_a_url_with_password_and_database_is_honoured(new_server):
                 wrong.predict([1])
             with pytest.raises(BrokerUnavailableError, match="refused the credentials"):
                 wrong.live_workers()
+        with pytest.raises(ValueError, match=r"DB index is out of range.*check the database number") as refused:
+            RedisStreamer(f"redis://:s3cret@127.0.0.1:{server.port}/99", "auth")
+        assert "s3cret" not in str(refused.value), "the error must not show the password"
     finally:
         worker.worker.stop()
         streamer.close(timeout=2)

@@ -14,7 +14,7 @@ from ...codec import Buffers, decode_error, get_codec
 from ...config import DEFAULT_TIMEOUT, BatchingConfig
 from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
 from ...streamer import Backend, BaseStreamer, item_cost_of
-from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
+from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, redact_url
 from .wire import (
     ADD_REQUESTS_SCRIPT,
     LIVE_WORKERS_SCRIPT,
@@ -84,6 +84,7 @@ class _RedisClientBackend(Backend):
         self._dead = DeadLetters(self._keys)
         self._client_id = new_client_id()
         self._results_key = self._keys.results(self._client_id)
+        self._broker = redis_broker
         self._send_conn = connect(redis_broker)
         self._read_conn = connect(redis_broker)
         self._add_requests = self._send_conn.register_script(ADD_REQUESTS_SCRIPT)
@@ -100,6 +101,8 @@ class _RedisClientBackend(Backend):
         self._deleter = threading.Thread(target=self._delete_abandoned, name="streamer-redis-delete", daemon=True)
 
     def start(self, scheduler: Scheduler) -> None:
+        import redis
+
         self._scheduler = scheduler
         try:
             self._server_id = self._server_run_id(self._send_conn)
@@ -107,6 +110,13 @@ class _RedisClientBackend(Backend):
                 self._check_workers()  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
             logger.warning("%s; calls fail until it answers", broker_problem(exc))
+        except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
+            self._send_conn.close()
+            self._read_conn.close()
+            raise ValueError(
+                f"Redis refused this client at {redact_url(self._broker)} ({exc}): check the database number "
+                "and the user in redis_broker"
+            ) from exc
         scheduler.add_slot()
         self._collector.start()
         self._deleter.start()
