@@ -387,6 +387,7 @@ def test_service_streamer_positional_signatures_still_work(broker, running):
 def test_a_url_with_password_and_database_is_honoured(new_server):
     import redis
 
+    from streamer_core.backends.redis import wait_for_broker
     from tests.redis.conftest import ThreadWorker
 
     server = new_server(extra_args=["--requirepass", "s3cret"])
@@ -404,9 +405,17 @@ def test_a_url_with_password_and_database_is_honoured(new_server):
                 wrong.predict([1])
             with pytest.raises(BrokerUnavailableError, match="refused the credentials"):
                 wrong.live_workers()
+        missing_db = f"redis://:s3cret@127.0.0.1:{server.port}/99"
         with pytest.raises(ValueError, match=r"DB index is out of range.*check the database number") as refused:
-            RedisStreamer(f"redis://:s3cret@127.0.0.1:{server.port}/99", "auth")
+            RedisStreamer(missing_db, "auth")
         assert "s3cret" not in str(refused.value), "the error must not show the password"
+        refused_worker = ThreadWorker(RedisWorker(models.double, 4, redis_broker=missing_db, prefix="auth"))
+        refused_worker.thread.start()
+        refused_worker.thread.join(10)
+        assert isinstance(refused_worker.error, ValueError), "a worker must stop, not retry a setting for good"
+        assert "check the database number" in str(refused_worker.error)
+        with pytest.raises(ValueError, match="check the database number"):  # the supervisor's wait, before workers
+            wait_for_broker(missing_db, threading.Event())
     finally:
         worker.worker.stop()
         streamer.close(timeout=2)

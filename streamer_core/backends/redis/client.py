@@ -14,7 +14,7 @@ from ...codec import Buffers, decode_error, get_codec
 from ...config import DEFAULT_TIMEOUT, BatchingConfig
 from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
 from ...streamer import Backend, BaseStreamer, item_cost_of
-from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, redact_url
+from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
 from .wire import (
     ADD_REQUESTS_SCRIPT,
     LIVE_WORKERS_SCRIPT,
@@ -113,10 +113,7 @@ class _RedisClientBackend(Backend):
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
             self._send_conn.close()
             self._read_conn.close()
-            raise ValueError(
-                f"Redis refused this client at {redact_url(self._broker)} ({exc}): check the database number "
-                "and the user in redis_broker"
-            ) from exc
+            raise setup_refused(self._broker, exc) from exc
         scheduler.add_slot()
         self._collector.start()
         self._deleter.start()

@@ -8,7 +8,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
-__all__ = ["connect", "redact_url", "wait_for_broker", "broker_errors", "broker_problem", "LoopErrors", "MAX_BACKOFF_S"]
+__all__ = [
+    "connect",
+    "redact_url",
+    "setup_refused",
+    "wait_for_broker",
+    "broker_errors",
+    "broker_problem",
+    "LoopErrors",
+    "MAX_BACKOFF_S",
+]
 
 logger = logging.getLogger("streamer_core.redis")
 
@@ -133,10 +142,23 @@ def redact_url(url: str) -> str:
     return url
 
 
+def setup_refused(redis_broker: str, exc: BaseException) -> ValueError:
+    """The error for a Redis that answers this client's connection set-up
+    with an error (a database number it does not have): a setting to fix,
+    not a fault to wait out. The URL's password is not shown."""
+    return ValueError(
+        f"Redis refused this client at {redact_url(redis_broker)} ({exc}): check the database number and the "
+        "user in the Redis URL"
+    )
+
+
 def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: float = 30.0) -> bool:
     """Block until ``redis_broker`` answers PING (return True) or ``stopping``
     is set (False), logging one clear line when it does not answer and again
-    every ``log_every`` seconds, rather than a traceback per attempt."""
+    every ``log_every`` seconds, rather than a traceback per attempt. Raises
+    ``ValueError`` when Redis refuses the client's set-up (see :func:`setup_refused`)."""
+    import redis
+
     conn = connect(redis_broker)
     failing_since: Optional[float] = None
     next_log = 0.0
@@ -156,6 +178,8 @@ def wait_for_broker(redis_broker: str, stopping: threading.Event, log_every: flo
                     problem = broker_problem(exc) if is_auth_error(exc) else f"Redis does not answer ({exc})"
                     logger.error("%s at %s; retrying (Ctrl-C to stop)", problem, redact_url(redis_broker))
                 stopping.wait(min(MAX_BACKOFF_S, 0.25 + (now - failing_since) / 4))
+            except redis.ResponseError as exc:
+                raise setup_refused(redis_broker, exc) from exc
         return False
     finally:
         conn.close()

@@ -40,7 +40,7 @@ from ...oom import CostCap
 from ...runner import run_batch
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name, item_cost_of
-from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect
+from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
 from .wire import (
     BEAT_S,
     BEAT_SCRIPT,
@@ -261,6 +261,7 @@ class RedisWorker:
         self._info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
+        self._check_setup()
         threads = {
             name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
             for name, target in (
@@ -841,6 +842,21 @@ class RedisWorker:
                     return False
             time.sleep(delay)
             delay = min(MAX_BACKOFF_S, delay * 2)
+
+    def _check_setup(self) -> None:
+        """Raise ``ValueError`` when Redis refuses this worker's connection
+        set-up (a database number it does not have): its loops would retry
+        that for good. A Redis that does not answer yet is waited for."""
+        import redis
+
+        try:
+            self._conn.ping()
+        except broker_errors():
+            pass
+        except redis.ResponseError as exc:
+            self._conn.close()
+            self._main_conn.close()
+            raise setup_refused(self._broker, exc) from exc
 
     def _callers_gone(self, batch: Sequence[Request]) -> bool:
         """Whether every request of ``batch`` is past its deadline."""
