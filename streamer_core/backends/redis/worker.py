@@ -253,6 +253,7 @@ class RedisWorker:
         first. Raises :class:`WorkerStartError` if the model cannot be loaded."""
         if gpu_id is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
+        self._check_setup()  # before the model loads: a wrong URL is told at once
         predict = self._load_model(gpu_id)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
@@ -261,7 +262,6 @@ class RedisWorker:
         self._info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
-        self._check_setup()
         threads = {
             name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
             for name, target in (
@@ -849,14 +849,15 @@ class RedisWorker:
         that for good. A Redis that does not answer yet is waited for."""
         import redis
 
+        conn = connect(self._broker)
         try:
-            self._conn.ping()
+            conn.ping()
         except broker_errors():
             pass
         except redis.ResponseError as exc:
-            self._conn.close()
-            self._main_conn.close()
             raise setup_refused(self._broker, exc) from exc
+        finally:
+            conn.close()
 
     def _callers_gone(self, batch: Sequence[Request]) -> bool:
         """Whether every request of ``batch`` is past its deadline."""
