@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,19 +64,21 @@ def test_without_cuda_devices_the_variable_is_left_alone(closing, monkeypatch):
     assert answer["gpu_id"] is None and answer["cvd"] == "7"
 
 
-@pytest.mark.parametrize("worker_num", [2, 1])
-def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
-    (tmp_path / "hold").write_text("")
+def held_streamer(closing: Any, folder: Path, **options: Any) -> Streamer:
+    """A started Streamer of ``HoldModel`` (``max_latency`` 0.05 s) whose
+    batches wait in the model, each announcing itself in ``folder``, while
+    the file ``hold`` there exists (made here)."""
+    (folder / "hold").write_text("")
     streamer = closing(
-        Streamer(
-            models.HoldModel,
-            batch_size=8,
-            max_latency=0.05,
-            worker_num=worker_num,
-            model_init_kwargs={"folder": str(tmp_path)},
-        )
+        Streamer(models.HoldModel, max_latency=0.05, model_init_kwargs={"folder": str(folder)}, **options)
     )
     assert streamer.wait_ready(60)
+    return streamer
+
+
+@pytest.mark.parametrize("worker_num", [2, 1])
+def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
+    streamer = held_streamer(closing, tmp_path, batch_size=8, worker_num=worker_num)
     futures = [streamer.submit([x]) for x in range(8)]
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10), "no worker started the batch"
     [marker] = tmp_path.glob("inside-*")
@@ -94,11 +97,7 @@ def test_a_worker_killed_mid_batch_loses_no_call(closing, tmp_path, worker_num):
 def test_a_worker_killed_holding_the_next_batch_too_loses_no_call(closing, tmp_path):
     """Under load a busy worker is sent the next full batch ahead; killed,
     it takes both batches with it, and both are run again."""
-    (tmp_path / "hold").write_text("")
-    streamer = closing(
-        Streamer(models.HoldModel, batch_size=4, max_latency=0.05, model_init_kwargs={"folder": str(tmp_path)})
-    )
-    assert streamer.wait_ready(60)
+    streamer = held_streamer(closing, tmp_path, batch_size=4)
     futures = [streamer.submit([x]) for x in range(12)]
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
     [slot] = streamer._backend._slots
@@ -113,17 +112,7 @@ def test_a_worker_killed_holding_the_next_batch_too_loses_no_call(closing, tmp_p
 def test_the_batch_sent_ahead_to_a_worker_that_died_is_not_counted_as_crashed(closing, tmp_path):
     """With max_item_crashes=1 the batch the worker ran fails at once, but
     the one sent ahead never reached the model: it runs again, batched."""
-    (tmp_path / "hold").write_text("")
-    streamer = closing(
-        Streamer(
-            models.HoldModel,
-            batch_size=4,
-            max_latency=0.05,
-            max_item_crashes=1,
-            model_init_kwargs={"folder": str(tmp_path)},
-        )
-    )
-    assert streamer.wait_ready(60)
+    streamer = held_streamer(closing, tmp_path, batch_size=4, max_item_crashes=1)
     futures = [streamer.submit([x]) for x in range(8)]
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
     [slot] = streamer._backend._slots
