@@ -143,17 +143,13 @@ class _RedisClientBackend(Backend):
         try:
             failure = self._send(sent) if sent else None
         except BaseException:  # the dispatcher fails the batch and frees the slot
-            with self._lock:
-                for request_id, _ in sent:
-                    self._pending.pop(request_id, None)
+            self._unsent(sent)
             raise
         # The items are Redis's now: this side only waits for their answers.
         scheduler.batch_done(0, 0.0, held)
         if failure is not None:
             error = BrokerUnavailableError(f"{broker_problem(failure)}: the call was not queued; retry later")
-            with self._lock:
-                for request_id, _ in sent:
-                    self._pending.pop(request_id, None)
+            self._unsent(sent)
             # Not under the lock: a call whose other inputs went in an earlier
             # send withdraws them as it fails (_calls_ended takes the lock).
             for _, item in sent:
@@ -172,6 +168,12 @@ class _RedisClientBackend(Backend):
                 hook.args[0].append(request_id)  # type: ignore[attr-defined]
             if future.done():  # it ended before the hook was in place, or as it was added
                 self._calls_ended([request_id])
+
+    def _unsent(self, sent: Sequence[Tuple[bytes, _Item]]) -> None:
+        """Stop waiting for answers to requests that did not reach Redis."""
+        with self._lock:
+            for request_id, _ in sent:
+                self._pending.pop(request_id, None)
 
     def _calls_ended(self, request_ids: List[bytes]) -> None:
         """Calls ended other than by their answers (the caller gave up, a
