@@ -4,10 +4,21 @@ request held for callers who do not come back."""
 
 from __future__ import annotations
 
+import logging
+import string
 import threading
 import time
 from typing import Any, Dict, List
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamer_core.backends.redis.wire import (
+    ADD_PACKED_REQUESTS_SCRIPT,
+    packed_request_arguments,
+    parse_request,
+    request_fields,
+)
 from tests.redis.conftest import Broker
 
 
@@ -72,3 +83,72 @@ def test_a_request_is_not_held_for_callers_who_do_not_come_back(broker, make_str
     assert streamer.predict(["next"]) == ["next"]
     waited = arrived[-1] - submitted
     assert waited < 0.25, f"the call reached the model {waited:.3f}s after it was made"
+
+
+_TOKENS = st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, max_size=64)
+
+
+def test_the_packed_script_writes_the_entries_request_fields_describes(broker):
+    """Requests without buffers go in one script call whose arguments are
+    packed (ADD_PACKED_REQUESTS_SCRIPT); what Redis holds then is, field for
+    field and in order, the entry request_fields makes, which every worker
+    reads. Random ids, timeouts, payloads of any bytes, with and without a cost."""
+    conn = broker.conn
+    script = conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
+    packed_key, plain_key = broker.requests, f"streamer:{broker.prefix}:plain"
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(
+        client=_TOKENS,
+        codec=st.sampled_from(["msgpack", "pickle", "raw"]),
+        requests=st.lists(
+            st.tuples(
+                _TOKENS.map(str.encode),
+                st.integers(1, 86_400_000),  # what parse_request admits
+                st.binary(max_size=300) | st.just(bytes(range(256)) * 40),
+                st.none() | st.floats(min_value=1e-9, max_value=1e12, allow_nan=False, allow_infinity=False),
+            ),
+            min_size=1,
+            max_size=20,
+        ),
+    )
+    def check(client: str, codec: str, requests: List[Any]) -> None:
+        conn.delete(packed_key, plain_key)
+        ids = script([packed_key], packed_request_arguments(client, codec, requests), conn)
+        assert len(ids) == len(requests)
+        for item_id, timeout_ms, payload, cost in requests:
+            conn.xadd(plain_key, request_fields(client, item_id, timeout_ms, codec, payload, (), cost))
+        written = conn.xrange(packed_key)
+        assert [entry_id for entry_id, _ in written] == ids
+        expected = [list(fields.items()) for _, fields in conn.xrange(plain_key)]
+        assert [list(fields.items()) for _, fields in written] == expected
+        for (entry_id, fields), (item_id, timeout_ms, payload, cost) in zip(written, requests):
+            request = parse_request(entry_id, fields)
+            assert (request.item_id, request.timeout_ms, request.payload, request.cost) == (
+                item_id,
+                timeout_ms,
+                payload,
+                None if cost is None else float(repr(float(cost))),
+            )
+
+    check()
+
+
+def test_a_server_whose_lua_lacks_cmsgpack_is_sent_plain_arguments(broker, make_streamer, start_worker, caplog):
+    """Redis builds of the last decade all have cmsgpack in their Lua; should
+    one lack it, the script fails as it fails there (a global it does not
+    know), and the web process sends its requests as plain arguments from
+    then on, the call that met the error included."""
+    start_worker(broker, lambda batch: [x + 1 for x in batch], batch_size=8)
+    streamer = make_streamer(broker)
+    assert streamer.predict([0]) == [1]
+    backend = streamer._backend
+    without = ADD_PACKED_REQUESTS_SCRIPT.replace("cmsgpack.unpack", "cmsgpack_absent.unpack")
+    backend._add_packed = backend._send_conn.register_script(without)
+    with caplog.at_level(logging.INFO, logger="streamer_core.redis"):
+        assert streamer.predict([1, 2, 3]) == [2, 3, 4]
+        assert streamer.predict([4]) == [5]
+    assert backend._packed is False
+    assert [r.getMessage() for r in caplog.records if "cmsgpack" in r.getMessage()] == [
+        "this Redis server's Lua has no cmsgpack: requests go in plain arguments"
+    ]

@@ -16,6 +16,7 @@ from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, Ser
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
 from .wire import (
+    ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
     LIVE_WORKERS_SCRIPT,
     PRESENCE_MS,
@@ -28,6 +29,7 @@ from .wire import (
     is_wrong_type,
     new_client_id,
     new_request_id,
+    packed_request_arguments,
     parse_results,
     repair_key,
     request_arguments,
@@ -88,6 +90,8 @@ class _RedisClientBackend(Backend):
         self._send_conn = connect(redis_broker)
         self._read_conn = connect(redis_broker)
         self._add_requests = self._send_conn.register_script(ADD_REQUESTS_SCRIPT)
+        self._add_packed = self._send_conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
+        self._packed = True  # until the server's Lua turns out to lack cmsgpack
         self._pending: Dict[bytes, _Item] = {}  # sent, not answered yet; by request id
         self._entries: Dict[bytes, bytes] = {}  # their stream entry ids
         self._abandoned: List[bytes] = []  # entries of calls that ended unanswered: to delete
@@ -214,29 +218,16 @@ class _RedisClientBackend(Backend):
         for attempt in range(4):
             try:
                 now = time.monotonic()
-                sent, added, large = [], [], False
+                sent, requests, large = [], [], False
                 for request_id, item in entries:
                     future = item.task.future
                     if future is None:
                         continue
-                    remaining_ms = max(1, int((future._deadline - now) * 1000))
                     payload, buffers, cost = item.value
-                    added.append(
-                        request_fields(
-                            self._client_id, request_id, remaining_ms, self._codec.name, payload, buffers, cost
-                        )
-                    )
+                    requests.append((request_id, max(1, int((future._deadline - now) * 1000)), payload, buffers, cost))
                     sent.append(request_id)
                     large = large or bool(buffers)
-                if large:
-                    # Arrays' bytes go to the socket as they are (see
-                    # connection.py); in a script Redis would copy them twice.
-                    pipe = self._send_conn.pipeline(transaction=False)
-                    for fields in added:
-                        pipe.xadd(self._keys.requests, fields)
-                    entry_ids = pipe.execute()
-                else:
-                    entry_ids = self._add_requests([self._keys.requests], request_arguments(added), self._send_conn)
+                entry_ids = self._add(requests, large)
                 with self._lock:
                     for request_id, entry_id in zip(sent, entry_ids):
                         if request_id in self._pending:
@@ -253,6 +244,40 @@ class _RedisClientBackend(Backend):
                     logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
             time.sleep(0.1 * 2**attempt)
         return failure
+
+    def _add(self, requests: Sequence[Tuple[bytes, int, bytes, Buffers, Optional[float]]], large: bool) -> List[Any]:
+        """Add one request entry each to the stream, in one round trip;
+        return their entry ids. ``requests``: request id, timeout in ms,
+        payload, buffers, cost."""
+        import redis
+
+        keys = [self._keys.requests]
+        if not large and self._packed:
+            packed = [(request_id, timeout_ms, payload, cost) for request_id, timeout_ms, payload, _, cost in requests]
+            try:
+                return cast(
+                    List[Any],
+                    self._add_packed(
+                        keys, packed_request_arguments(self._client_id, self._codec.name, packed), self._send_conn
+                    ),
+                )
+            except redis.ResponseError as exc:
+                if "cmsgpack" not in str(exc):
+                    raise
+                logger.info("this Redis server's Lua has no cmsgpack: requests go in plain arguments")
+                self._packed = False
+        added = [
+            request_fields(self._client_id, request_id, timeout_ms, self._codec.name, payload, buffers, cost)
+            for request_id, timeout_ms, payload, buffers, cost in requests
+        ]
+        if large:
+            # Arrays' bytes go to the socket as they are (see connection.py);
+            # in a script Redis would copy them twice.
+            pipe = self._send_conn.pipeline(transaction=False)
+            for fields in added:
+                pipe.xadd(self._keys.requests, fields)
+            return cast(List[Any], pipe.execute())
+        return cast(List[Any], self._add_requests(keys, request_arguments(added), self._send_conn))
 
     # receiving
 
