@@ -105,8 +105,12 @@ class WrkResult:
 _RESULT_LINE = re.compile(r"^BENCH_RESULT (\{.*\})\s*$", re.MULTILINE)
 
 
-def run_wrk(url: str, connections: int, duration_s: float, timeout_s: float, body: str) -> Tuple[Dict[str, Any], float]:
-    """Run wrk once; its summary (from the Lua ``done`` hook) and its CPU seconds."""
+def run_wrk(
+    url: str, connections: int, duration_s: float, timeout_s: float, body: str, upload: Optional[Tuple[str, str]] = None
+) -> Tuple[Dict[str, Any], float]:
+    """Run wrk once; its summary (from the Lua ``done`` hook) and its CPU
+    seconds. ``upload``: (a file holding the body, its content type), sent
+    instead of the JSON ``body``."""
     command = [
         "wrk",
         "-t2",
@@ -118,6 +122,8 @@ def run_wrk(url: str, connections: int, duration_s: float, timeout_s: float, bod
         url,
     ]
     env = dict(os.environ, BENCH_HTTP_BODY=body)
+    if upload is not None:
+        env.update(BENCH_HTTP_BODY_FILE=upload[0], BENCH_HTTP_CONTENT_TYPE=upload[1])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=duration_s + timeout_s + 30)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

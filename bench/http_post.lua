@@ -5,9 +5,20 @@
 -- with json.dumps), else {"s": "hello"}. It is set once, so wrk sends the
 -- same prepared request on every connection without calling Lua per request.
 
+-- BENCH_HTTP_BODY_FILE instead names a file holding the body (any bytes: a
+-- multipart upload), sent with the type BENCH_HTTP_CONTENT_TYPE.
+
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = os.getenv("BENCH_HTTP_BODY") or '{"s": "hello"}'
+local body_file = os.getenv("BENCH_HTTP_BODY_FILE")
+if body_file then
+   local handle = assert(io.open(body_file, "rb"))
+   wrk.body = handle:read("*a")
+   handle:close()
+   wrk.headers["Content-Type"] = os.getenv("BENCH_HTTP_CONTENT_TYPE")
+else
+   wrk.headers["Content-Type"] = "application/json"
+   wrk.body = os.getenv("BENCH_HTTP_BODY") or '{"s": "hello"}'
+end
 
 function done(summary, latency, requests)
    local e = summary.errors

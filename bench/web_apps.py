@@ -5,7 +5,9 @@ view written the way its README shows, serving the examples' model.
 * Flask: ``gunicorn 'bench.web_apps:flask_app()'``, ``POST /stream``:
   ``jsonify(streamer.predict([s])[0])``;
 * Django: ``gunicorn bench.web_apps:django_application``, ``POST /stream``:
-  ``JsonResponse(streamer.predict([s])[0], safe=False)``.
+  ``JsonResponse(streamer.predict([s])[0], safe=False)``;
+* images: ``gunicorn 'bench.web_apps:flask_classify_app()'``, ``POST
+  /classify``, the examples' EfficientNet-Lite0 on an uploaded file.
 
 The model is the examples' all-MiniLM-L6-v2, answering lists of floats
 (``tolist()``: what a view that hands the output to ``jsonify`` or
@@ -49,6 +51,38 @@ def flask_app() -> Any:
     @app.post("/stream")
     def stream() -> Any:
         return jsonify(streamer.predict([request.get_json()["s"]])[0])
+
+    return app
+
+
+def flask_classify_app() -> Any:
+    """service_streamer's own tutorial, on the examples' image model: an
+    upload in the field ``file`` at ``POST /classify``, decoded in the view
+    as the examples do, ``jsonify(streamer.predict([image])[0])``, batches
+    of ``CLASSIFY_BATCH_SIZE`` (the examples' setting) within 10 ms."""
+    from flask import Flask, jsonify, request
+
+    from example_flask.app import DEFAULTS
+    from example_flask.vision import classify, decode_image, load_image_model
+
+    model = load_image_model()
+
+    def predict(batch: List[Any]) -> List[Any]:
+        return classify(model, batch)
+
+    import numpy
+
+    predict([numpy.zeros((3, 224, 224), dtype=numpy.float32)] * 2)
+    if os.environ.get("BENCH_WEB_STREAMER") == "core":
+        from streamer_core import ThreadedStreamer
+    else:
+        from service_streamer import ThreadedStreamer  # type: ignore[import-untyped, no-redef]
+    streamer = ThreadedStreamer(predict, DEFAULTS["CLASSIFY_BATCH_SIZE"], 0.01)
+    app = Flask("bench_web_plain_classify")
+
+    @app.post("/classify")
+    def classify_view() -> Any:
+        return jsonify(streamer.predict([decode_image(request.files["file"].read())])[0])
 
     return app
 
