@@ -758,6 +758,14 @@ class Scheduler:
                 self._policy.delivered(size, seconds, time.monotonic())
             self._cond.notify_all()
 
+    def callers_returning(self, now: float) -> bool:
+        """Whether callers answered lately are still coming back: some are
+        due, and one came back (or they were answered) within the last
+        millisecond."""
+        with self._cond:
+            policy = self._policy
+            return policy.due > 0 and now - max(policy.last_arrival, policy.last_delivery) < _STILL_ARRIVING
+
     def answered(self, n: int, seconds: float) -> None:
         """``n`` calls passed on elsewhere (to a broker) are being answered,
         ``seconds`` after they arrived: their callers are expected back, as

@@ -185,6 +185,31 @@ def test_the_hold_never_passes_max_latency():
     assert policy.hold_until(200.0, 200.001) == pytest.approx(200.005)
 
 
+def test_callers_are_returning_while_answered_ones_are_due_and_still_coming():
+    """``Scheduler.callers_returning``, which a Redis web process asks before
+    it answers a second batch: true from the moment a batch is answered
+    while its callers come back, false once they are all back, or once none
+    has come back for a millisecond (they may never)."""
+    from streamer_core.batching import Scheduler
+    from streamer_core.config import BatchingConfig
+
+    scheduler = Scheduler(BatchingConfig(64, max_latency=0.1))
+    start = time.monotonic()
+    assert not scheduler.callers_returning(start), "nobody answered yet"
+    # Each moment is taken just before what it follows, so that a pause of
+    # this thread cannot make it a millisecond late.
+    answered_at = time.monotonic()
+    scheduler.answered(3, 0.02)
+    assert scheduler.callers_returning(answered_at)
+    scheduler.put(["a"], 10.0)
+    back_at = time.monotonic()
+    scheduler.put(["b"], 10.0)
+    assert scheduler.callers_returning(back_at), "one of three is still due"
+    assert not scheduler.callers_returning(time.monotonic() + 0.0011), "none came back for a millisecond"
+    scheduler.put(["c"], 10.0)
+    assert not scheduler.callers_returning(time.monotonic()), "all three are back"
+
+
 def test_a_batch_a_worker_could_not_take_is_handed_out_again_first_and_whole():
     """``Scheduler.batch_returned``: a batch meant for a worker that died
     before taking it goes back to the head of the queue, in order, and the

@@ -50,6 +50,7 @@ _SEND_BATCH = 256
 # the web process the CPU and the GIL that the other sends would take while
 # its callers come back.
 _SEND_HOLD_S = 0.01
+_STAGGER_S = 0.003
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
@@ -341,8 +342,8 @@ class _RedisClientBackend(Backend):
     def _on_results(self, entries: List[Tuple[Any, Any]], pipe: Any) -> None:
         """Hand each answer to its call; drop answers of calls no longer
         waiting; queue on ``pipe`` the move of entries that are not answers
-        to the dead-letter stream."""
-        items, answers = [], []
+        to the dead-letter stream. Each entry answers one batch of a worker."""
+        batches: List[Tuple[List[_Item], List[Result]]] = []
         with self._lock:
             for entry_id, fields in entries:
                 try:
@@ -350,18 +351,35 @@ class _RedisClientBackend(Backend):
                 except MalformedEntry as exc:
                     self._dead.add(pipe, self._results_key, entry_id, fields, str(exc))
                     continue
+                items, answers = [], []
                 for answer in parsed:
                     item = self._pending.pop(answer.item_id, None)
                     self._entries.pop(answer.item_id, None)
                     if item is not None:  # else answered already (sent twice after a restart) or given up
                         items.append(item)
                         answers.append(answer)
-        if items:
+                if items:
+                    batches.append((items, answers))
+        scheduler = self._scheduler
+        for items, answers in batches:
             outcomes = [self._decode_result(answer) for answer in answers]
-            scheduler = self._scheduler
             if scheduler is not None:
+                self._let_callers_return(scheduler)
                 scheduler.answered(len(items), time.monotonic() - min(item.arrival for item in items))
             deliver(items, outcomes)
+
+    def _let_callers_return(self, scheduler: Scheduler) -> None:
+        """Before answering a batch, let the callers of the one answered
+        just before it come back, for at most _STAGGER_S. Two workers that
+        finish together would otherwise have their callers come back
+        together, sent together, start together and finish together again,
+        every time, each batch's round trip twice as long."""
+        until = time.monotonic() + _STAGGER_S
+        while True:
+            now = time.monotonic()
+            if now >= until or not scheduler.callers_returning(now):
+                return
+            time.sleep(0.0002)
 
     def _decode_result(self, answer: Result) -> Tuple[bool, Any]:
         """An answer as an outcome: ``(True, output)`` or ``(False, error)``."""
