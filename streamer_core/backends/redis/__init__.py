@@ -13,8 +13,9 @@ How a request and its answer move, for a prefix ``P`` (keys under ``streamer:P``
                                                                          main: take the batch when the
                                                                            hold rule says so; run the model
     collector: XREAD from its last id,   <-  P:results:<client>      <-  writer: MULTI: XADD one entry per
-      hand each answer to its call;          (a stream per web            web process with all its answers,
-      trim what was read                     process)                     XACK and XDEL the requests; EXEC
+      hand each answer to its call, a        (a stream per web            web process with all its answers,
+      worker's batch at a time; trim         process)                     XACK and XDEL the requests; EXEC
+      what was read
 
     Anything that does not parse goes to P:dead (capped), logged once.
     Workers beat into P:workers (a sorted set) so web processes know
