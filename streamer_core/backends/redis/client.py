@@ -50,6 +50,9 @@ _SEND_BATCH = 256
 # the web process the CPU and the GIL that the other sends would take while
 # its callers come back.
 _SEND_HOLD_S = 0.01
+# The longest a web process holds a worker's batch of answers while the
+# callers of the batch it answered just before come back (seconds): see
+# _let_callers_return. Long enough for 64 callers on a busy 2-core machine.
 _STAGGER_S = 0.003
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
