@@ -384,6 +384,36 @@ def test_service_streamer_positional_signatures_still_work(broker, running):
     assert answer["tag"] == "emb"
 
 
+class PostProcessingWorker(RedisWorker):
+    """A service_streamer habit: a worker subclass that works on each batch
+    around the model by overriding ``model_predict``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list = []
+
+    def model_predict(self, batch_input):
+        outputs = super().model_predict(batch_input)
+        self.batches.append(list(batch_input))
+        return [{"doubled": out} for out in outputs]
+
+
+def test_a_worker_subclass_overriding_model_predict_runs_every_batch_through_it(broker, running):
+    from tests.redis.conftest import ThreadWorker
+
+    subclass = PostProcessingWorker(models.double, 4, 0.01, broker.url, broker.prefix, claim_after=0.5)
+    with pytest.raises(RuntimeError, match="run_forever"):
+        subclass.model_predict([1])  # the model is loaded by run_forever
+    worker = ThreadWorker(subclass)
+    worker.thread.start()
+    running.workers.append(worker)
+    streamer = RedisStreamer(broker.url, broker.prefix, timeout=10)
+    running.streamers.append(streamer)
+    assert streamer.predict(list(range(10))) == [{"doubled": 2 * i} for i in range(10)]
+    assert sorted(x for batch in subclass.batches for x in batch) == list(range(10))
+    assert max(map(len, subclass.batches)) <= 4
+
+
 def test_a_url_with_password_and_database_is_honoured(new_server):
     import redis
 

@@ -223,6 +223,7 @@ class RedisWorker:
         self.consumer = ""
         self._info = "{}"
         self._serving = False
+        self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
 
     def stats(self) -> StreamerStats:
         """This worker process's numbers: its batches, their queue waits (from
@@ -254,7 +255,7 @@ class RedisWorker:
         if gpu_id is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         self._check_setup()  # before the model loads: a wrong URL is told at once
-        predict = self._load_model(gpu_id)
+        predict = self._predict = self._load_model(gpu_id)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -277,7 +278,7 @@ class RedisWorker:
         self._serving = True
         self._stats.watch(self)
         try:
-            self._serve(predict)
+            self._serve(self.model_predict)
         finally:
             self._serving = False
             self._stats.unwatch(self)
@@ -291,6 +292,20 @@ class RedisWorker:
             self._conn.close()
             self._main_conn.close()
         logger.info("worker %s stopped", self.consumer)
+
+    def model_predict(self, batch_input: List[Any]) -> Sequence[Any]:
+        """Run the loaded model on one batch of inputs; return one output per input.
+
+        Every batch goes through this method, as in service_streamer's
+        ``RedisWorker``, so a subclass may override it to work on a batch
+        in the worker (before or after the model) and call
+        ``super().model_predict(...)``. The model is loaded by
+        :meth:`run_forever`; before that this raises ``RuntimeError``.
+        """
+        predict = self._predict
+        if predict is None:
+            raise RuntimeError("the model is not loaded yet: run_forever() loads it, then runs batches here")
+        return predict(batch_input)
 
     def _load_model(self, gpu_id: Optional[DeviceId]) -> Any:
         try:
