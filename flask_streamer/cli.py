@@ -6,7 +6,6 @@ flask --app example_flask streamer status [--json]
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any, List, Optional, Tuple
 
@@ -15,7 +14,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
-from streamer_core.config import LOG_FORMAT
+from streamer_core.config import show_logs
 from streamer_core.model_spec import ModelSpec, parse_devices
 from streamer_core.status import model_status, render_json, render_text
 
@@ -105,7 +104,7 @@ def run_workers(
         )
     device_list = parse_devices(devices) if devices else None
     groups = [spec.worker_group(workers, device_list) for spec in specs]
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    show_logs(log_level.upper())
     for spec, group in zip(specs, groups):
         click.echo(
             f"{spec.name}: {group.worker_num} worker(s) on {redact_url(spec.redis_url or '')} "

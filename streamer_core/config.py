@@ -8,6 +8,7 @@ message that says how to fix it, not at the first request.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import dataclass
@@ -17,11 +18,31 @@ from .oom import check_oom_errors
 
 __all__ = ["BatchingConfig", "DeviceId"]
 
-#: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
 #: How the worker commands and worker processes write their log lines.
 LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 
+#: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
 DeviceId = Union[int, str]
+
+
+def show_logs(level: int | str) -> None:
+    """Write log lines at ``level`` to stderr, for the worker commands that
+    load a web app first (``flask streamer run-workers``, ``manage.py
+    run_gpu_workers``): through a root handler in :data:`LOG_FORMAT`, unless
+    one is there already, or unless the app put a handler on
+    ``streamer_core``'s own logger while it loaded (the Flask example does,
+    so that its lines show under any server): a root handler beside that
+    one would print each line twice, so that one gets the level instead."""
+    root, ours = logging.getLogger(), logging.getLogger("streamer_core")
+    if not root.handlers and ours.handlers:
+        ours.setLevel(level)
+        return
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(level)
+
 
 DEFAULT_MAX_LATENCY = 0.1
 DEFAULT_TIMEOUT = 20.0

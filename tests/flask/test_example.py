@@ -182,6 +182,10 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(20) == 0, log.read_text(errors="replace")
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "the worker outlived the command"
+        # The example's factory shows streamer_core's lines on a handler of its
+        # own; the command's logging goes through it, not beside it (each line once).
+        started = [line for line in log.read_text(errors="replace").splitlines() if "stream worker 0 (pid" in line]
+        assert len(started) == 1, started
     finally:
         close_streamers(web)
         try:

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
-from streamer_core.config import LOG_FORMAT
+from streamer_core.config import show_logs
 from streamer_core.model_spec import ModelSpec, parse_devices
 
 from ...conf import model_specs
@@ -78,7 +78,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         level = LOG_LEVELS.get(options["verbosity"], logging.DEBUG)
-        _configure_logging(level)
+        show_logs(level)
         specs = self._selected(options["models"])
         devices = self._devices(options["devices"])
         groups = [spec.worker_group(options["workers"], devices) for spec in specs]
@@ -131,13 +131,3 @@ class Command(BaseCommand):
         if problems:
             raise CommandError(f"{problems[0].message} (got {text!r})")
         return devices
-
-
-def _configure_logging(level: int) -> None:
-    """Log lines of the supervisor and its workers at ``level`` to stderr."""
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(handler)
-    root.setLevel(level)
