@@ -58,6 +58,7 @@ from streamer_core.http import (
     is_json_type,
     item_from_request,
     loads_json,
+    log_unavailable,
 )
 from streamer_core.stats import stats_for
 
@@ -113,7 +114,7 @@ def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
     if status == 500:
         logger.error("the batched view of %s failed", model or "?", exc_info=exc)
     elif status > 500:
-        logger.warning("the batched view of %s answered %d: %s", model or "?", status, exc)
+        log_unavailable(logger, f"the batched view of {model or '?'}", status, exc)
     response = JsonResponse(body, status=status)
     for name, value in headers.items():
         response[name] = value

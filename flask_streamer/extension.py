@@ -25,6 +25,7 @@ from streamer_core.http import (
     error_response,
     item_from_request,
     loads_json,
+    log_unavailable,
     to_jsonable,
 )
 from streamer_core.metrics import exposition
@@ -528,5 +529,5 @@ def _error(exc: BaseException, app: Flask, route: Optional[BatchedRoute] = None)
     if status == 500 and route is not None:
         app.logger.error("the batched route %s failed", route.name, exc_info=exc)
     elif status >= 500:
-        app.logger.warning("the batched route %s answered %d: %s", route.name if route else "?", status, exc)
+        log_unavailable(app.logger, f"the batched route {route.name if route else '?'}", status, exc)
     return jsonify(body), status, headers

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import decimal
 import json
+import logging
+import threading
+import time
 import traceback
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -44,6 +47,7 @@ __all__ = [
     "MISSING",
     "error_response",
     "status_for",
+    "log_unavailable",
     "item_from_request",
     "read_upload",
     "check_body_size",
@@ -119,6 +123,34 @@ def status_for(exc: BaseException) -> int:
     if isinstance(exc, (UnavailableError, StreamerClosedError)):
         return 503
     return 500
+
+
+#: Seconds between two log lines for one kind of 503 or 504 of one endpoint.
+UNAVAILABLE_LOG_INTERVAL_S = 10.0
+
+_unavailable_lock = threading.Lock()
+# (endpoint, status, exception type) -> (when it was last logged, how many since)
+_unavailable_seen: Dict[Tuple[str, int, str], Tuple[float, int]] = {}
+
+
+def log_unavailable(log: logging.Logger, endpoint: str, status: int, exc: BaseException) -> None:
+    """Log that ``endpoint`` answered ``status`` (a 503 or 504) because of
+    ``exc``: the first time, then at most once every
+    :data:`UNAVAILABLE_LOG_INTERVAL_S` seconds for the same endpoint, status
+    and error type, saying how many more there were since the last line.
+    While Redis or the workers are down every request fails the same way,
+    and a line for each would bury what else the log says; the metrics
+    count every one (``streamer_requests_total``)."""
+    key = (endpoint, status, type(exc).__name__)
+    now = time.monotonic()
+    with _unavailable_lock:
+        last, since = _unavailable_seen.get(key, (float("-inf"), 0))
+        if now - last < UNAVAILABLE_LOG_INTERVAL_S:
+            _unavailable_seen[key] = (last, since + 1)
+            return
+        _unavailable_seen[key] = (now, 0)
+    more = f" ({since} more like it since the last such line)" if since else ""
+    log.warning("%s answered %d: %s%s", endpoint, status, exc, more, stacklevel=2)
 
 
 def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dict[str, Any], Dict[str, str]]:

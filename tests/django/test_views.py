@@ -5,6 +5,7 @@ streamers started lazily and closed at exit."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,25 @@ def test_a_model_that_cannot_load_is_503_with_retry_after(client, streamer_setti
     assert response.status_code == 503 and response["Retry-After"] == "5"
     error = response.json()["error"]
     assert error["type"] == "WorkerStartError" and "the weights are missing" in error["message"]
+
+
+def test_a_run_of_503s_is_logged_once_then_counted(client, streamer_settings, caplog, monkeypatch):
+    """As in Flask: one log line for a run of like refusals, then a count."""
+    from streamer_core import http
+
+    monkeypatch.setattr(http, "_unavailable_seen", {})
+    streamer_settings({"double": {"MODEL": "tests.django.batch_models.BrokenModel"}})
+    caplog.set_level(logging.WARNING)
+
+    def lines() -> list:
+        return [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+
+    for n in range(20):
+        assert post(client, "/double", {"x": n}).status_code == 503
+    assert len(lines()) == 1 and "double" in lines()[0] and "the weights are missing" in lines()[0], lines()
+    monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 0.0)
+    assert post(client, "/double", {"x": 20}).status_code == 503
+    assert len(lines()) == 2 and "(19 more like it since the last such line)" in lines()[1], lines()
 
 
 def test_redis_that_does_not_answer_is_503_with_retry_after(client, streamer_settings):

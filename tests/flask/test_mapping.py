@@ -6,6 +6,7 @@ broker is there. Every error body is JSON, and none of them hangs."""
 from __future__ import annotations
 
 import io
+import logging
 import threading
 import time
 
@@ -293,6 +294,29 @@ def test_no_worker_that_can_start_is_a_503_with_retry_after(make_app, backend):
     again = client.post("/broken", json=2)
     assert time.monotonic() - started < 1.0
     assert error_of(again, 503)["type"] == "WorkerStartError" and again.headers["Retry-After"] == "5"
+
+
+def test_a_run_of_503s_is_logged_once_then_counted(make_app, caplog, monkeypatch):
+    """While a model cannot load every request is refused the same way: the
+    log gets one line for it, and the next one, an interval later, says how
+    many more there were, rather than a line per request."""
+    from streamer_core import http
+
+    monkeypatch.setattr(http, "_unavailable_seen", {})
+    app, streamer = make_app({"STREAMER_BACKEND": "thread"})
+    streamer.add_batched_route("/broken", model=BrokenModel)
+    client = app.test_client()
+    caplog.set_level(logging.WARNING)
+
+    def lines() -> list:
+        return [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+
+    for n in range(20):
+        assert client.post("/broken", json=n).status_code == 503
+    assert len(lines()) == 1 and "BrokenModel" in lines()[0] and "weights.bin not found" in lines()[0], lines()
+    monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 0.0)
+    assert client.post("/broken", json=20).status_code == 503
+    assert len(lines()) == 2 and "(19 more like it since the last such line)" in lines()[1], lines()
 
 
 def test_a_redis_that_does_not_answer_is_a_503_within_seconds(make_app):
