@@ -24,6 +24,7 @@ from __future__ import annotations
 import decimal
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -131,6 +132,16 @@ UNAVAILABLE_LOG_INTERVAL_S = 10.0
 _unavailable_lock = threading.Lock()
 # (endpoint, status, exception type) -> (when it was last logged, how many since)
 _unavailable_seen: Dict[Tuple[str, int, str], Tuple[float, int]] = {}
+
+
+def _new_lock_after_fork() -> None:
+    # Held by a thread of the parent at the fork (logging a 503), it would stay held here.
+    global _unavailable_lock
+    _unavailable_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def log_unavailable(log: logging.Logger, endpoint: str, status: int, exc: BaseException) -> None:

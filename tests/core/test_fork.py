@@ -50,13 +50,15 @@ def test_a_process_forked_from_a_forked_one_serves_too():
     assert report["after"] == [6]
 
 
-@pytest.mark.parametrize("lock", ["stats", "futures"])
+@pytest.mark.parametrize("lock", ["stats", "futures", "unavailable"])
 def test_a_fork_while_a_thread_holds_a_lock_does_not_stop_the_forked_process(lock):
     """A lock held by another thread at the fork (counting a batch, handing
-    out its results) would stay held in the forked process: such locks are
-    made again there."""
+    out its results, logging a 503) would stay held in the forked process:
+    such locks are made again there."""
     report, _ = run("thread", f"call-holding-{lock}")
     assert report["child"].get("answer") == [42], report["child"]
+    if lock == "unavailable":
+        assert report["child"].get("logged") is True, report["child"]
     assert report["after"] == [6]
 
 

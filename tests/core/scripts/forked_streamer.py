@@ -5,14 +5,16 @@ the JSON line it prints last.
 
     python forked_streamer.py thread|process|redis call|close|call-holding-LOCK [REDIS_URL PREFIX]
 
-``call-holding-stats`` (``-futures``) forks while a thread of the parent
-holds the lock of the streamer's numbers (of completing futures), as one
-counting a batch (handing out its results) would.
+``call-holding-stats`` (``-futures``, ``-unavailable``) forks while a
+thread of the parent holds the lock of the streamer's numbers (of
+completing futures, of the web layers' 503 log lines), as one counting a
+batch (handing out its results, logging a 503) would.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -20,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List
 
-from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, batching
+from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, batching, http
 
 
 def double(batch: List[int]) -> List[int]:
@@ -36,6 +38,9 @@ def in_child(streamer: Any, action: str) -> Dict[str, Any]:
         if action.startswith("call"):
             report["answer"] = streamer.predict([21], timeout=10)
             report["pids"] = streamer.worker_pids() if isinstance(streamer, Streamer) else []
+            if action.endswith("unavailable"):
+                http.log_unavailable(logging.getLogger("forked"), "the batched route x", 503, RuntimeError("down"))
+                report["logged"] = True
         else:
             streamer.close(timeout=5)
             report["closed"], report["live"] = streamer.closed, streamer.live_workers()
@@ -80,7 +85,11 @@ def main(kind: str, action: str, *redis: str) -> None:
     report["parent_pids"] = streamer.worker_pids() if kind == "process" else []
     if action.startswith("call-holding-"):
         held, release = threading.Event(), threading.Event()
-        lock = streamer._stats._lock if action.endswith("stats") else batching._LAZY_LOCK
+        lock = {
+            "stats": streamer._stats._lock,
+            "futures": batching._LAZY_LOCK,
+            "unavailable": http._unavailable_lock,
+        }[action.rsplit("-", 1)[1]]
 
         def count() -> None:
             with lock:
