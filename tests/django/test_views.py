@@ -94,6 +94,7 @@ def test_a_run_of_503s_is_logged_once_then_counted(client, streamer_settings, ca
     from streamer_core import http
 
     monkeypatch.setattr(http, "_unavailable_seen", {})
+    monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 600.0)  # however slow the machine
     streamer_settings({"double": {"MODEL": "tests.django.batch_models.BrokenModel"}})
     caplog.set_level(logging.WARNING)
 

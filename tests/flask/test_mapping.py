@@ -303,6 +303,7 @@ def test_a_run_of_503s_is_logged_once_then_counted(make_app, caplog, monkeypatch
     from streamer_core import http
 
     monkeypatch.setattr(http, "_unavailable_seen", {})
+    monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 600.0)  # however slow the machine
     app, streamer = make_app({"STREAMER_BACKEND": "thread"})
     streamer.add_batched_route("/broken", model=BrokenModel)
     client = app.test_client()
