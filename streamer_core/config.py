@@ -32,16 +32,16 @@ def show_logs(level: int | str) -> None:
     one is there already, or unless the app put a handler on
     ``streamer_core``'s own logger while it loaded (the Flask example does,
     so that its lines show under any server): a root handler beside that
-    one would print each line twice, so that one gets the level instead."""
+    one would print each line twice. Either way ``streamer_core``'s lines
+    show at ``level``, and the workers these commands start log at it too."""
     root, ours = logging.getLogger(), logging.getLogger("streamer_core")
-    if not root.handlers and ours.handlers:
-        ours.setLevel(level)
-        return
-    if not root.handlers:
+    if not root.handlers and not ours.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(level)
+    if ours.level != logging.NOTSET:
+        ours.setLevel(level)
 
 
 DEFAULT_MAX_LATENCY = 0.1

@@ -184,8 +184,11 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         assert wait_for(lambda: not any(alive(pid) for pid in workers), 5), "the worker outlived the command"
         # The example's factory shows streamer_core's lines on a handler of its
         # own; the command's logging goes through it, not beside it (each line once).
-        started = [line for line in log.read_text(errors="replace").splitlines() if "stream worker 0 (pid" in line]
+        lines = log.read_text(errors="replace").splitlines()
+        started = [line for line in lines if "stream worker 0 (pid" in line]
         assert len(started) == 1, started
+        # ... and at the command's level, which its workers take: each says it serves.
+        assert [line for line in lines if "serving " in line and ":stream:requests" in line], lines
     finally:
         close_streamers(web)
         try:

@@ -179,7 +179,7 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
             slots.append((group, i, devices[i % len(devices)] if devices else None))
     if not slots:
         raise ValueError("no workers to run: give at least one model")
-    log_level = logging.getLogger().getEffectiveLevel()
+    log_level = logging.getLogger("streamer_core").getEffectiveLevel()  # the workers log as this process does
     context = spawn_context()
     processes: List[Any] = [None] * len(slots)  # multiprocessing.Process, or None once not restarted
     restarts = [0] * len(slots)
