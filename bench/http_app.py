@@ -51,7 +51,7 @@ from flask import Flask, jsonify, request
 
 from flask_streamer import FlaskStreamer
 from flask_streamer.extension import json_body
-from streamer_core.http import InvalidInput, error_response, item_from_request, to_jsonable
+from streamer_core.web.http import InvalidInput, error_response, item_from_request, to_jsonable
 
 __all__ = ["create_app", "BenchModel", "load_model", "SENTENCE"]
 

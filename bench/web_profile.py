@@ -181,10 +181,10 @@ def flask_profile(args: Any) -> Dict[str, Any]:
     from flask import Flask, Response, jsonify, request
 
     import flask_streamer.extension as extension
-    import streamer_core.http as http
+    import streamer_core.web.http as http
     from flask_streamer import FlaskStreamer
     from streamer_core import ThreadedStreamer
-    from streamer_core.batching import BatchFuture
+    from streamer_core.future import BatchFuture
     from streamer_core.streamer import BaseStreamer
 
     as_list = args.output == "list"
@@ -254,10 +254,10 @@ def django_profile(args: Any) -> Dict[str, Any]:
     from django.views.decorators.csrf import csrf_exempt
 
     import django_streamer.views as views
-    import streamer_core.http as http
+    import streamer_core.web.http as http
     from django_streamer import batched_view, close_streamers, request_item
     from streamer_core import ThreadedStreamer
-    from streamer_core.batching import BatchFuture
+    from streamer_core.future import BatchFuture
     from streamer_core.streamer import BaseStreamer
 
     plain_streamer = ThreadedStreamer(zero_model(as_list), 64, 0.0)

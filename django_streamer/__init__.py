@@ -20,8 +20,7 @@ Nothing starts at import or in ``AppConfig.ready()``. For operations,
 model's state.
 """
 
-from streamer_core.http import InvalidInput
-from streamer_core.model_spec import ConfigurationError
+from streamer_core.errors import ConfigurationError, InvalidInput
 
 from .registry import (
     aget_streamer,

@@ -1,5 +1,5 @@
 """``settings.STREAMER``: its keys, their defaults, and how they become
-:class:`~streamer_core.model_spec.ModelSpec` objects.
+:class:`~streamer_core.web.spec.ModelSpec` objects.
 
 ::
 
@@ -39,10 +39,9 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from streamer_core.cli import import_target
-from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
-from streamer_core.http import DEFAULT_MAX_BODY_BYTES, check_max_body_bytes
-from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ModelSpec
+from streamer_core.config import OPTIONS
+from streamer_core.importing import import_target
+from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
 __all__ = [
     "DEFAULTS",
@@ -60,20 +59,10 @@ __all__ = [
 DEFAULT_PREFIX = "django"
 
 #: Each key a model takes from the top level when its entry does not set it,
-#: with its default; the value is the :class:`ModelSpec` field it fills.
+#: with its default; the value is the option it gives (each option, its
+#: default and its check are defined in :data:`streamer_core.config.OPTIONS`).
 DEFAULTS: Dict[str, Tuple[str, Any]] = {
-    "BACKEND": ("backend", "thread"),
-    "BATCH_SIZE": ("batch_size", DEFAULT_BATCH_SIZE),
-    "MAX_LATENCY": ("max_latency", DEFAULT_MAX_LATENCY),
-    "TIMEOUT": ("timeout", DEFAULT_TIMEOUT),
-    "MAX_QUEUE": ("max_queue", None),
-    "WORKER_NUM": ("worker_num", 1),
-    "CUDA_DEVICES": ("cuda_devices", None),
-    "REDIS_URL": ("redis_url", None),
-    "CODEC": ("codec", "msgpack"),
-    "ITEM_COST": ("item_cost", None),
-    "MAX_BATCH_COST": ("max_batch_cost", None),
-    "BATCH_COST": ("batch_cost", "max"),
+    name.upper(): (name, OPTIONS[name].default) for name in MODEL_SETTINGS if name != "prefix"
 }
 
 #: Keys only a model's own entry may hold.
@@ -145,11 +134,12 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
             )
         )
         prefix = DEFAULT_PREFIX
-    body_problem = check_max_body_bytes(
-        streamer.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES), setting_path("MAX_BODY_BYTES")
-    )
-    if body_problem:
-        problems.append(SettingProblem("django_streamer.E009", body_problem))
+    try:
+        OPTIONS["max_body_bytes"].checked(
+            streamer.get("MAX_BODY_BYTES", OPTIONS["max_body_bytes"].default), setting_path("MAX_BODY_BYTES")
+        )
+    except (TypeError, ValueError) as exc:
+        problems.append(SettingProblem("django_streamer.E009", str(exc)))
     models = streamer.get("MODELS", _UNSET)
     if not isinstance(models, Mapping) or not models:
         got = "it is not set" if models is _UNSET else f"got {models!r}"
@@ -173,8 +163,13 @@ def max_body_bytes() -> Optional[int]:
     """``STREAMER["MAX_BODY_BYTES"]``: the largest request body a batched view
     reads (checked by :func:`read_settings`)."""
     streamer = getattr(settings, "STREAMER", None)
-    value = streamer.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES) if isinstance(streamer, Mapping) else None
-    return value if check_max_body_bytes(value, "") is None else None  # a wrong one is a system check error
+    option = OPTIONS["max_body_bytes"]
+    value = streamer.get("MAX_BODY_BYTES", option.default) if isinstance(streamer, Mapping) else None
+    try:
+        limit: Optional[int] = option.checked(value)
+    except (TypeError, ValueError):
+        return None  # a wrong one is a system check error
+    return limit
 
 
 def model_specs() -> Dict[str, ModelSpec]:
@@ -234,18 +229,15 @@ def _read_model(
         if key in entry:
             values[field] = entry[key]
     values["prefix"] = f"{prefix}:{name}"
-    spec = ModelSpec(name=name, model=model, **values)
-    problems.extend(
-        SettingProblem(KIND_IDS.get(p.kind, "django_streamer.E009"), p.message)
-        for p in spec.problems(lambda field: where.get(field, field))
-    )
+    spec, found = ModelSpec.from_settings(name, model, values, lambda field: where.get(field, field))
+    problems.extend(SettingProblem(KIND_IDS.get(p.kind, "django_streamer.E009"), p.message) for p in found)
     return spec, problems
 
 
 def _import_model(value: Any, path: str) -> Tuple[Any, Optional[SettingProblem]]:
     """``MODEL`` as an object: an import path is imported, an object is taken as it is."""
     if not isinstance(value, str):
-        return value, None  # ModelSpec.problems says whether it is a model
+        return value, None  # ModelSpec.from_settings says whether it is a model
     try:
         return import_target(value), None
     except ValueError as exc:

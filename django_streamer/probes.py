@@ -10,9 +10,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from streamer_core import metrics, probes
+from streamer_core import metrics
+from streamer_core.web import probes
 
 from .registry import all_handles, draining
+from .views import json_reply
 
 __all__ = ["metrics_view", "health_view", "ready_view"]
 
@@ -32,8 +34,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 @require_GET
 def health_view(request: HttpRequest) -> JsonResponse:
     """Liveness: 200 while this process serves."""
-    status, body = probes.liveness()
-    return JsonResponse(body, status=status)
+    return json_reply(*probes.liveness())
 
 
 @require_GET
@@ -43,10 +44,5 @@ def ready_view(request: HttpRequest) -> JsonResponse:
     try:
         handles = all_handles()
     except ImproperlyConfigured as exc:
-        status, body = 503, {"status": "unavailable", "error": str(exc)}
-    else:
-        status, body = probes.readiness(handles, draining())
-    response = JsonResponse(body, status=status)
-    if status == 503:
-        response["Retry-After"] = "5"
-    return response
+        return json_reply(*probes.unready(exc))
+    return json_reply(*probes.readiness(handles, draining()))

@@ -19,8 +19,8 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from streamer_core.model_spec import LazyStreamer, ModelSpec
 from streamer_core.streamer import BaseStreamer
+from streamer_core.web.spec import LazyStreamer, ModelSpec
 
 from .conf import model_specs
 

@@ -17,7 +17,7 @@ The class form, for when the default parsing does::
     path("astream", AsyncBatchedView.as_view(model="embed", field="s"))
 
 Errors are answered as the Flask extension answers them
-(:mod:`streamer_core.http`): 400 for input that cannot be parsed, 500 when
+(:mod:`streamer_core.web.http`): 400 for input that cannot be parsed, 500 when
 the model raised for this input, 504 on timeout, 503 with ``Retry-After``
 when the queue is full, no worker can start or Redis does not answer; every
 body is JSON, with the traceback only under ``DEBUG``.
@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence, Union, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -45,22 +45,18 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
-from streamer_core.errors import StreamerClosedError
-from streamer_core.http import (
+from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
+from streamer_core.web.cycle import Cycle
+from streamer_core.web.http import (
     MISSING,
-    InvalidInput,
-    MethodNotAllowed,
-    PayloadTooLarge,
     check_body_size,
     check_media_type,
     dumps_json,
-    error_response,
     is_json_type,
     item_from_request,
+    json_answer,
     loads_json,
-    log_unavailable,
 )
-from streamer_core.stats import stats_for
 
 from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_streamer
@@ -74,13 +70,13 @@ Respond = Callable[[Any], Union[HttpResponse, Awaitable[HttpResponse]]]
 
 
 def json_body(request: HttpRequest) -> Any:
-    """The request's JSON body, or :data:`~streamer_core.http.MISSING` when it
+    """The request's JSON body, or :data:`~streamer_core.web.http.MISSING` when it
     is not a JSON request (``application/json`` or ``application/*+json``).
     Raises :class:`InvalidInput` (400) for a body that is not valid JSON."""
     if not is_json_type((request.content_type or "").lower()):
         return MISSING
     try:
-        return loads_json(request.body)  # orjson where it is installed: see streamer_core.http
+        return loads_json(request.body)  # orjson where it is installed: see streamer_core.web.http
     except ValueError as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
 
@@ -108,52 +104,41 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
 
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
     """The JSON error response for ``exc`` (status by
-    :func:`streamer_core.http.status_for`, ``Retry-After`` with a 503), logged
-    when it is the server's fault."""
-    status, body, headers = error_response(exc, debug=settings.DEBUG)
-    if status == 500:
-        logger.error("the batched view of %s failed", model or "?", exc_info=exc)
-    elif status > 500:
-        log_unavailable(logger, f"the batched view of {model or '?'}", status, exc)
+    :func:`streamer_core.web.http.status_for`, ``Retry-After`` with a 503),
+    logged when it is the server's fault."""
+    return cast(JsonResponse, _CYCLE.error(model or "?", exc))
+
+
+def json_reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> JsonResponse:
+    """A JSON answer with its headers, as the request cycle and the probes give it."""
     response = JsonResponse(body, status=status)
     for name, value in headers.items():
         response[name] = value
     return response
+
+
+def _read_error(exc: BaseException) -> Optional[InvalidInput]:
+    """What Django raised while reading a body, as the project's error of its
+    status: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (413), a malformed
+    multipart body or one Django refuses, too many fields or files (400)."""
+    if isinstance(exc, RequestDataTooBig):
+        return PayloadTooLarge(f"the body is larger than this server takes: {exc}")
+    if isinstance(exc, (MultiPartParserError, SuspiciousOperation)):
+        return InvalidInput(f"the request body could not be read: {exc}")
+    return None
+
+
+def _debug() -> bool:
+    return bool(settings.DEBUG)
+
+
+_CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", _debug, _read_error)
 
 
 def _default_respond(output: Any) -> HttpResponse:
     """The output as JSON: NumPy arrays and tensors as they are, by orjson
-    where it is installed (see :func:`streamer_core.http.dumps_json`)."""
-    return HttpResponse(dumps_json(output), content_type="application/json")
-
-
-def _refused_while_draining(model: str) -> JsonResponse:
-    stats_for(model).finished("unavailable")
-    status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
-    response = JsonResponse(body, status=status)
-    for name, value in headers.items():
-        response[name] = value
-    return response
-
-
-def _parse_failure(exc: Exception, model: str) -> JsonResponse:
-    """The answer when the parse step raised: its InvalidInput as it is
-    (400, or its own status), a ValueError, TypeError or KeyError as a 400, a
-    body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as a 413, a malformed multipart
-    body or one Django refuses (too many fields or files) as a 400, anything
-    else as a 500 (the view's own fault, logged)."""
-    if isinstance(exc, RequestDataTooBig):
-        problem: Exception = PayloadTooLarge(f"the body is larger than this server takes: {exc}")
-    elif isinstance(exc, (MultiPartParserError, SuspiciousOperation)):
-        problem = InvalidInput(f"the request body could not be read: {exc}")
-    elif isinstance(exc, (ValueError, TypeError, KeyError)) and not isinstance(exc, InvalidInput):
-        problem = InvalidInput(f"the request could not be parsed: {exc}")
-    else:
-        problem = exc
-    if problem is not exc:
-        problem.__cause__ = exc
-    stats_for(model).failed(problem)
-    return json_error(problem, model)
+    where it is installed (see :func:`streamer_core.web.http.dumps_json`)."""
+    return HttpResponse(json_answer(output, dumps_json), content_type="application/json")
 
 
 class _JsonCsrfCheck(CsrfViewMiddleware):
@@ -221,11 +206,9 @@ def batched_view(
                 refusal = _refusal(request, allowed, model, not csrf_exempt)
                 if refusal is not None:
                     return refusal
-                try:
-                    item = await parse(request, *args, **kwargs)
-                except Exception as exc:
-                    return _parse_failure(exc, model)
-                return await _apredict_and_respond(model, item, answer)
+                return await _CYCLE.aserve(
+                    model, lambda: aget_streamer(model), lambda: parse(request, *args, **kwargs), answer, draining()
+                )
 
             view = async_view
         else:
@@ -235,11 +218,9 @@ def batched_view(
                 refusal = _refusal(request, allowed, model, not csrf_exempt)
                 if refusal is not None:
                     return refusal
-                try:
-                    item = parse(request, *args, **kwargs)
-                except Exception as exc:
-                    return _parse_failure(exc, model)
-                return _predict_and_respond(model, item, answer)
+                return _CYCLE.serve(
+                    model, lambda: get_streamer(model), lambda: parse(request, *args, **kwargs), answer, draining()
+                )
 
             view = sync_view
         marked: Any = view  # a function: these attributes are its own
@@ -250,38 +231,6 @@ def batched_view(
         return view
 
     return decorator
-
-
-def _predict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
-    """Run ``item`` and answer; whatever goes wrong is a JSON error (a wrong
-    setting or model name too: a 500, logged with its message)."""
-    if draining():
-        return _refused_while_draining(model)
-    try:
-        output = get_streamer(model).predict([item])[0]
-        response = respond(output)
-        if inspect.isawaitable(response):
-            raise TypeError(
-                f"the respond hook of the batched view for {model!r} returned an awaitable in a sync view: "
-                "respond synchronously, or make the parse function async (the view is then async)"
-            )
-    except Exception as exc:
-        return json_error(exc, model)
-    return response
-
-
-async def _apredict_and_respond(model: str, item: Any, respond: Respond) -> HttpResponse:
-    if draining():
-        return _refused_while_draining(model)
-    try:
-        streamer = await aget_streamer(model)
-        output = (await streamer.apredict([item]))[0]
-        response = respond(output)
-        if inspect.isawaitable(response):
-            response = await response
-    except Exception as exc:
-        return json_error(exc, model)
-    return response
 
 
 class BatchedView(View):
@@ -320,12 +269,11 @@ class BatchedView(View):
         return refusal
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        assert self.model is not None  # as_view checked it
-        try:
-            item = self.parse(request, *args, **kwargs)
-        except Exception as exc:
-            return _parse_failure(exc, self.model)
-        return _predict_and_respond(self.model, item, self.respond)
+        model = self.model
+        assert model is not None  # as_view checked it
+        return _CYCLE.serve(
+            model, lambda: get_streamer(model), lambda: self.parse(request, *args, **kwargs), self.respond, draining()
+        )
 
     @classonlymethod
     def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
@@ -344,11 +292,8 @@ class AsyncBatchedView(BatchedView):
     may be plain or ``async`` methods."""
 
     async def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:  # type: ignore[override]
-        assert self.model is not None
-        try:
-            item = self.parse(request, *args, **kwargs)
-            if inspect.isawaitable(item):
-                item = await item
-        except Exception as exc:
-            return _parse_failure(exc, self.model)
-        return await _apredict_and_respond(self.model, item, self.respond)
+        model = self.model
+        assert model is not None  # as_view checked it
+        return await _CYCLE.aserve(
+            model, lambda: aget_streamer(model), lambda: self.parse(request, *args, **kwargs), self.respond, draining()
+        )

@@ -7,7 +7,7 @@ import os
 import sys
 
 from flask_streamer import start_streamers
-from streamer_core.model_spec import ConfigurationError
+from streamer_core.errors import ConfigurationError
 
 from . import create_app
 

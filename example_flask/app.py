@@ -10,8 +10,8 @@ from flask import Flask, Request, jsonify, request
 
 from flask_streamer import FlaskStreamer, InvalidInput, request_item
 from flask_streamer.extension import json_body
-from streamer_core.config import LOG_FORMAT
-from streamer_core.http import dumps_json, error_response, item_from_request
+from streamer_core.logs import LOG_FORMAT
+from streamer_core.web.http import dumps_json, error_response, item_from_request
 
 from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
 from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, decode_image

@@ -68,7 +68,7 @@ def embed(model: Any, sentences: List[str]) -> Any:
     """One unit-length embedding per sentence: a float32 array of shape
     ``(len(sentences), 384)``. The streamers split it by row, one array per
     caller, and the web layers write each as JSON as it is (no ``tolist()``:
-    see ``streamer_core.http.dumps_json``); arrays cross to and from worker
+    see ``streamer_core.web.http.dumps_json``); arrays cross to and from worker
     processes and Redis as raw bytes."""
     return model.encode(
         sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False

@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any, Dict, List, Optional
 
 from streamer_core import ManagedModel
-from streamer_core.http import InvalidInput
+from streamer_core.errors import InvalidInput
 
 DEFAULT_IMAGE_MODEL = "efficientnet-lite0"
 IMAGE_SIZE = 224

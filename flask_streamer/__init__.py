@@ -17,8 +17,7 @@ raised for this input, 504 on timeout, 503 with ``Retry-After`` when the
 queue is full or no worker is available.
 """
 
-from streamer_core.http import InvalidInput
-from streamer_core.model_spec import ConfigurationError
+from streamer_core.errors import ConfigurationError, InvalidInput
 
 from .extension import BatchedRoute, FlaskStreamer, json_body, request_item, start_streamers
 from .settings import DEFAULTS

@@ -14,9 +14,9 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
-from streamer_core.config import show_logs
-from streamer_core.model_spec import ModelSpec, parse_devices
-from streamer_core.status import model_status, render_json, render_text
+from streamer_core.logs import show_logs
+from streamer_core.web.spec import ModelSpec
+from streamer_core.web.status import model_status, render_json, render_text
 
 __all__ = ["streamer_cli"]
 
@@ -102,8 +102,10 @@ def run_workers(
             f"run-workers runs Redis workers, but {', '.join(not_redis)} use another backend: "
             "set STREAMER_BACKEND = 'redis' (and STREAMER_REDIS_URL), or pick routes with --route"
         )
-    device_list = parse_devices(devices) if devices else None
-    groups = [spec.worker_group(workers, device_list) for spec in specs]
+    try:
+        groups = [spec.worker_group(workers, devices) for spec in specs]
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--devices") from exc
     show_logs(log_level.upper())
     for spec, group in zip(specs, groups):
         click.echo(

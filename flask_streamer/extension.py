@@ -5,34 +5,30 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import werkzeug.exceptions
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
-from streamer_core.errors import SerializationError, StreamerClosedError
-from streamer_core.http import (
+from streamer_core.config import OPTIONS
+from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType
+from streamer_core.metrics import exposition
+from streamer_core.streamer import BaseStreamer
+from streamer_core.web.cycle import Cycle
+from streamer_core.web.http import (
     FAST_JSON,
     MISSING,
-    InvalidInput,
-    MethodNotAllowed,
     check_body_size,
-    check_max_body_bytes,
     check_media_type,
-    dumps_json,
-    error_response,
     item_from_request,
+    json_answer,
     loads_json,
-    log_unavailable,
     to_jsonable,
 )
-from streamer_core.metrics import exposition
-from streamer_core.model_spec import LazyStreamer, ModelSpec
-from streamer_core.probes import liveness, readiness
-from streamer_core.stats import stats_for
-from streamer_core.streamer import BaseStreamer
+from streamer_core.web.probes import liveness, readiness
+from streamer_core.web.spec import LazyStreamer, ModelSpec
 
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
@@ -91,19 +87,16 @@ class BatchedRoute:
 
     def spec(self, settings: Dict[str, Any]) -> ModelSpec:
         """This route's model spec under an app's settings, checked."""
-        values = dict(settings, **self.overrides)
+        values = dict(settings, **self.overrides, init_args=self.init_args, init_kwargs=self.init_kwargs)
         if "prefix" not in self.overrides:
             values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
-        spec = ModelSpec(
-            name=self.name, model=self.model, init_args=self.init_args, init_kwargs=self.init_kwargs, **values
-        )
 
         def where(field: str) -> str:
-            if field in self.overrides or field == "model":
+            if field in self.overrides or field in ("model", "init_args", "init_kwargs"):
                 return f"{field} of the batched route {self.rule!r}"
             return setting_name(field)
 
-        return spec.check(where)
+        return ModelSpec.checked(self.name, self.model, values, where)
 
     def _make_view(self) -> Callable[..., Any]:
         route = self
@@ -121,15 +114,19 @@ class BatchedRoute:
 
 class _AppState:
     """What the extension keeps in ``app.extensions["streamer"]``: the app's
-    checked settings and, per route, its streamer (started on first use)."""
+    checked settings, its request cycle and, per route, its streamer
+    (started on first use)."""
 
-    def __init__(self, extension: FlaskStreamer, settings: Dict[str, Any], max_body_bytes: Optional[int]) -> None:
+    def __init__(self, extension: FlaskStreamer, app: Flask, settings: Dict[str, Any]) -> None:
         self.extension = extension
         self.settings = settings
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes: Optional[int] = app.config.get(
+            setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"]
+        )
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
+        self.cycle: Cycle[Any] = Cycle(_reply, app.logger, "the batched route", _debug, _read_error)
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -175,9 +172,13 @@ class FlaskStreamer:
         """Read and check the app's ``STREAMER_*`` settings (raising
         :class:`ConfigurationError` that names every wrong one), register the
         batched routes declared so far and the ``flask streamer`` commands."""
+        if EXTENSION_KEY in app.extensions:
+            raise RuntimeError(
+                f"flask_streamer is set up on the app {app.name!r} already: call init_app(app) once per app "
+                "(one FlaskStreamer serves several apps, each set up once)"
+            )
         settings = read_settings(app.config, app.name)
-        max_body_bytes = app.config.get(setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"])
-        state = _AppState(self, settings, max_body_bytes)
+        state = _AppState(self, app, settings)
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
@@ -248,9 +249,7 @@ class FlaskStreamer:
                 "init_args, init_kwargs and max_body_bytes"
             )
         if max_body_bytes is not _UNSET:
-            problem = check_max_body_bytes(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
-            if problem:
-                raise ValueError(problem)
+            OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
         if model is None:
             raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
         for name, hook in (("parse", parse), ("respond", respond)):
@@ -350,33 +349,16 @@ class FlaskStreamer:
 
     def _handle(self, route: BatchedRoute) -> Any:
         app = current_app._get_current_object()  # type: ignore[attr-defined]
+        req = request._get_current_object()  # type: ignore[attr-defined]
         state = _state(app)
-        handle = state.handle(route)
-        if state.draining:
-            stats_for(route.name).finished("unavailable")
-            status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
-            return jsonify(body), status, headers
         limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
-        try:
-            item = _parse(route, request._get_current_object(), app, limit)  # type: ignore[attr-defined]
-        except InvalidInput as exc:
-            stats_for(route.name).failed(exc)
-            return _error(exc, app)
-        except HTTPException as exc:  # 413 and the like, raised by Flask while reading the body
-            stats_for(route.name).finished("invalid")
-            body = {"error": {"status": exc.code, "type": type(exc).__name__, "message": exc.description}}
-            return jsonify(body), exc.code or 400
-        try:
-            output = handle.get().predict([item])[0]
-        except Exception as exc:
-            return _error(exc, app, route)
-        if route.respond is not None:
-            return route.respond(output)
-        try:
-            return _respond(app, output)
-        except (TypeError, ValueError) as exc:
-            problem = SerializationError(f"the model's output for this input cannot be sent as JSON: {exc}")
-            return _error(problem, app, route)
+        return state.cycle.serve(
+            route.name,
+            state.handle(route).get,
+            lambda: _parse(route, req, app, limit),
+            lambda output: route.respond(output) if route.respond is not None else _respond(app, output),
+            state.draining,
+        )
 
 
 def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> None:
@@ -398,16 +380,14 @@ def _metrics_view() -> Any:
 
 
 def _health_view() -> Any:
-    status, body = liveness()
-    return jsonify(body), status
+    return _reply(*liveness())
 
 
 def _ready_view() -> Any:
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     state = _state(app)
     handles = {route.name: state.handles[route] for route in state.extension.routes(app)}
-    status, body = readiness(handles, state.draining)
-    return jsonify(body), status, ({"Retry-After": "5"} if status == 503 else {})
+    return _reply(*readiness(handles, state.draining))
 
 
 def _state(app: Flask) -> _AppState:
@@ -423,16 +403,16 @@ def _state(app: Flask) -> _AppState:
 def _respond(app: Flask, output: Any) -> Any:
     """The model's output as the JSON response: written by orjson where it is
     installed and the app keeps Flask's own JSON provider (arrays and
-    tensors as they are, see :func:`~streamer_core.http.dumps_json`), else
-    by the app's provider. Raises ``TypeError``/``ValueError`` for an output
-    with no JSON form."""
+    tensors as they are, see :func:`~streamer_core.web.http.dumps_json`),
+    else by the app's provider. An output with no JSON form is a
+    :class:`~streamer_core.errors.SerializationError` (500)."""
     if FAST_JSON and type(app.json) is DefaultJSONProvider:
-        return app.response_class(dumps_json(output), mimetype="application/json")
-    return app.json.response(to_jsonable(output))
+        return app.response_class(json_answer(output), mimetype="application/json")
+    return json_answer(output, lambda value: app.json.response(to_jsonable(value)))
 
 
 def json_body() -> Any:
-    """The current request's JSON body, or :data:`~streamer_core.http.MISSING`
+    """The current request's JSON body, or :data:`~streamer_core.web.http.MISSING`
     when it is not a JSON request. Raises :class:`InvalidInput` saying what is
     wrong with a malformed body (one nested too deep included). Read by
     orjson where it is installed and the app keeps Flask's own JSON
@@ -478,21 +458,28 @@ def _json_body(req: Request, app: Flask) -> Any:
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
-    """The request's model input; every parse failure as :class:`InvalidInput`."""
-    try:
-        _limit_body(req, app, max_bytes)
-        if route.parse is not None:
-            return route.parse(req)
-        check_media_type(req.mimetype, (req.content_length or 0) > 0)
-        return _default_item(req, app, route.field, max_bytes)
-    except InvalidInput:
-        raise
-    except BadRequest as exc:
-        raise InvalidInput(exc.description or "the request could not be parsed") from exc
-    except HTTPException:
-        raise  # 413 and the like: answered as JSON by the view, with their own status
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InvalidInput(f"the request could not be parsed: {exc}") from exc
+    """The request's model input, by the route's ``parse`` hook or the
+    default rule; what goes wrong is the cycle's to answer (see :func:`_read_error`)."""
+    _limit_body(req, app, max_bytes)
+    if route.parse is not None:
+        return route.parse(req)
+    check_media_type(req.mimetype, (req.content_length or 0) > 0)
+    return _default_item(req, app, route.field, max_bytes)
+
+
+def _read_error(exc: BaseException) -> Optional[InvalidInput]:
+    """What werkzeug raised while reading a body, as the project's error of
+    its status: a body over the limit (413), a malformed one (400)."""
+    if not isinstance(exc, HTTPException):
+        return None
+    if isinstance(exc, werkzeug.exceptions.RequestEntityTooLarge):
+        return PayloadTooLarge("the body is larger than this endpoint takes; send a smaller one")
+    if isinstance(exc, werkzeug.exceptions.UnsupportedMediaType):
+        return UnsupportedMediaType(exc.description or "the body is of a type this endpoint does not read")
+    problem = InvalidInput(exc.description or "the request could not be parsed")
+    if not isinstance(exc, BadRequest) and exc.code:
+        problem.status = exc.code
+    return problem
 
 
 def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> None:
@@ -519,15 +506,16 @@ def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
         endpoint, _ = app.create_url_adapter(request).match(method=allowed[0]) if allowed else (None, None)
     except HTTPException:
         endpoint = None
-    if endpoint is None or endpoint not in {route.name for route in _state(app).handles}:
+    state = _state(app)
+    if endpoint is None or endpoint not in {route.name for route in state.handles}:
         return exc
-    return _error(MethodNotAllowed(request.method, allowed), app)
+    return state.cycle.error(endpoint, MethodNotAllowed(request.method, allowed))
 
 
-def _error(exc: BaseException, app: Flask, route: Optional[BatchedRoute] = None) -> Tuple[Any, int, Dict[str, str]]:
-    status, body, headers = error_response(exc, debug=app.debug)
-    if status == 500 and route is not None:
-        app.logger.error("the batched route %s failed", route.name, exc_info=exc)
-    elif status >= 500:
-        log_unavailable(app.logger, f"the batched route {route.name if route else '?'}", status, exc)
+def _reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:
+    """A JSON answer, as the request cycle and the probes give it."""
     return jsonify(body), status, headers
+
+
+def _debug() -> bool:
+    return bool(current_app.debug)

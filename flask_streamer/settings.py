@@ -34,35 +34,22 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from streamer_core.config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT
-from streamer_core.http import DEFAULT_MAX_BODY_BYTES, check_max_body_bytes
+from streamer_core.config import OPTIONS
+from streamer_core.errors import ConfigurationError
 from streamer_core.metrics import available as metrics_available
-from streamer_core.model_spec import DEFAULT_BATCH_SIZE, ConfigurationError, ModelSpec
+from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
 __all__ = ["DEFAULTS", "APP_DEFAULTS", "BODY_DEFAULTS", "ROUTE_OPTIONS", "read_settings", "app_routes", "setting_name"]
 
-#: Each setting's default, by ModelSpec field.
-DEFAULTS: Dict[str, Any] = {
-    "backend": "thread",
-    "batch_size": DEFAULT_BATCH_SIZE,
-    "max_latency": DEFAULT_MAX_LATENCY,
-    "worker_num": 1,
-    "cuda_devices": None,
-    "redis_url": None,
-    "prefix": None,
-    "timeout": DEFAULT_TIMEOUT,
-    "max_queue": None,
-    "codec": "msgpack",
-    "item_cost": None,
-    "max_batch_cost": None,
-    "batch_cost": "max",
-}
+#: Each setting's default, by option (:data:`streamer_core.config.OPTIONS`,
+#: where each is defined); ``prefix`` ``None`` stands for the app's name.
+DEFAULTS: Dict[str, Any] = dict({name: OPTIONS[name].default for name in MODEL_SETTINGS}, prefix=None)
 
 #: The settings a route may override (every one): a route's ``prefix`` is
 #: used as it is, where the app's is followed by ``:<endpoint>``.
-ROUTE_OPTIONS = tuple(DEFAULTS)
+ROUTE_OPTIONS = MODEL_SETTINGS
 
 #: Settings of the app as a whole: where it serves its metrics and probes
 #: (``None``: not served).
@@ -71,7 +58,7 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 
 #: What the web layer reads of a request, for every batched route (a route's
 #: keyword of the same name overrides it).
-BODY_DEFAULTS: Dict[str, Any] = {"max_body_bytes": DEFAULT_MAX_BODY_BYTES}
+BODY_DEFAULTS: Dict[str, Any] = {"max_body_bytes": OPTIONS["max_body_bytes"].default}
 
 
 def setting_name(field: str) -> str:
@@ -83,24 +70,25 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     :class:`ConfigurationError` naming every wrong or unknown setting, as
     the user wrote it (``FLASK_STREAMER_BACKEND`` when it came from that
     environment variable through ``app.config.from_prefixed_env()``)."""
-    known = {setting_name(field) for field in (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)}
-    unknown = [key for key in config if key.startswith("STREAMER_") and key not in known]
+    fields = (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)
+    known = {setting_name(field) for field in fields}
     settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
     if settings["prefix"] is None:
         settings["prefix"] = app_name
-    messages = []
-    for key in unknown:
-        # Compare what follows STREAMER_, or every key would look close.
-        fields = [field.upper() for field in (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)]
-        close = difflib.get_close_matches(key[len("STREAMER_") :], fields, n=1)
-        written = written_as(key, config)
-        if close:
-            hint = f"; did you mean {written[: -len(key)]}STREAMER_{close[0]}?"
-        else:
-            hint = f"; the settings are {', '.join(sorted(known))}"
-        messages.append(f"{written} is not a setting of flask_streamer{hint}")
-    probe = ModelSpec(name="", model=_placeholder, **settings)
-    problems = probe.problems(lambda field: written_as(setting_name(field), config))
+    messages: List[str] = []
+    for key in config:
+        if key.startswith("STREAMER_") and key not in known:
+            # Compare what follows STREAMER_, or every key would look close.
+            close = difflib.get_close_matches(key[len("STREAMER_") :], [field.upper() for field in fields], n=1)
+            written = written_as(key, config)
+            if close:
+                hint = f"; did you mean {written[: -len(key)]}STREAMER_{close[0]}?"
+            else:
+                hint = f"; the settings are {', '.join(sorted(known))}"
+            messages.append(f"{written} is not a setting of flask_streamer{hint}")
+    _spec, problems = ModelSpec.from_settings(
+        "", _placeholder, settings, lambda field: written_as(setting_name(field), config)
+    )
     messages.extend(problem.message for problem in problems)
     for field in APP_DEFAULTS:
         rule = config.get(setting_name(field))
@@ -110,20 +98,17 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
                 f"(e.g. {_ROUTE_EXAMPLES[field]!r}) or None to serve none; got {rule!r}"
             )
     for field, default in BODY_DEFAULTS.items():
-        problem = check_max_body_bytes(
-            config.get(setting_name(field), default), written_as(setting_name(field), config)
-        )
-        if problem:
-            messages.append(problem)
+        try:
+            OPTIONS[field].checked(config.get(setting_name(field), default), written_as(setting_name(field), config))
+        except (TypeError, ValueError) as exc:
+            messages.append(str(exc))
     if config.get(setting_name("metrics_route")) is not None and not metrics_available():
         messages.append(
             f"{written_as(setting_name('metrics_route'), config)} serves Prometheus metrics, which need "
             "prometheus_client: pip install 'streamer-core[metrics]', or set it to None"
         )
     if messages:
-        error = ConfigurationError("bad streamer settings:\n  " + "\n  ".join(messages))
-        error.messages = messages
-        raise error
+        raise ConfigurationError("bad streamer settings:\n  " + "\n  ".join(messages), messages)
     return settings
 
 

@@ -14,14 +14,16 @@ service_streamer: change ``from service_streamer import ...`` to
     future = streamer.submit(inputs)            # or: a concurrent.futures.Future of the list
 """
 
+from . import metrics as _metrics  # noqa: F401  (exports every model's numbers to Prometheus, if installed)
 from .backends.process import Streamer
 from .backends.redis import RedisStreamer, RedisWorker, run_redis_workers_forever
 from .backends.thread import ThreadedStreamer
-from .batching import BatchFuture
 from .config import BatchingConfig
 from .errors import (
     BatchLengthError,
     BrokerUnavailableError,
+    ConfigurationError,
+    InvalidInput,
     ItemCostError,
     NoWorkerError,
     QueueFullError,
@@ -35,6 +37,7 @@ from .errors import (
     WorkerDiedError,
     WorkerStartError,
 )
+from .future import BatchFuture
 from .managed_model import ManagedModel
 from .streamer import BaseStreamer
 
@@ -51,6 +54,8 @@ __all__ = [
     "BatchFuture",
     "BatchingConfig",
     "StreamerError",
+    "ConfigurationError",
+    "InvalidInput",
     "StreamerClosedError",
     "StreamerTimeoutError",
     "UnavailableError",

@@ -22,11 +22,9 @@ batches of 64.
 
 from __future__ import annotations
 
-import concurrent.futures
 import heapq
 import itertools
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -34,231 +32,19 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
-from .green import green_waiter, in_unpatched_greenlet, wait_green
-from .oom import CostCap
+from .future import BatchFuture, settle
+from .hold import HoldPolicy
+from .shaping import CostShaper
 from .stats import ModelStats
 
-__all__ = ["BatchFuture", "Scheduler", "HoldPolicy", "Outcome"]
+__all__ = ["Scheduler", "Outcome", "deliver"]
 
 #: A per-item result: ``(True, value)`` or ``(False, exception)``.
 Outcome = Tuple[bool, Any]
 
-# Share of the model's recent service time that a free worker stays idle
-# waiting for callers it has just answered to come back; past it, it goes on
-# waiting only while they are still arriving (each within _STILL_ARRIVING of
-# the last), up to _MAX_PATIENCE_SHARE.
-_PATIENCE_SHARE = 0.25
-_MAX_PATIENCE_SHARE = 0.5
-_MIN_PATIENCE = 0.001
-_STILL_ARRIVING = 0.001
-# Weight of the newest sample in the running estimates of a batch's service
-# time and of how long answered callers take to come back.
-_SERVICE_EWMA = 0.2
-# Patience covers this much more than the callers' recent time to come back,
-# the slowest of the last few deliveries (each older one counts for less).
-_RETURN_MARGIN = 1.25
-_COMEBACK_DECAY = 0.9
-# At most this share of a batch's time is spent waiting for callers known to
-# come back: a batch run without them would make them wait a whole batch.
-_COMEBACK_SHARE = 1.0
 # A batch shaped by cost is chosen among the next this many batches' worth of
 # waiting inputs: enough to find like companions, few enough to sort each time.
 _SHAPING_WINDOW = 8
-# Slack on top of a call's deadline before ``BatchFuture.result()`` gives up on
-# its own; the dispatcher normally fails an overdue call right at the deadline.
-_RESULT_GRACE = 1.0
-
-
-# What Future.__init__ would make, made by BatchFuture on first use instead;
-# under this lock, so that a completion and a first use do not interleave.
-_LAZY_PARTS = frozenset(("_condition", "_waiters", "_done_callbacks"))
-_LAZY_LOCK = threading.Lock()
-_CANCELLED_STATES = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED"))
-_DONE_STATES = _CANCELLED_STATES | {"FINISHED"}
-
-
-def _new_lock_after_fork() -> None:
-    # Held by a thread of the parent at the fork (completing a call), it would stay held here.
-    global _LAZY_LOCK
-    _LAZY_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
-
-
-class BatchFuture(concurrent.futures.Future[List[Any]]):
-    """The future of one ``submit(batch)`` call; its result is a list, one
-    output per input, in input order.
-
-    It is a :class:`concurrent.futures.Future`, so ``wait``, ``as_completed``
-    and ``asyncio.wrap_future`` work with it. Two differences: ``result()``
-    without a timeout still returns by the call's deadline, and when
-    ``result(timeout)`` runs out the call is given up, so its items are dropped
-    before they reach the model, and :class:`StreamerTimeoutError` is raised.
-
-    A waiting caller blocks on one lock that completion releases, rather than
-    on the Future's condition: the condition is still held by the completing
-    thread when it notifies, so the woken caller would block again at once.
-    That second wake-up per call is what limits a thread-per-request server.
-    And that condition, with the lists of waiters and callbacks, is made
-    only when something needs it (``wait``, ``as_completed``, a callback, a
-    cancel): most calls complete without ever making one.
-    """
-
-    _deadline: float = float("inf")
-    #: Where the call's outcome is counted (set by the scheduler).
-    _stats: Optional[ModelStats] = None
-    #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
-    _green_wake: Optional[Callable[[], None]] = None
-    #: Called once the call ends other than by its results (an error, a
-    #: timeout, a cancel); maybe more than once, so it must be idempotent.
-    #: A backend's cheaper done-callback: adding a real one makes the
-    #: future's condition, and takes its slow path, on every call.
-    _unanswered: Optional[Callable[[], None]] = None
-
-    def __init__(self) -> None:
-        # Not Future.__init__: its condition and lists are made on first use
-        # (__getattr__), which most calls never reach: a completion that
-        # finds no condition sets the result under _LAZY_LOCK alone.
-        self._state = "PENDING"
-        self._result = None
-        self._exception = None
-        self._finished = threading.Lock()
-        self._finished.acquire()
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _LAZY_PARTS:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        parts = self.__dict__
-        with _LAZY_LOCK:
-            if "_condition" not in parts:
-                parts["_waiters"], parts["_done_callbacks"] = [], []
-                parts["_condition"] = threading.Condition()
-        return parts[name]
-
-    def done(self) -> bool:
-        return self._state in _DONE_STATES
-
-    def cancelled(self) -> bool:
-        return self._state in _CANCELLED_STATES
-
-    def running(self) -> bool:
-        return self._state == "RUNNING"
-
-    def set_result(self, result: Any) -> None:
-        super().set_result(result)
-        self._wake()
-
-    def set_exception(self, exception: Optional[BaseException]) -> None:
-        super().set_exception(exception)
-        stats = self._stats
-        if stats is not None and exception is not None:
-            stats.failed(exception)  # counted before the caller wakes to read the numbers
-        self._ended_unanswered()
-        self._wake()
-
-    def _ended_unanswered(self) -> None:
-        hook = self._unanswered
-        if hook is not None:
-            hook()
-
-    def _set_quietly(self, result: Any) -> bool:
-        """Complete the future but leave its waiter asleep until
-        :meth:`_wake`: a batch's results are all set before any caller wakes
-        to compete with the delivering thread."""
-        with _LAZY_LOCK:
-            if "_condition" not in self.__dict__:  # nobody waits on it, nor has a callback: no notifying
-                if self._state != "PENDING":
-                    return False
-                self._result, self._state = result, "FINISHED"
-                return True
-        try:
-            super().set_result(result)
-        except concurrent.futures.InvalidStateError:
-            return False
-        return True
-
-    def _wake(self) -> None:
-        """Let the waiting caller (a thread, or a greenlet) return."""
-        self._finished.release()
-        green_wake = self._green_wake
-        if green_wake is not None:
-            green_wake()
-
-    def cancel(self) -> bool:
-        return self._cancel("cancelled")
-
-    def _cancel(self, outcome: str) -> bool:
-        with self._condition:
-            if self._state not in ("PENDING", "RUNNING"):
-                return self._state in _CANCELLED_STATES
-            cancelled = super().cancel()
-        if cancelled:
-            # As an executor does for a cancelled item: concurrent.futures.wait()
-            # and as_completed() count only a "notified" cancel as done.
-            self.set_running_or_notify_cancel()
-            stats = self._stats
-            if stats is not None:
-                stats.finished(outcome)
-            self._ended_unanswered()
-            self._wake()
-        return cancelled
-
-    def _wait_green(self, timeout: float) -> bool:
-        """Yield to the gevent hub until done or ``timeout`` seconds pass;
-        return whether done. :meth:`_wake` wakes the greenlet directly;
-        a second greenlet waiting on the same call goes by a done-callback."""
-        wake, waiter = green_waiter()
-        if self._green_wake is None:
-            self._green_wake = wake
-        else:
-            self.add_done_callback(lambda _done: wake())
-        # Completed before the hook was in place: _wake did not see it.
-        if not self.done():
-            wait_green(waiter, timeout)
-        return self.done()
-
-    def result(self, timeout: Optional[float] = None) -> List[Any]:
-        self._wait(timeout)
-        result = self._result
-        if self._state == "FINISHED" and self._exception is None and result is not None:
-            return result  # the common case, without the condition's lock
-        return super().result(0)
-
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        self._wait(timeout)
-        return super().exception(0)
-
-    def _wait(self, timeout: Optional[float]) -> None:
-        if self._state in _DONE_STATES:
-            return
-        # Never longer than the call may take (the dispatcher fails it at its
-        # deadline), which also keeps a huge timeout from overflowing the wait.
-        longest = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
-        timeout = longest if timeout is None else min(timeout, longest)
-        if in_unpatched_greenlet():  # gevent without monkey-patching: yield to the hub
-            if self._wait_green(max(0.0, timeout)):
-                return
-        elif self._finished.acquire(timeout=max(0.0, timeout)):
-            self._finished.release()  # let any other waiter through too
-            return
-        if self._cancel("timeout"):
-            raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up")
-        # It finished just as we gave up: its result (or error) stands.
-
-
-def settle(future: concurrent.futures.Future[Any], exc: Optional[BaseException] = None, result: Any = None) -> bool:
-    """Complete ``future`` unless it is done already (cancelled, timed out);
-    return whether this call completed it."""
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        return False
-    return True
 
 
 class _Task:
@@ -321,43 +107,6 @@ class _Item:
         self.arrival = arrival
         self.crashes = 0
         self.cost = cost
-
-
-def batch_cost(rule: str, costs: Sequence[float]) -> float:
-    """What a batch of inputs of these ``costs`` costs: its length times the
-    costliest (``"max"``: the model pads to the longest) or their sum."""
-    return len(costs) * max(costs) if rule == "max" else float(sum(costs))
-
-
-def shape_batch(costs: Sequence[float], size: int, budget: float, rule: str, grouped: bool) -> List[int]:
-    """Which of the waiting inputs (their ``costs``, oldest first) make the
-    next batch, by index: the oldest, then, when ``grouped``, those closest
-    to it in cost (else the next in line), each taken if the batch stays
-    within ``size`` inputs and costs at most ``budget`` by ``rule`` (see
-    :func:`batch_cost`). The oldest always goes, alone if it is over the
-    budget by itself, so no input waits behind a stream of others. Shared
-    by the in-process scheduler and the Redis worker."""
-    if not costs:
-        return []
-    lead = costs[0]
-    if lead > budget:
-        return [0]  # over the budget by itself: it runs alone
-    order: Sequence[int] = range(1, len(costs))
-    if grouped:
-        order = sorted(order, key=lambda i: abs(costs[i] - lead))  # stable: ties by arrival
-    taken = [0]
-    padded = rule == "max"
-    top = total = lead
-    for i in order:
-        if len(taken) >= size:
-            break
-        cost = costs[i]
-        after = (len(taken) + 1) * max(top, cost) if padded else total + cost
-        if after > budget:
-            continue  # a cheaper one further on may still fit
-        taken.append(i)
-        top, total = max(top, cost), total + cost
-    return taken
 
 
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
@@ -427,73 +176,6 @@ class _Deadlines:
         self._sweep_at = max(4096, 2 * (len(self._fifo) + len(self._heap)))
 
 
-class HoldPolicy:
-    """When a free worker should stop waiting for companions.
-
-    Shared by the in-process :class:`Scheduler` and the Redis worker. The
-    caller reports arrivals and deliveries; :meth:`hold_until` says until when
-    a partial batch whose oldest item arrived at ``oldest`` may still wait:
-    never past ``oldest + max_latency``, and only while callers just answered
-    are expected back (see the module docstring).
-    """
-
-    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service", "comeback", "_awaited")
-
-    def __init__(self, max_latency: float) -> None:
-        self.max_latency = max_latency
-        self.due = 0  # callers answered recently and expected back
-        self.last_delivery = float("-inf")
-        self.last_arrival = float("-inf")
-        self.service: Optional[float] = None  # running estimate of one batch's time, seconds
-        # How long after answering n callers n new inputs have arrived, lately,
-        # seconds: the callers' round trip (longer through a broker than
-        # in-process), which patience must cover to be worth it.
-        self.comeback: Optional[float] = None
-        self._awaited = 0  # inputs still to arrive before the comeback is measured
-
-    def arrived(self, n: int, now: float) -> int:
-        """``n`` inputs arrived; return how many answered callers are still due."""
-        self.last_arrival = now
-        if self.due:
-            self.due = max(0, self.due - n)
-        if self._awaited > 0:
-            self._awaited -= n
-            if self._awaited <= 0:
-                # The slow returns matter (a large batch's callers take longest
-                # to come back), and holding ends anyway once those due are back.
-                sample = now - self.last_delivery
-                comeback = self.comeback
-                self.comeback = sample if comeback is None else max(sample, _COMEBACK_DECAY * comeback)
-        return self.due
-
-    def delivered(self, n: int, seconds: float, now: float) -> None:
-        """A batch of ``n`` inputs that ran for ``seconds`` is being answered."""
-        service = self.service
-        self.service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
-        if now - self.last_delivery > _MAX_PATIENCE_SHARE * self.service:
-            self.due = 0
-        self.due += n
-        self.last_delivery = now
-        self._awaited = n
-
-    def hold_until(self, oldest: float, now: float) -> float:
-        """Until when to wait for companions; a time ``<= now`` means go now."""
-        return min(oldest + self.max_latency, self._returners_until(now))
-
-    def _returners_until(self, now: float) -> float:
-        if self.due <= 0 or self.service is None:
-            return float("-inf")
-        patience = max(_MIN_PATIENCE, _PATIENCE_SHARE * self.service)
-        if self.comeback is not None:  # callers take longer than that to come back: wait for them, within bounds
-            patience = max(patience, min(_COMEBACK_SHARE * self.service, _RETURN_MARGIN * self.comeback))
-        longest = self.last_delivery + max(patience, _MAX_PATIENCE_SHARE * self.service)
-        until = min(longest, max(self.last_delivery + patience, self.last_arrival + _STILL_ARRIVING))
-        if now >= until:
-            self.due = 0
-            return float("-inf")
-        return until
-
-
 class Scheduler:
     """The FIFO queue of items, the batching rule, and call deadlines.
 
@@ -525,12 +207,8 @@ class Scheduler:
         # Batches are shaped by cost when the config asks, and while a cap
         # learned from running out of memory holds (on the count, without
         # an item_cost: each input costs 1).
-        if config.max_batch_cost is not None:
-            ceiling = config.max_batch_cost
-        else:
-            ceiling = math.inf if config.item_cost is not None else float(config.batch_size)
-        self._cap = CostCap(ceiling)
-        self._shaped = config.shapes_by_cost
+        self._shaper = CostShaper(config, costed=config.item_cost is not None)
+        self._shaped = self._shaper.active
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
@@ -630,11 +308,10 @@ class Scheduler:
         """Whether the queued inputs are more than one batch's budget: a batch
         is as full as it can be. Called only with fewer than ``batch_size``
         inputs queued, so it looks at fewer than ``batch_size``."""
-        budget = self._cap.budget(self._config.max_batch_cost)
-        if math.isinf(budget):
+        shaper = self._shaper
+        if math.isinf(shaper.budget()):
             return False
-        live = [item.cost for item in self._queue if item.task.live()]
-        return bool(live) and batch_cost(self._config.batch_cost, live) > budget
+        return shaper.over_budget([item.cost for item in self._queue if item.task.live()])
 
     def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
         """With a free worker: the batch to run now, or when to look again."""
@@ -662,7 +339,7 @@ class Scheduler:
 
     def _pop_shaped(self) -> List[_Item]:
         """A batch led by the oldest waiting input, shaped by
-        :func:`shape_batch` from the next ``_SHAPING_WINDOW`` batches' worth
+        :func:`~streamer_core.shaping.shape_batch` from the next ``_SHAPING_WINDOW`` batches' worth
         of waiting inputs."""
         config = self._config
         queue = self._skip_given_up()
@@ -672,13 +349,7 @@ class Scheduler:
             item = queue.popleft()
             if item.task.live():
                 window.append(item)
-        taken = shape_batch(
-            [item.cost for item in window],
-            config.batch_size,
-            self._cap.budget(config.max_batch_cost),
-            config.batch_cost,
-            grouped=config.item_cost is not None,
-        )
+        taken = self._shaper.shape([item.cost for item in window])
         chosen = set(taken)
         queue.extendleft(reversed([item for i, item in enumerate(window) if i not in chosen]))
         return [window[i] for i in taken]
@@ -728,21 +399,21 @@ class Scheduler:
         times it or a part was split for it, counted in the stats), cap
         later batches at the cost of the costliest part that ran; if not,
         count it towards lifting such a cap (see
-        :class:`~streamer_core.oom.CostCap`)."""
-        cap = self._cap
-        if not out_of_memory and not cap.active:
+        :class:`~streamer_core.shaping.CostCap`)."""
+        shaper = self._shaper
+        if not out_of_memory and not shaper.cap.active:
             return  # the common case: no lock taken, no list made
         if oom_splits and self.stats is not None:
             self.stats.oom_split(oom_splits)
         costs = [item.cost for item in items]
         with self._cond:
-            cap.learn(costs, self._config.batch_cost, out_of_memory, ran)
-            self._shaped = self._config.shapes_by_cost or cap.active
+            shaper.learn(costs, out_of_memory, ran)
+            self._shaped = shaper.active
 
     @property
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory (``inf``: none)."""
-        return self._cap.limit
+        return self._shaper.cap.limit
 
     def batch_done(self, size: int, seconds: float, held_after: int) -> None:
         """A worker finished a batch of ``size`` items, which ran for
@@ -763,8 +434,7 @@ class Scheduler:
         due, and one came back (or they were answered) within the last
         millisecond."""
         with self._cond:
-            policy = self._policy
-            return policy.due > 0 and now - max(policy.last_arrival, policy.last_delivery) < _STILL_ARRIVING
+            return self._policy.still_arriving(now)
 
     def answered(self, n: int, seconds: float) -> None:
         """``n`` calls passed on elsewhere (to a broker) are being answered,

@@ -8,7 +8,6 @@ SIGTERM or Ctrl-C lets every worker finish the batch in hand, then exits 0.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -17,28 +16,10 @@ from typing import Any, Callable, List, Optional
 
 from . import __version__
 from .backends.redis import run_redis_workers_forever
-from .config import LOG_FORMAT
+from .importing import import_target
+from .logs import LOG_FORMAT
 
-__all__ = ["main", "import_target"]
-
-
-def import_target(path: str) -> Any:
-    """``"package.module:Name"`` (or ``"package.module.Name"``) to the object."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep:
-        module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ValueError(f"name the model as module:attribute, e.g. myapp.ml:Embedder (got {path!r})")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} (from {path!r}): {exc}") from exc
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
-    return target
+__all__ = ["main"]
 
 
 def _devices(text: str) -> List[Any]:

@@ -28,6 +28,7 @@ import traceback
 from typing import Any, Dict, List, Sequence, Tuple, Type
 
 from . import errors as _errors
+from .config import OPTIONS
 from .errors import RemoteError, RemoteTraceback, SerializationError
 
 __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]
@@ -202,9 +203,7 @@ CODECS: Dict[str, Type[Codec]] = {"msgpack": MsgpackCodec, "pickle": PickleCodec
 
 def get_codec(name: str) -> Codec:
     """The codec called ``name``; a clear error for any other name."""
-    if name not in CODECS:
-        raise ValueError(f"codec must be one of {sorted(CODECS)}, got {name!r}")
-    return CODECS[name]()
+    return CODECS[OPTIONS["codec"].checked(name)]()
 
 
 def encode_error(exc: BaseException) -> Dict[str, str]:

@@ -1,51 +1,49 @@
-"""The batching configuration shared by every backend, validated when it is made.
+"""Every option of the streamers, their workers and the web layers: its
+default, its unit and its check, in one table (:data:`OPTIONS`).
 
-This is the one source of defaults: the Flask and Django layers translate
-their settings into a :class:`BatchingConfig`, and every streamer builds one
-from its keyword arguments, so a wrong value fails at construction with a
-message that says how to fix it, not at the first request.
+Nothing else writes a default or checks a value. :class:`BatchingConfig`
+(how requests become batches) is made of the table's batching options; the
+streamers' constructors take their defaults from it; the Flask and Django
+settings, the worker commands and their ``--help`` are derived from it
+(:mod:`streamer_core.web.spec`). Each check says what is wrong after the
+name, and the caller puts in front the name as the user wrote it::
+
+    OPTIONS["batch_size"].checked(0)                          # batch_size must be a whole number >= 1, got 0
+    OPTIONS["batch_size"].checked(0, "STREAMER_BATCH_SIZE")   # STREAMER_BATCH_SIZE must be ...
+
+so a wrong value fails where it was given, with one message whatever the
+way in, at construction or at start-up, never at the first request.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 from .oom import check_oom_errors
 
-__all__ = ["BatchingConfig", "DeviceId"]
-
-#: How the worker commands and worker processes write their log lines.
-LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+__all__ = [
+    "BatchingConfig",
+    "BatchingOptions",
+    "ModelOptions",
+    "Option",
+    "OPTIONS",
+    "DeviceId",
+    "default",
+    "MAX_SECONDS",
+    "BACKENDS",
+    "CODECS",
+    "parse_devices",
+    "checked",
+    "check_cost",
+    "check_seconds",
+]
 
 #: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
 DeviceId = Union[int, str]
 
-
-def show_logs(level: int | str) -> None:
-    """Write log lines at ``level`` to stderr, for the worker commands that
-    load a web app first (``flask streamer run-workers``, ``manage.py
-    run_gpu_workers``): through a root handler in :data:`LOG_FORMAT`, unless
-    one is there already, or unless the app put a handler on
-    ``streamer_core``'s own logger while it loaded (the Flask example does,
-    so that its lines show under any server): a root handler beside that
-    one would print each line twice. Either way ``streamer_core``'s lines
-    show at ``level``, and the workers these commands start log at it too."""
-    root, ours = logging.getLogger(), logging.getLogger("streamer_core")
-    if not root.handlers and not ours.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(handler)
-    root.setLevel(level)
-    if ours.level != logging.NOTSET:
-        ours.setLevel(level)
-
-
-DEFAULT_MAX_LATENCY = 0.1
-DEFAULT_TIMEOUT = 20.0
 #: The longest timeout, max_latency or claim_after taken, seconds (a day).
 #: A wait longer than that is a hang by another name; a request through Redis
 #: carries its timeout within this bound; and far enough above it
@@ -54,68 +52,359 @@ DEFAULT_TIMEOUT = 20.0
 MAX_SECONDS = 86_400.0
 #: How a batch's cost follows from its inputs' costs (``batch_cost``).
 BATCH_COST_RULES = ("max", "sum")
+#: The backends a web layer's settings may name.
+BACKENDS = ("thread", "process", "redis")
+#: The wire formats of the Redis backend.
+CODECS = ("msgpack", "pickle")
+
+Check = Callable[[Any], Any]
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return value
+class Option(NamedTuple):
+    """One option: its ``default``, and ``check``, which returns the value
+    as kept (``"0,1"`` as ``(0, 1)``, an import path as what it names) or
+    raises ``TypeError``/``ValueError`` saying what is wrong, without the
+    name: :meth:`checked` puts it in front. ``kind`` groups options for the
+    web layers' error codes (``size``, ``seconds``, ``devices``,
+    ``backend``, ``redis_url``, ``option``); ``help`` is one line with the
+    unit, for the documentation and the commands' ``--help``."""
+
+    name: str
+    default: Any
+    check: Check
+    kind: str
+    help: str
+
+    def checked(self, value: Any, written_as: Optional[str] = None) -> Any:
+        """``value``, checked and as kept; raises ``TypeError`` or
+        ``ValueError`` naming the option as ``written_as`` (default its name)."""
+        return checked(written_as or self.name, self.check, value)
 
 
-def _check_seconds(name: str, value: Any, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is in seconds and must be a number, got {value!r} ({type(value).__name__})")
+def checked(name: str, check: Check, value: Any) -> Any:
+    """``check(value)``; its ``TypeError`` or ``ValueError`` names ``name``."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name} {exc}") from None
+
+
+# -- the checks ----------------------------------------------------------------
+
+
+def _whole(minimum: int, *, optional: bool = False, unit: str = "") -> Check:
+    """A whole number >= ``minimum`` (``None`` too, when ``optional``)."""
+    what = f"a whole number{unit} >= {minimum}" + (", or None for no limit;" if optional else ",")
+
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"must be {what} got {value!r}")
+        if value < minimum:
+            raise ValueError(f"must be {what} got {value!r}")
+        return value
+
+    return check
+
+
+def check_seconds(value: Any, *, allow_zero: bool = False) -> float:
+    """A number of seconds: finite, > 0 (or >= 0), at most :data:`MAX_SECONDS`.
+    Raises ``TypeError``/``ValueError`` saying so, without a name."""
+    bound = ">= 0" if allow_zero else "> 0"
+    what = f"is in seconds and must be a finite number {bound}, at most {MAX_SECONDS:.0f} (a day); got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(what)
     seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} is in seconds and must be finite and {bound}, got {seconds!r}")
-    if seconds > MAX_SECONDS:
-        raise ValueError(f"{name} is in seconds and must be at most {MAX_SECONDS:.0f} (a day), got {seconds!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > MAX_SECONDS:
+        raise ValueError(what)
     return seconds
 
 
-def check_cost(name: str, value: Any) -> float:
-    """A cost: a finite number > 0 (an int, a float, a NumPy scalar)."""
+def _seconds(*, allow_zero: bool = False, optional: bool = False) -> Check:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        return check_seconds(value, allow_zero=allow_zero)
+
+    return check
+
+
+def check_cost(value: Any) -> float:
+    """A cost: a finite number > 0 (an int, a float, a NumPy scalar).
+    Raises ``TypeError``/``ValueError`` saying so, without a name."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a positive number, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"must be a finite number > 0, got {value!r} ({type(value).__name__})")
     cost = float(value)
     if not math.isfinite(cost) or cost <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise ValueError(f"must be a finite number > 0, got {value!r}")
     return cost
 
 
-def check_devices(name: str, devices: Optional[Sequence[DeviceId]]) -> Optional[Tuple[DeviceId, ...]]:
-    """Validate a list of CUDA devices (``None`` means: do not set the variable)."""
-    if devices is None:
+def _budget(value: Any) -> Optional[float]:
+    if value is None:
         return None
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-        raise TypeError(f"{name} must be a list of device indexes such as [0, 1], got {devices!r}")
+    return check_cost(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"must be True or False, got {value!r}")
+    return value
+
+
+def _one_of(choices: Sequence[str], explained: str) -> Check:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            raise ValueError(f"{explained}, got {value!r}")
+        return value
+
+    return check
+
+
+def _backend(value: Any) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"is {value!r}; use one of {', '.join(map(repr, BACKENDS))}")
+    return str(value)
+
+
+def parse_devices(value: Any) -> Any:
+    """Accept ``"0,1"`` (as an environment variable or ``--devices`` gives
+    it) as ``[0, 1]``; anything else is returned as it is, to be checked."""
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        return [int(part) if part.lstrip("-").isdigit() else part for part in parts]
+    return value
+
+
+def _devices(value: Any) -> Optional[Tuple[DeviceId, ...]]:
+    """CUDA devices: a list of indexes or GPU UUIDs, or ``"0,1"``; ``None``
+    leaves ``CUDA_VISIBLE_DEVICES`` alone."""
+    if value is None:
+        return None
+    devices = parse_devices(value)
+    if not isinstance(devices, (list, tuple)):
+        raise TypeError(f"must be a list of device indexes such as [0, 1] (or the string '0,1'), got {value!r}")
     if not devices:
-        raise ValueError(f"{name} must name at least one device, or be None to leave CUDA_VISIBLE_DEVICES alone")
-    checked = []
+        raise ValueError("must name at least one device, or be None to leave CUDA_VISIBLE_DEVICES alone")
     for device in devices:
         if isinstance(device, bool) or not isinstance(device, (int, str)):
-            raise TypeError(f"{name} holds {device!r}: each device must be an int index (0, 1, ...) or a UUID string")
+            raise TypeError(f"holds {device!r}: each device must be an int index (0, 1, ...) or a GPU UUID string")
         if isinstance(device, int) and device < 0:
-            raise ValueError(f"{name} holds {device!r}: device indexes start at 0")
+            raise ValueError(f"holds {device!r}: device indexes start at 0")
         if isinstance(device, str) and not device.strip():
-            raise ValueError(f"{name} holds an empty string: name the device by index or UUID")
-        checked.append(device)
-    return tuple(checked)
+            raise ValueError("holds an empty string: name the device by index or GPU UUID")
+    return tuple(devices)
+
+
+def _function(value: Any) -> Optional[Callable[[Any], float]]:
+    """``item_cost``: a function of one input, or its import path (``"myapp.ml:tokens"``)."""
+    if value is None:
+        return None
+    cost = value
+    if isinstance(value, str):
+        from .importing import import_target
+
+        try:
+            cost = import_target(value)
+        except ValueError as exc:
+            raise ValueError(f"is {value!r}, which does not import: {exc}") from None
+    if not callable(cost):
+        raise TypeError(f"must be a function of one input returning a positive number, got {cost!r}")
+    function: Callable[[Any], float] = cost
+    return function
+
+
+def _redis_url(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or ("://" not in value and ":" not in value):
+        raise ValueError(f"must be a redis:// URL or host:port, got {value!r}")
+    return value
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"must be a string, got {value!r}")
+    return value
+
+
+def _arguments(value: Any) -> Tuple[Any, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"must be a list of arguments for init_model, got {value!r}")
+    return tuple(value)
+
+
+def _keywords(value: Any) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"must be a dict of keyword arguments for init_model, got {value!r}")
+    return dict(value)
+
+
+def _body_bytes(value: Any) -> Optional[int]:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(
+        f"must be a whole number of bytes, at least 1 (e.g. {10 * 1024 * 1024} for 10 MiB), or None for no limit; "
+        f"got {value!r}"
+    )
+
+
+# -- the table -------------------------------------------------------------------
+
+_TABLE = (
+    # How requests become batches: BatchingConfig's fields, in order.
+    Option("batch_size", 64, _whole(1), "size", "the most inputs one model call receives"),
+    Option(
+        "max_latency",
+        0.1,
+        _seconds(allow_zero=True),
+        "seconds",
+        "seconds the oldest queued input may wait for companions, counted from its arrival",
+    ),
+    Option("timeout", 20.0, _seconds(), "seconds", "seconds a call may take in all; then StreamerTimeoutError (504)"),
+    Option(
+        "max_queue",
+        None,
+        _whole(1, optional=True),
+        "size",
+        "the most inputs waiting; past it a call fails at once with QueueFullError (503). None: no limit",
+    ),
+    Option(
+        "isolate_errors",
+        True,
+        _flag,
+        "option",
+        "when the model raises on a batch, re-run halves of it so only the failing inputs get the error",
+    ),
+    Option(
+        "item_cost",
+        None,
+        _function,
+        "option",
+        "a function of one input (or its import path) giving its cost, e.g. its tokens; batches group like costs",
+    ),
+    Option(
+        "max_batch_cost",
+        None,
+        _budget,
+        "option",
+        "the most one batch may cost, in item_cost's units (each input costs 1 without it). None: no limit",
+    ),
+    Option(
+        "batch_cost",
+        "max",
+        _one_of(
+            BATCH_COST_RULES,
+            "must be 'max' (length times the costliest input: a padding model) or 'sum' (the inputs' costs added)",
+        ),
+        "option",
+        "a batch's cost: 'max', its length times its costliest input (a padding model), or 'sum'",
+    ),
+    Option(
+        "oom_errors",
+        None,
+        check_oom_errors,
+        "option",
+        "the exception types that mean out of memory; None: torch's, once torch is loaded",
+    ),
+    # Where the model runs.
+    Option("backend", "thread", _backend, "backend", "where the model runs: 'thread', 'process' or 'redis'"),
+    Option("worker_num", 1, _whole(1), "size", "worker processes per model (process and redis backends)"),
+    Option(
+        "cuda_devices",
+        None,
+        _devices,
+        "devices",
+        "CUDA devices, e.g. [0, 1] or '0,1': worker i gets devices[i % n]. None: leave CUDA_VISIBLE_DEVICES alone",
+    ),
+    Option(
+        "max_item_crashes",
+        2,
+        _whole(1),
+        "size",
+        "an input in this many batches whose worker died fails with WorkerDiedError instead of being run again",
+    ),
+    Option(
+        "hang_timeout",
+        60.0,
+        _seconds(optional=True),
+        "seconds",
+        "seconds a worker may run one batch nobody waits for any more before it is taken for hung. None: never",
+    ),
+    Option(
+        "shared_memory_min_bytes",
+        8 * 1024,
+        _whole(1, optional=True, unit=" of bytes"),
+        "size",
+        "arrays of at least this many bytes cross to and from worker processes through shared memory",
+    ),
+    Option(
+        "claim_after",
+        2.0,
+        _seconds(),
+        "seconds",
+        "seconds a Redis request may go without its worker's heartbeat before another worker takes it over",
+    ),
+    Option("redis_url", None, _redis_url, "redis_url", "the Redis server, e.g. 'redis://127.0.0.1:6379/0'"),
+    Option("prefix", "", _string, "option", "names the model's Redis keys: web processes and workers agree on it"),
+    Option(
+        "codec",
+        "msgpack",
+        _one_of(CODECS, "must be 'msgpack' or 'pickle' (pickle only with a trusted broker)"),
+        "option",
+        "the Redis wire format: 'msgpack', or 'pickle' only with a trusted broker",
+    ),
+    Option("init_args", (), _arguments, "option", "positional arguments for the model's init_model"),
+    Option("init_kwargs", {}, _keywords, "option", "keyword arguments for the model's init_model"),
+    # What a web layer reads of a request.
+    Option(
+        "max_body_bytes",
+        10 * 1024 * 1024,
+        _body_bytes,
+        "option",
+        "the largest request body a batched endpoint reads (10 MiB); a larger one gets 413. None: no limit",
+    ),
+)
+
+#: Every option by name.
+OPTIONS: Dict[str, Option] = {option.name: option for option in _TABLE}
+
+
+def default(name: str) -> Any:
+    """The default of the option ``name``."""
+    return OPTIONS[name].default
+
+
+class ModelOptions(TypedDict, total=False):
+    """The keyword options of the model's side of a streamer (see :data:`OPTIONS`)."""
+
+    isolate_errors: bool
+    item_cost: Optional[Callable[[Any], float]]
+    max_batch_cost: Optional[float]
+    batch_cost: str
+    oom_errors: Optional[Tuple[Type[BaseException], ...]]
+
+
+class BatchingOptions(ModelOptions, total=False):
+    """Every keyword option of :class:`BatchingConfig`: the model's side and the callers'."""
+
+    timeout: float
+    max_queue: Optional[int]
 
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """How requests are grouped into batches and how long a call may take.
+    """How requests are grouped into batches and how long a call may take;
+    each field is the option of the same name in :data:`OPTIONS`, checked
+    when the config is made.
 
     batch_size
         The most items one model call receives.
     max_latency
         Seconds the oldest queued item may wait for companions, counted from
         its arrival. A lone request does not wait at all when no companions
-        are arriving (see ``batching.Scheduler``).
+        are arriving (see :mod:`streamer_core.hold`).
     timeout
         Seconds a call may take in all (queue, model, delivery) unless the
         call passes its own; then it fails with ``StreamerTimeoutError``.
@@ -127,10 +416,11 @@ class BatchingConfig:
         items that fail, so only their callers get the exception.
     item_cost
         A function of one input returning its cost, a positive number (a
-        text's token count, an image's pixels). When set, a batch starts with
-        the oldest waiting input and fills with the waiting inputs closest to
-        it in cost, so that inputs of like cost run together. It runs in the
-        caller's thread, before the input is queued.
+        text's token count, an image's pixels), or its import path. When
+        set, a batch starts with the oldest waiting input and fills with the
+        waiting inputs closest to it in cost, so that inputs of like cost
+        run together. It runs in the caller's thread, before the input is
+        queued.
     max_batch_cost
         The most one batch may cost; ``None``: no limit but ``batch_size``.
         An input whose own cost is over it runs alone. Without ``item_cost``
@@ -143,48 +433,49 @@ class BatchingConfig:
         The exception types that mean the model ran out of memory: a batch
         raising one is split and its halves retried (even with
         ``isolate_errors`` off), and later batches are capped at the cost of
-        what ran (see :mod:`streamer_core.oom`). ``None``: torch's
+        what ran (see :mod:`streamer_core.shaping`). ``None``: torch's
         ``torch.cuda.OutOfMemoryError`` when torch is loaded; ``()``: none.
     """
 
-    batch_size: int
-    max_latency: float = DEFAULT_MAX_LATENCY
-    timeout: float = DEFAULT_TIMEOUT
-    max_queue: Optional[int] = None
-    isolate_errors: bool = True
-    item_cost: Optional[Callable[[Any], float]] = None
-    max_batch_cost: Optional[float] = None
-    batch_cost: str = "max"
-    oom_errors: Optional[Tuple[Type[BaseException], ...]] = None
+    batch_size: int = default("batch_size")
+    max_latency: float = default("max_latency")
+    timeout: float = default("timeout")
+    max_queue: Optional[int] = default("max_queue")
+    isolate_errors: bool = default("isolate_errors")
+    item_cost: Optional[Callable[[Any], float]] = default("item_cost")
+    max_batch_cost: Optional[float] = default("max_batch_cost")
+    batch_cost: str = default("batch_cost")
+    oom_errors: Optional[Tuple[Type[BaseException], ...]] = default("oom_errors")
 
     def __post_init__(self) -> None:
-        _check_int("batch_size", self.batch_size, 1)
-        object.__setattr__(self, "max_latency", _check_seconds("max_latency", self.max_latency, allow_zero=True))
-        object.__setattr__(self, "timeout", _check_seconds("timeout", self.timeout, allow_zero=False))
-        if self.max_queue is not None:
-            _check_int("max_queue", self.max_queue, 1)
-        if not isinstance(self.isolate_errors, bool):
-            raise TypeError(f"isolate_errors must be True or False, got {self.isolate_errors!r}")
-        if self.item_cost is not None and not callable(self.item_cost):
-            raise TypeError(
-                f"item_cost must be a function of one input returning a positive number, got {self.item_cost!r}"
-            )
-        if self.max_batch_cost is not None:
-            object.__setattr__(self, "max_batch_cost", check_cost("max_batch_cost", self.max_batch_cost))
-        object.__setattr__(self, "oom_errors", check_oom_errors(self.oom_errors))
-        if self.batch_cost not in BATCH_COST_RULES:
-            raise ValueError(
-                f"batch_cost must be 'max' (length times the costliest input: a padding model) "
-                f"or 'sum' (the inputs' costs added), got {self.batch_cost!r}"
-            )
+        for field in fields(self):
+            object.__setattr__(self, field.name, OPTIONS[field.name].checked(getattr(self, field.name)))
 
     @property
     def shapes_by_cost(self) -> bool:
         """Whether batches are shaped by cost at all (else: first in, first out, by count)."""
         return self.item_cost is not None or self.max_batch_cost is not None
 
+    def keywords(self) -> BatchingOptions:
+        """The keyword options, to make a streamer of this config."""
+        return BatchingOptions(
+            timeout=self.timeout,
+            max_queue=self.max_queue,
+            **self.model_options(),
+        )
+
+    def model_options(self) -> ModelOptions:
+        """The options of the model's side, to make a Redis worker of this config."""
+        return ModelOptions(
+            isolate_errors=self.isolate_errors,
+            item_cost=self.item_cost,
+            max_batch_cost=self.max_batch_cost,
+            batch_cost=self.batch_cost,
+            oom_errors=self.oom_errors,
+        )
+
     def call_timeout(self, timeout: Optional[float]) -> float:
         """The timeout of one call: its own, validated, or the configured one."""
         if timeout is None:
             return self.timeout
-        return _check_seconds("timeout", timeout, allow_zero=False)
+        return float(OPTIONS["timeout"].checked(timeout))

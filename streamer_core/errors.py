@@ -1,16 +1,26 @@
 """Every error the streamers raise, rooted at :class:`StreamerError`.
 
-The web layers map these to HTTP: :class:`UnavailableError` (a full queue,
-no worker that can start) to 503 with ``Retry-After``,
-:class:`StreamerTimeoutError` to 504, anything raised by the model itself to
-500. Model exceptions are passed through as they are (their own type), with
-the worker's traceback attached as ``__cause__`` when they crossed a process.
+The web layers map these to HTTP (:mod:`streamer_core.web.http`):
+:class:`InvalidInput` and its kinds to their own 4xx status,
+:class:`UnavailableError` (a full queue, no worker that can start) to 503
+with ``Retry-After``, :class:`StreamerTimeoutError` to 504, anything raised
+by the model itself to 500. Model exceptions are passed through as they are
+(their own type), with the worker's traceback attached as ``__cause__`` when
+they crossed a process. :class:`ConfigurationError` is a wrong setting,
+raised where the settings are read, never at a request.
 """
 
 from __future__ import annotations
 
+from typing import List, Optional, Sequence
+
 __all__ = [
     "StreamerError",
+    "ConfigurationError",
+    "InvalidInput",
+    "MethodNotAllowed",
+    "PayloadTooLarge",
+    "UnsupportedMediaType",
     "StreamerClosedError",
     "StreamerTimeoutError",
     "UnavailableError",
@@ -29,6 +39,46 @@ __all__ = [
 
 class StreamerError(Exception):
     """Base class of every error raised by this package (not by your model)."""
+
+
+class ConfigurationError(StreamerError, ValueError):
+    """A setting is wrong; the message names each wrong setting as the user
+    wrote it and says how to fix it. ``messages`` holds one line per wrong
+    setting."""
+
+    def __init__(self, message: str, messages: Optional[Sequence[str]] = None) -> None:
+        super().__init__(message)
+        self.messages: List[str] = list(messages) if messages is not None else [message]
+
+
+class InvalidInput(StreamerError, ValueError):
+    """The request could not be turned into a model input (HTTP 400). Raise
+    it from a route's ``parse`` hook with a message for the client."""
+
+    #: The HTTP status it is answered with.
+    status = 400
+
+
+class MethodNotAllowed(InvalidInput):
+    """The endpoint does not serve this HTTP method (405, with ``Allow``)."""
+
+    status = 405
+
+    def __init__(self, method: str, allowed: Sequence[str]) -> None:
+        super().__init__(f"{method} is not served here; use {', '.join(allowed)}")
+        self.allowed = list(allowed)
+
+
+class PayloadTooLarge(InvalidInput):
+    """The body is larger than the endpoint takes (413)."""
+
+    status = 413
+
+
+class UnsupportedMediaType(InvalidInput):
+    """The body is of a media type the endpoint does not read (415)."""
+
+    status = 415
 
 
 class StreamerClosedError(StreamerError, RuntimeError):

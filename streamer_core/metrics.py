@@ -36,7 +36,15 @@ import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .stats import BATCH_SIZE_BUCKETS, OUTCOMES, SECONDS_BUCKETS, ModelStats, StreamerStats, all_stats
+from .stats import (
+    BATCH_SIZE_BUCKETS,
+    OUTCOMES,
+    SECONDS_BUCKETS,
+    ModelStats,
+    StreamerStats,
+    all_stats,
+    export_new_stats,
+)
 
 __all__ = ["available", "exposition", "multiprocess_mode", "render"]
 #: Seconds between two updates of a process's gauges in multiprocess mode.
@@ -63,7 +71,8 @@ def multiprocess_mode() -> bool:
 
 def install(stats: ModelStats) -> None:
     """Export ``stats`` (a new model's) to Prometheus, if ``prometheus_client``
-    is installed: called by :func:`streamer_core.stats.stats_for`."""
+    is installed: called by :func:`streamer_core.stats.stats_for` for each
+    model, once this module is imported (``streamer_core`` imports it)."""
     global _installed, _mirrors
     with _install_lock:
         if not _installed:
@@ -248,3 +257,6 @@ class _Mirrors:
                     self._set_gauges(stats)
                 except Exception:  # never let a broker's hiccup end the thread
                     pass
+
+
+export_new_stats(install)

@@ -45,7 +45,16 @@ from .errors import (
     UnavailableError,
 )
 
-__all__ = ["OUTCOMES", "Histogram", "ModelStats", "StreamerStats", "outcome_of", "stats_for", "all_stats"]
+__all__ = [
+    "OUTCOMES",
+    "Histogram",
+    "ModelStats",
+    "StreamerStats",
+    "outcome_of",
+    "stats_for",
+    "all_stats",
+    "export_new_stats",
+]
 
 #: How a call can end. ``model_error``: the model raised for one of its inputs
 #: (or its worker died on it); ``rejected``: the queue was full; ``unavailable``:
@@ -298,6 +307,7 @@ class ModelStats:
 
 _registry: Dict[str, ModelStats] = {}
 _registry_lock = threading.Lock()
+_exporters: List[Callable[[ModelStats], None]] = []
 
 
 def _new_locks_after_fork() -> None:
@@ -325,11 +335,20 @@ def stats_for(model: str) -> ModelStats:
     with _registry_lock:
         stats = _registry.get(model)
         if stats is None:
-            from .metrics import install
-
             stats = _registry[model] = ModelStats(model)
-            install(stats)  # exported to Prometheus, if prometheus_client is installed
+            for exporter in _exporters:
+                exporter(stats)
     return stats
+
+
+def export_new_stats(exporter: Callable[[ModelStats], None]) -> None:
+    """Have ``exporter`` called with every model's :class:`ModelStats` as it
+    is made (:mod:`streamer_core.metrics` exports each to Prometheus)."""
+    with _registry_lock:
+        _exporters.append(exporter)
+        made = list(_registry.values())
+    for stats in made:
+        exporter(stats)
 
 
 def all_stats() -> List[ModelStats]:

@@ -18,6 +18,7 @@ process exits).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -25,9 +26,10 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from .batching import BatchFuture, Scheduler, _Item
-from .config import BatchingConfig, _check_seconds, check_cost
+from .batching import Scheduler, _Item
+from .config import BatchingConfig, check_cost, check_seconds, checked
 from .errors import ItemCostError, StreamerClosedError, StreamerError
+from .future import BatchFuture
 from .stats import ModelStats, StreamerStats, stats_for
 
 __all__ = ["BaseStreamer", "Backend"]
@@ -117,7 +119,7 @@ def item_cost_of(item_cost: Callable[[Any], float], value: Any, index: int = 0) 
             f"item_cost {callable_name(item_cost)} raised {type(exc).__name__} for input {index}: {exc}"
         ) from exc
     try:
-        return check_cost(f"item_cost {callable_name(item_cost)} of input {index}", cost)
+        return float(checked(f"item_cost {callable_name(item_cost)} of input {index}", check_cost, cost))
     except (TypeError, ValueError) as exc:
         raise ItemCostError(str(exc)) from None
 
@@ -360,7 +362,7 @@ class BaseStreamer:
         ``timeout`` seconds, fail the rest with :class:`StreamerClosedError`,
         and stop every thread and worker process. Safe to call twice."""
         # Checked before anything stops: a close that failed half-way would leave workers behind.
-        timeout = _check_seconds("close's timeout", timeout, allow_zero=True)
+        timeout = checked("close's timeout", functools.partial(check_seconds, allow_zero=True), timeout)
         if self._forks != _forks:  # forked, and not used here since: nothing of it runs in this process
             self._after_fork(restart=False)
             return

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_streamer import InvalidInput, batched_view, json_error, request_item
 from example_flask.embedding import embed
 from example_flask.vision import decode_image
-from streamer_core.http import dumps_json
+from streamer_core.web.http import dumps_json
 
 from .naive import naive_model
 

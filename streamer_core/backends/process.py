@@ -44,25 +44,15 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, cast
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import (
-    DEFAULT_MAX_LATENCY,
-    DEFAULT_TIMEOUT,
-    MAX_SECONDS,
-    BatchingConfig,
-    DeviceId,
-    _check_int,
-    _check_seconds,
-    check_devices,
-)
+from ..config import MAX_SECONDS, OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
 from ..errors import SerializationError, StreamerError, WorkerStartError
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
 from .shared_memory import (
-    DEFAULT_MIN_BYTES,
     BlockPool,
     PeerBlocks,
     SharedValue,
@@ -76,6 +66,9 @@ from .shared_memory import (
 from .shared_memory import available as shared_memory_available
 from .spawning import spawn_context
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["Streamer"]
 
 _ctx = spawn_context()
@@ -83,9 +76,6 @@ _ctx = spawn_context()
 # A worker that dies this many times in a row before it is ready is given up.
 _MAX_START_FAILURES = 3
 _MAX_RESPAWN_DELAY = 5.0
-#: How long a worker may run one batch after every caller of it has given up
-#: before it is taken for hung, killed and restarted (seconds).
-DEFAULT_HANG_TIMEOUT = 60.0
 
 
 # Every backend that has started workers in this process, for _after_fork_in_child.
@@ -170,8 +160,8 @@ class _ProcessBackend(Backend):
         init_args: Sequence[Any],
         init_kwargs: Dict[str, Any],
         config: BatchingConfig,
-        shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
-        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
+        shared_memory_min_bytes: Optional[int],
+        hang_timeout: Optional[float],
     ) -> None:
         try:
             self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
@@ -635,42 +625,24 @@ class Streamer(BaseStreamer):
         self,
         predict_function_or_model: Any,
         batch_size: int,
-        max_latency: float = DEFAULT_MAX_LATENCY,
-        worker_num: int = 1,
-        cuda_devices: Optional[Sequence[DeviceId]] = None,
+        max_latency: float = default("max_latency"),
+        worker_num: int = default("worker_num"),
+        cuda_devices: Optional[Sequence[DeviceId]] = default("cuda_devices"),
         model_init_args: Optional[Sequence[Any]] = None,
         model_init_kwargs: Optional[Dict[str, Any]] = None,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_queue: Optional[int] = None,
-        isolate_errors: bool = True,
-        item_cost: Optional[Callable[[Any], float]] = None,
-        max_batch_cost: Optional[float] = None,
-        batch_cost: str = "max",
-        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
-        max_item_crashes: int = 2,
+        max_item_crashes: int = default("max_item_crashes"),
         name: Optional[str] = None,
-        shared_memory_min_bytes: Optional[int] = DEFAULT_MIN_BYTES,
-        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
+        shared_memory_min_bytes: Optional[int] = default("shared_memory_min_bytes"),
+        hang_timeout: Optional[float] = default("hang_timeout"),
+        **options: Unpack[BatchingOptions],
     ) -> None:
-        config = BatchingConfig(
-            batch_size,
-            max_latency,
-            timeout,
-            max_queue,
-            isolate_errors,
-            item_cost,
-            max_batch_cost,
-            batch_cost,
-            oom_errors,
-        )
-        _check_int("worker_num", worker_num, 1)
-        _check_int("max_item_crashes", max_item_crashes, 1)
-        if shared_memory_min_bytes is not None:
-            _check_int("shared_memory_min_bytes", shared_memory_min_bytes, 1)
-        if hang_timeout is not None:
-            hang_timeout = _check_seconds("hang_timeout", hang_timeout, allow_zero=False)
-        devices = check_devices("cuda_devices", cuda_devices)
+        config = BatchingConfig(batch_size, max_latency, **options)
+        OPTIONS["worker_num"].checked(worker_num)
+        OPTIONS["max_item_crashes"].checked(max_item_crashes)
+        OPTIONS["shared_memory_min_bytes"].checked(shared_memory_min_bytes)
+        hang_timeout = OPTIONS["hang_timeout"].checked(hang_timeout)
+        devices: Optional[Tuple[DeviceId, ...]] = OPTIONS["cuda_devices"].checked(cuda_devices)
         target = predict_function_or_model
         check_model("predict_function_or_model", target)
         self.worker_num = worker_num

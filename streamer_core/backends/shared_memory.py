@@ -57,13 +57,10 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["DEFAULT_MIN_BYTES", "available", "BlockPool", "PeerBlocks", "SharedValue", "dump", "load", "wire_of"]
+__all__ = ["available", "BlockPool", "PeerBlocks", "SharedValue", "dump", "load", "wire_of"]
 
 logger = logging.getLogger("streamer_core")
 
-#: Buffers of at least this many bytes go through shared memory by default;
-#: smaller ones stay in the pickle (see bench/README.md for the measurement).
-DEFAULT_MIN_BYTES = 8 * 1024
 #: Free blocks a process keeps for reuse, in bytes; beyond this they are unlinked.
 DEFAULT_IDLE_BYTES = 256 * 1024 * 1024
 

@@ -10,14 +10,17 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import DEFAULT_MAX_LATENCY, DEFAULT_TIMEOUT, BatchingConfig
+from ..config import BatchingConfig, BatchingOptions, default
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import run_batch
 from ..streamer import Backend, BaseStreamer, callable_name, logger
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ThreadedStreamer"]
 
@@ -132,7 +135,8 @@ class ThreadedStreamer(BaseStreamer):
     only the inputs that cause it fail), and ``item_cost``, ``max_batch_cost``
     and ``batch_cost`` to shape batches by what their inputs cost (a text's
     tokens, say) rather than by count alone, and ``oom_errors``, the errors
-    that mean out of memory: see :class:`BatchingConfig`; ``name`` is the
+    that mean out of memory: see :class:`BatchingConfig` (each option's
+    default is in :data:`streamer_core.config.OPTIONS`); ``name`` is the
     model's name in :meth:`stats` and the metrics (default the function's).
 
     Same signature as service_streamer's ``ThreadedStreamer``.
@@ -142,16 +146,10 @@ class ThreadedStreamer(BaseStreamer):
         self,
         predict_function: Callable[[List[Any]], Sequence[Any]],
         batch_size: int,
-        max_latency: float = DEFAULT_MAX_LATENCY,
+        max_latency: float = default("max_latency"),
         *,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_queue: Optional[int] = None,
-        isolate_errors: bool = True,
-        item_cost: Optional[Callable[[Any], float]] = None,
-        max_batch_cost: Optional[float] = None,
-        batch_cost: str = "max",
-        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
         name: Optional[str] = None,
+        **options: Unpack[BatchingOptions],
     ) -> None:
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
@@ -161,17 +159,7 @@ class ThreadedStreamer(BaseStreamer):
             )
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
-        config = BatchingConfig(
-            batch_size,
-            max_latency,
-            timeout,
-            max_queue,
-            isolate_errors,
-            item_cost,
-            max_batch_cost,
-            batch_cost,
-            oom_errors,
-        )
+        config = BatchingConfig(batch_size, max_latency, **options)
         super().__init__(
             config, lambda: _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name
         )

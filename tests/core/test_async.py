@@ -81,7 +81,7 @@ def test_waiters_and_callbacks_that_race_a_completion_are_all_woken():
     import random
     import threading
 
-    from streamer_core.batching import BatchFuture
+    from streamer_core.future import BatchFuture
 
     n = 3000
     futures = [BatchFuture() for _ in range(n)]
@@ -164,7 +164,7 @@ def test_a_future_makes_on_first_use_all_that_the_standard_future_makes():
     with anything else, this fails here rather than in users' calls."""
     import concurrent.futures
 
-    from streamer_core.batching import _LAZY_PARTS, BatchFuture
+    from streamer_core.future import _LAZY_PARTS, BatchFuture
 
     standard = set(vars(concurrent.futures.Future()))
     ours = BatchFuture()

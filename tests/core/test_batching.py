@@ -142,7 +142,7 @@ def test_an_empty_call_returns_an_empty_list(closing, batch):
 def _policy_after_a_slow_comeback(comeback: float, service: float = 0.020, n: int = 64):
     """A policy that answered ``n`` callers of a ``service``-second batch, saw
     them all back ``comeback`` seconds later, and has just answered them again."""
-    from streamer_core.batching import HoldPolicy
+    from streamer_core.hold import HoldPolicy
 
     policy = HoldPolicy(max_latency=1.0)
     policy.delivered(n, service, 100.0)
@@ -176,7 +176,7 @@ def test_the_hold_ends_once_the_answered_callers_are_back():
 
 
 def test_the_hold_never_passes_max_latency():
-    from streamer_core.batching import HoldPolicy
+    from streamer_core.hold import HoldPolicy
 
     policy = HoldPolicy(max_latency=0.005)
     policy.delivered(64, 0.020, 100.0)

@@ -12,17 +12,21 @@ from tests.core import models
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
-        ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
-        ({"batch_size": True}, TypeError, "batch_size must be an int"),
+        ({"batch_size": 0}, ValueError, "batch_size must be a whole number >= 1, got 0"),
+        ({"batch_size": 2.5}, TypeError, "batch_size must be a whole number >= 1, got 2.5"),
+        ({"batch_size": True}, TypeError, "batch_size must be a whole number >= 1, got True"),
         ({"batch_size": 4, "max_latency": -1}, ValueError, "max_latency is in seconds"),
         ({"batch_size": 4, "max_latency": "0.1"}, TypeError, "max_latency is in seconds"),
-        ({"batch_size": 4, "timeout": 0}, ValueError, "timeout is in seconds and must be finite and > 0"),
+        ({"batch_size": 4, "timeout": 0}, ValueError, "timeout is in seconds and must be a finite number > 0"),
         # Beyond a day a wait is a hang; far beyond, the dispatcher's timed wait overflowed and it died.
-        ({"batch_size": 4, "timeout": 86_400.5}, ValueError, r"timeout .* must be at most 86400 \(a day\)"),
-        ({"batch_size": 4, "timeout": 1e12}, ValueError, r"timeout .* must be at most 86400 \(a day\)"),
-        ({"batch_size": 4, "max_latency": 1e12}, ValueError, r"max_latency .* must be at most 86400"),
-        ({"batch_size": 4, "max_queue": 0}, ValueError, "max_queue must be >= 1"),
+        ({"batch_size": 4, "timeout": 86_400.5}, ValueError, r"timeout .* at most 86400 \(a day\); got 86400.5"),
+        ({"batch_size": 4, "timeout": 1e12}, ValueError, r"timeout .* at most 86400 \(a day\); got 1000000000000.0"),
+        ({"batch_size": 4, "max_latency": 1e12}, ValueError, r"max_latency .* at most 86400 \(a day\)"),
+        (
+            {"batch_size": 4, "max_queue": 0},
+            ValueError,
+            "max_queue must be a whole number >= 1, or None for no limit; got 0",
+        ),
         ({"batch_size": 4, "isolate_errors": "yes"}, TypeError, "isolate_errors must be True or False"),
     ],
 )
@@ -50,17 +54,25 @@ def test_a_day_is_the_longest_timeout_and_a_longer_wait_for_a_result_ends_with_t
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"worker_num": 0}, ValueError, "worker_num must be >= 1"),
+        ({"worker_num": 0}, ValueError, "worker_num must be a whole number >= 1, got 0"),
         ({"cuda_devices": []}, ValueError, "must name at least one device"),
-        ({"cuda_devices": "0,1"}, TypeError, "must be a list of device indexes"),
+        ({"cuda_devices": {"gpu": 0}}, TypeError, "must be a list of device indexes"),
+        ({"cuda_devices": "0,-1"}, ValueError, "cuda_devices holds -1: device indexes start at 0"),
         ({"cuda_devices": [0, -1]}, ValueError, "device indexes start at 0"),
         ({"cuda_devices": [0, 1.5]}, TypeError, "each device must be an int index"),
-        ({"max_item_crashes": 0}, ValueError, "max_item_crashes must be >= 1"),
+        ({"max_item_crashes": 0}, ValueError, "max_item_crashes must be a whole number >= 1, got 0"),
     ],
 )
 def test_bad_process_settings(kwargs, error, message):
     with pytest.raises(error, match=message):
         Streamer(models.double, 4, **kwargs)
+
+
+def test_devices_written_as_text_are_read_as_every_layer_reads_them(closing):
+    """``"0,1"``, as an environment variable or ``--devices`` gives devices,
+    is devices 0 and 1 here too: one rule wherever devices are given."""
+    streamer = closing(Streamer(models.double, 4, cuda_devices="0,1", worker_num=1))
+    assert streamer.cuda_devices == [0, 1]
 
 
 def test_non_callable_model_is_refused():

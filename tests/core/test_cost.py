@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamer_core import BatchingConfig, ItemCostError, Streamer, ThreadedStreamer
-from streamer_core.batching import Scheduler, batch_cost
+from streamer_core.batching import Scheduler
+from streamer_core.shaping import batch_cost
 from tests.conftest import Gate
 from tests.core import models
 
@@ -165,12 +166,12 @@ def picky_cost(text: str) -> Any:
     "bad, message",
     [
         ("boom", r"item_cost picky_cost raised RuntimeError for input 1: cannot tokenize"),
-        ("none", r"item_cost picky_cost of input 1 must be a positive number, got None"),
+        ("none", r"item_cost picky_cost of input 1 must be a finite number > 0, got None"),
         ("zero", r"item_cost picky_cost of input 1 must be a finite number > 0, got 0"),
         ("nan", r"must be a finite number > 0, got nan"),
         ("neg", r"must be a finite number > 0, got -2"),
-        ("word", r"must be a positive number, got 'ten'"),
-        ("flag", r"must be a positive number, got True"),
+        ("word", r"must be a finite number > 0, got 'ten'"),
+        ("flag", r"must be a finite number > 0, got True"),
     ],
 )
 def test_an_input_that_cannot_be_costed_fails_its_own_call_only(closing, bad, message):
@@ -189,7 +190,7 @@ def test_an_input_that_cannot_be_costed_fails_its_own_call_only(closing, bad, me
         ({"max_batch_cost": 0}, ValueError, r"max_batch_cost must be a finite number > 0, got 0"),
         ({"max_batch_cost": -5}, ValueError, r"max_batch_cost must be a finite number > 0"),
         ({"max_batch_cost": math.inf}, ValueError, r"max_batch_cost must be a finite number > 0, got inf"),
-        ({"max_batch_cost": "512"}, TypeError, r"max_batch_cost must be a positive number, got '512' \(str\)"),
+        ({"max_batch_cost": "512"}, TypeError, r"max_batch_cost must be a finite number > 0, got '512' \(str\)"),
         ({"item_cost": 3}, TypeError, r"item_cost must be a function of one input"),
         ({"batch_cost": "mean"}, ValueError, r"batch_cost must be 'max' .* or 'sum' .*got 'mean'"),
     ],

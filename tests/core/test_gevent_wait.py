@@ -129,11 +129,11 @@ class _Ticker:
 def _setup(blocking: bool) -> Any:
     import gevent  # imported, never monkey-patched
 
-    import streamer_core.batching
+    import streamer_core.future
     from streamer_core.green import in_unpatched_greenlet
 
     if blocking:
-        streamer_core.batching.in_unpatched_greenlet = lambda: False
+        streamer_core.future.in_unpatched_greenlet = lambda: False
     probe = gevent.spawn(in_unpatched_greenlet)
     probe.join()
     return gevent, probe.value

@@ -1,4 +1,4 @@
-"""The JSON the web layers answer with (``streamer_core.http.dumps_json``)
+"""The JSON the web layers answer with (``streamer_core.web.http.dumps_json``)
 and read (``loads_json``): with orjson, arrays and tensors are written as
 they are, and every answer decodes to the values the standard library's
 path (``to_jsonable`` + ``json.dumps``) gave; without orjson, that path."""
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import streamer_core.http as http
-from streamer_core.http import dumps_json, loads_json, to_jsonable
+import streamer_core.web.http as http
+from streamer_core.web.http import dumps_json, loads_json, to_jsonable
 
 torch = pytest.importorskip("torch")
 

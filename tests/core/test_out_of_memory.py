@@ -15,7 +15,7 @@ from typing import Any, List
 import pytest
 
 from streamer_core import Streamer, ThreadedStreamer
-from streamer_core.oom import GOOD_RUN
+from streamer_core.shaping import GOOD_RUN
 from tests.core import models
 from tests.core.models import FakeOutOfMemory
 

@@ -91,7 +91,7 @@ def test_a_model_that_cannot_load_is_503_with_retry_after(client, streamer_setti
 
 def test_a_run_of_503s_is_logged_once_then_counted(client, streamer_settings, caplog, monkeypatch):
     """As in Flask: one log line for a run of like refusals, then a count."""
-    from streamer_core import http
+    from streamer_core.web import http
 
     monkeypatch.setattr(http, "_unavailable_seen", {})
     monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 600.0)  # however slow the machine

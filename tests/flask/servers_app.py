@@ -101,9 +101,9 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     app.config.update(config or {})
 
     if app.config["BLOCKING_WAIT"]:
-        import streamer_core.batching
+        import streamer_core.future
 
-        streamer_core.batching.in_unpatched_greenlet = lambda: False  # type: ignore[assignment]
+        streamer_core.future.in_unpatched_greenlet = lambda: False  # type: ignore[assignment]
 
     streamer = FlaskStreamer()
     for name in ("predict", "slow"):

@@ -210,7 +210,7 @@ def test_the_example_shapes_its_batches_by_estimated_tokens(app):
     from tests.flask.conftest import spec_of
 
     spec = spec_of(app, "stream")
-    assert spec.cost_function() is token_estimate and spec.max_batch_cost == 1024
+    assert spec.config.item_cost is token_estimate and spec.config.max_batch_cost == 1024
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     paragraph = " ".join(SENTENCES * 6)
     for text in [*SENTENCES, paragraph]:

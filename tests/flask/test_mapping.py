@@ -300,7 +300,7 @@ def test_a_run_of_503s_is_logged_once_then_counted(make_app, caplog, monkeypatch
     """While a model cannot load every request is refused the same way: the
     log gets one line for it, and the next one, an interval later, says how
     many more there were, rather than a line per request."""
-    from streamer_core import http
+    from streamer_core.web import http
 
     monkeypatch.setattr(http, "_unavailable_seen", {})
     monkeypatch.setattr(http, "UNAVAILABLE_LOG_INTERVAL_S", 600.0)  # however slow the machine

@@ -16,8 +16,8 @@ from flask import Flask
 
 from flask_streamer import FlaskStreamer
 from streamer_core import ManagedModel
-from streamer_core.model_spec import ConfigurationError
-from streamer_core.probes import PROBE_BUDGET_S
+from streamer_core.errors import ConfigurationError
+from streamer_core.web.probes import PROBE_BUDGET_S
 from tests.flask.live import fire, free_port, get, gunicorn_argv, in_background, live_server
 from tests.helpers import metric_samples, wait_for
 

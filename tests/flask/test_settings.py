@@ -59,8 +59,8 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
     app, streamer = make_app()
     streamer.add_batched_route("/sized", model=sized)
     spec = spec_of(app, "sized")
-    assert (spec.backend, spec.batch_size, spec.max_latency, spec.worker_num) == ("thread", 64, 0.1, 1)
-    assert (spec.cuda_devices, spec.redis_url, spec.timeout, spec.max_queue) == (None, None, 20.0, None)
+    assert (spec.backend, spec.config.batch_size, spec.config.max_latency, spec.worker_num) == ("thread", 64, 0.1, 1)
+    assert (spec.cuda_devices, spec.redis_url, spec.config.timeout, spec.config.max_queue) == (None, None, 20.0, None)
     assert spec.prefix == f"{app.name}:sized", "keys are named after the app, then the route"
     response = app.test_client().post("/sized", json=3)
     assert response.status_code == 200 and response.get_json() == {"x": 3, "n": 1}
@@ -186,8 +186,8 @@ def test_timeout_and_max_queue_can_be_overridden_per_route(make_app, gated, pool
     held = app.test_client().post("/quick", json="hold")  # held by the model past the route's timeout
     assert error_of(held, 504)["type"] == "StreamerTimeoutError"
     spec = spec_of(app, "quick")
-    assert (spec.timeout, spec.max_queue, spec.batch_size) == (0.3, 1, 8)
-    assert (spec_of(app, "double").timeout, spec_of(app, "double").max_queue) == (30, None)
+    assert (spec.config.timeout, spec.config.max_queue, spec.config.batch_size) == (0.3, 1, 8)
+    assert (spec_of(app, "double").config.timeout, spec_of(app, "double").config.max_queue) == (30, None)
     assert app.test_client().post("/double", json=4).get_json() == 8
 
 
@@ -295,7 +295,7 @@ def test_settings_from_flask_environment_variables(make_app, monkeypatch):
     streamer.init_app(app)
     spec = spec_of(app, "double")
     assert (spec.backend, spec.redis_url) == ("redis", "redis://127.0.0.1:1/0")
-    assert (spec.batch_size, spec.max_latency) == (8, 0.02)
+    assert (spec.config.batch_size, spec.config.max_latency) == (8, 0.02)
     group = spec.worker_group()
     assert (group.worker_num, group.devices) == (4, (0, 1))
     assert group.options["batch_size"] == 8
@@ -379,7 +379,7 @@ def test_a_cost_budget_from_the_settings_and_the_route_shapes_the_batches(make_a
     app, streamer = make_app({"STREAMER_ITEM_COST": "tests.flask.apps:text_cost", "STREAMER_MAX_LATENCY": 0.02})
     streamer.add_batched_route("/batch", "batch", with_batch, batch_size=8, max_batch_cost=12, batch_cost="sum")
     spec = spec_of(app, "batch")
-    assert (spec.cost_function(), spec.max_batch_cost, spec.batch_cost) == (text_cost, 12, "sum")
+    assert (spec.config.item_cost, spec.config.max_batch_cost, spec.config.batch_cost) == (text_cost, 12, "sum")
     texts = ["x" * (1 + i % 6) for i in range(60)]
     responses = list(pool.map(lambda t: app.test_client().post("/batch", json=t), texts))
     answers = [response.get_json() for response in responses]

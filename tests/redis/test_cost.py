@@ -139,12 +139,12 @@ def test_a_worker_splits_a_batch_that_runs_out_of_memory_and_learns_a_cap(broker
     inputs = [1 + (7 * i) % 10 for i in range(600)]
     assert run_load(streamer, inputs, threads=32) == [x * 2 for x in inputs], "a caller saw the error"
     assert model.ran_out >= 1, "the model never ran out: the test proves nothing"
-    assert worker.worker._cap.limit <= 30 * 1.25**2
-    assert not math.isinf(worker.worker._cap.limit)
+    assert worker.worker.cost_cap() <= 30 * 1.25**2
+    assert not math.isinf(worker.worker.cost_cap())
     # The worker's own stats (its metrics) count the splits and show the cap.
     stats = worker.worker.stats()
     assert stats.oom_splits == model.ran_out
-    assert stats.batch_cost_cap == worker.worker._cap.limit
+    assert stats.batch_cost_cap == worker.worker.cost_cap()
     assert model.ran_out < model.calls / 4, f"{model.ran_out} of {model.calls} model calls ran out of memory"
 
 

@@ -14,7 +14,7 @@ from flask import Flask
 
 from flask_streamer import FlaskStreamer
 from streamer_core import NoWorkerError
-from streamer_core.status import model_status
+from streamer_core.web.status import model_status
 from tests.helpers import metric_samples
 from tests.redis.conftest import Broker, Processes, ThreadWorker, free_port, wait_for, wait_serving, worker_children
 from tests.redis.models import identity

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamer_core import batching
+from streamer_core import hold
 from streamer_core.backends.redis.wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     packed_request_arguments,
@@ -182,7 +182,7 @@ def test_a_second_batch_answered_at_once_waits_for_the_first_ones_callers(broker
     from streamer_core.backends.redis import client
 
     monkeypatch.setattr(client, "_STAGGER_S", 5.0)
-    monkeypatch.setattr(batching, "_STILL_ARRIVING", 2.0)
+    monkeypatch.setattr(hold, "STILL_ARRIVING", 2.0)
     streamer = make_streamer(broker)
     woken: Dict[int, float] = {}
     back: Dict[int, float] = {}

@@ -87,7 +87,7 @@ def test_run_redis_workers_forever_refuses_bad_options_before_starting_anything(
     with pytest.raises(ValueError, match="worker_num"):
         run_redis_workers_forever(models.double, 4, worker_num=0)
     with pytest.raises(TypeError, match="cuda_devices"):
-        run_redis_workers_forever(models.double, 4, cuda_devices="0,1")
+        run_redis_workers_forever(models.double, 4, cuda_devices={"gpu": 0})
     with pytest.raises(ValueError, match="claim_after"):
         run_redis_workers_forever(models.double, 4, claim_after=-1)
     with pytest.raises(ValueError, match="hang_timeout"):

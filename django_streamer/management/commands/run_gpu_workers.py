@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
-from streamer_core.config import show_logs
-from streamer_core.model_spec import ModelSpec, parse_devices
+from streamer_core.config import OPTIONS
+from streamer_core.logs import show_logs
+from streamer_core.web.spec import ModelSpec
 
 from ...conf import model_specs
 
@@ -123,11 +124,11 @@ class Command(BaseCommand):
             )
         return chosen
 
-    def _devices(self, text: Optional[str]) -> Optional[List[Any]]:
+    def _devices(self, text: Optional[str]) -> Optional[Tuple[Any, ...]]:
         if text is None:
             return None
-        devices: List[Any] = parse_devices(text)
-        problems = ModelSpec(name="", model=len, cuda_devices=devices).problems(lambda _field: "--devices")
-        if problems:
-            raise CommandError(f"{problems[0].message} (got {text!r})")
+        try:
+            devices: Tuple[Any, ...] = OPTIONS["cuda_devices"].checked(text, "--devices")
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"{exc} (got {text!r})") from None
         return devices

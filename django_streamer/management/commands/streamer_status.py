@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from streamer_core.status import model_status, render_json, render_text
+from streamer_core.web.status import model_status, render_json, render_text
 
 from ...conf import model_specs
 

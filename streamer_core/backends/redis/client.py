@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver
 from ...codec import Buffers, decode_error, get_codec
-from ...config import DEFAULT_TIMEOUT, BatchingConfig
+from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
@@ -565,18 +565,19 @@ class RedisStreamer(BaseStreamer):
         redis_broker: str = "localhost:6379",
         prefix: str = "",
         *,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_queue: Optional[int] = None,
-        codec: str = "msgpack",
+        timeout: float = default("timeout"),
+        max_queue: Optional[int] = default("max_queue"),
+        codec: str = default("codec"),
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
         name: Optional[str] = None,
     ) -> None:
+        # The batches here are sends to Redis; the workers form the model's,
+        # with the costs sent along (computed by the backend as it encodes).
         config = BatchingConfig(_SEND_BATCH, _SEND_HOLD_S, timeout, max_queue)
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
-        if item_cost is not None and not callable(item_cost):
-            raise TypeError(f"item_cost must be a function of one input returning a positive number, got {item_cost!r}")
+        item_cost = OPTIONS["item_cost"].checked(item_cost)
         backend = functools.partial(_RedisClientBackend, redis_broker, prefix, codec, require_workers, item_cost)
         super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
 

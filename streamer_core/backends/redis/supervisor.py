@@ -15,12 +15,13 @@ import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ...config import DEFAULT_MAX_LATENCY, LOG_FORMAT, MAX_SECONDS, DeviceId, _check_int, check_devices
+from ...config import MAX_SECONDS, OPTIONS, DeviceId, default
 from ...errors import WorkerStartError
+from ...logs import LOG_FORMAT
 from ...streamer import callable_name
 from ..spawning import spawn_context
 from .connection import MAX_BACKOFF_S, wait_for_broker
-from .worker import DEFAULT_HANG_TIMEOUT, EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS, RedisWorker
+from .worker import EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS, RedisWorker
 
 __all__ = ["run_redis_workers_forever", "run_worker_groups", "WorkerGroup", "EXIT_INIT_FAILED"]
 
@@ -61,9 +62,9 @@ class WorkerGroup(NamedTuple):
 def run_redis_workers_forever(
     model_class: Any,
     batch_size: int,
-    max_latency: float = DEFAULT_MAX_LATENCY,
-    worker_num: int = 1,
-    cuda_devices: Optional[Sequence[DeviceId]] = None,
+    max_latency: float = default("max_latency"),
+    worker_num: int = default("worker_num"),
+    cuda_devices: Optional[Sequence[DeviceId]] = default("cuda_devices"),
     redis_broker: str = "localhost:6379",
     prefix: str = "",
     model_init_args: Optional[Sequence[Any]] = None,
@@ -92,9 +93,8 @@ def run_redis_workers_forever(
         model_init_kwargs=model_init_kwargs,
         **options,
     )
-    group = WorkerGroup(
-        callable_name(model_class), worker_options, worker_num, check_devices("cuda_devices", cuda_devices)
-    )
+    devices = OPTIONS["cuda_devices"].checked(cuda_devices)
+    group = WorkerGroup(callable_name(model_class), worker_options, worker_num, devices)
     return run_worker_groups([group], metrics_port=metrics_port)
 
 
@@ -172,8 +172,8 @@ def run_worker_groups(groups: Sequence[WorkerGroup], metrics_port: Optional[int]
 def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer]) -> int:
     slots: List[Tuple[WorkerGroup, int, Optional[DeviceId]]] = []
     for group in groups:
-        _check_int(f"worker_num of {group.name}", group.worker_num, 1)
-        devices = check_devices(f"cuda_devices of {group.name}", group.devices)
+        OPTIONS["worker_num"].checked(group.worker_num, f"worker_num of {group.name}")
+        devices = OPTIONS["cuda_devices"].checked(group.devices, f"cuda_devices of {group.name}")
         RedisWorker(**group.options)  # validate everything here, before any process starts
         for i in range(group.worker_num):
             slots.append((group, i, devices[i % len(devices)] if devices else None))
@@ -244,7 +244,7 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
                     continue
                 restarts[n] += 1
                 hung = process.exitcode in (EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS)
-                base = group.options.get("hang_timeout", DEFAULT_HANG_TIMEOUT)
+                base = group.options.get("hang_timeout", default("hang_timeout"))
                 if hung and base is not None:
                     had = hang_limits[n] if process.exitcode == EXIT_HUNG else None
                     hang_limits[n] = min(2 * (base if had is None else had), MAX_SECONDS)

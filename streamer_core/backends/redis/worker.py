@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import queue
 import signal
@@ -29,15 +28,15 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ...batching import HoldPolicy, batch_cost, shape_batch
 from ...codec import Codec, encode_error, get_codec
-from ...config import DEFAULT_MAX_LATENCY, BatchingConfig, DeviceId, _check_int, _check_seconds
+from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
 from ...errors import ItemCostError, SerializationError, WorkerDiedError, WorkerStartError
+from ...hold import HoldPolicy
 from ...managed_model import check_model, load_predict, model_facts, ready_line
-from ...oom import CostCap
 from ...runner import run_batch
+from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name, item_cost_of
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
@@ -63,6 +62,9 @@ from .wire import (
     result_entry,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["RedisWorker"]
 
 logger = logging.getLogger("streamer_core.redis")
@@ -79,9 +81,6 @@ _HOLD_POLL_S = 0.001
 # batch waits.
 _RECHECK_AFTER_S = 0.01
 
-#: How long a worker may run one batch after every caller of it has given up
-#: before it is taken for hung (seconds); see RedisWorker.
-DEFAULT_HANG_TIMEOUT = 60.0
 #: Exit codes of a worker process that ended itself because its model hung,
 #: before it had answered any batch, or after: the supervisor starts it again,
 #: with twice the hang_timeout it had, or twice the one it was given.
@@ -137,49 +136,35 @@ class RedisWorker:
         self,
         model_class: Any,
         batch_size: int,
-        max_latency: float = DEFAULT_MAX_LATENCY,
+        max_latency: float = default("max_latency"),
         redis_broker: str = "localhost:6379",
         prefix: str = "",
         model_init_args: Optional[Sequence[Any]] = None,
         model_init_kwargs: Optional[Dict[str, Any]] = None,
         *,
-        codec: str = "msgpack",
-        isolate_errors: bool = True,
-        claim_after: float = 2.0,
-        max_item_crashes: int = 2,
-        item_cost: Optional[Callable[[Any], float]] = None,
-        max_batch_cost: Optional[float] = None,
-        batch_cost: str = "max",
-        oom_errors: Optional[Tuple[Type[BaseException], ...]] = None,
+        codec: str = default("codec"),
+        claim_after: float = default("claim_after"),
+        max_item_crashes: int = default("max_item_crashes"),
         name: Optional[str] = None,
-        hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
+        hang_timeout: Optional[float] = default("hang_timeout"),
+        **options: Unpack[ModelOptions],
     ) -> None:
         self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
-        self._config = config = BatchingConfig(
-            batch_size,
-            max_latency,
-            isolate_errors=isolate_errors,
-            item_cost=item_cost,
-            max_batch_cost=max_batch_cost,
-            batch_cost=batch_cost,
-            oom_errors=oom_errors,
-        )
-        # Batches are shaped by cost when asked, and while a cap learned from
-        # running out of memory holds (see streamer_core.oom). Without a
-        # budget the cap has no ceiling: the costs may be the web side's.
-        self._cap = CostCap(math.inf if config.max_batch_cost is None else config.max_batch_cost)
-        self._shaping = config.max_batch_cost is not None
+        self._config = config = BatchingConfig(batch_size, max_latency, **options)
+        # Batches are shaped by cost as in-process (see streamer_core.shaping).
+        # The costs may be the web side's: a learned cap has no ceiling but
+        # the budget.
+        self._shaper = CostShaper(config, costed=True)
+        self._shaping = self._shaper.active
         check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
         self._init_kwargs = dict(model_init_kwargs or {})
         self._codec: Codec = get_codec(codec)
         self._errors_codec: Codec = get_codec("msgpack")
-        self._claim_after = _check_seconds("claim_after", claim_after, allow_zero=False)
-        self._max_item_crashes = _check_int("max_item_crashes", max_item_crashes, 1)
-        self._hang_timeout = (
-            None if hang_timeout is None else _check_seconds("hang_timeout", hang_timeout, allow_zero=False)
-        )
+        self._claim_after: float = OPTIONS["claim_after"].checked(claim_after)
+        self._max_item_crashes: int = OPTIONS["max_item_crashes"].checked(max_item_crashes)
+        self._hang_timeout: Optional[float] = OPTIONS["hang_timeout"].checked(hang_timeout)
         # Set by the supervisor's worker processes: exit when hung, to be started again.
         self._exit_when_hung = False
         self._hung_logged = False
@@ -240,7 +225,7 @@ class RedisWorker:
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory
         (``inf``: none), for the stats."""
-        return self._cap.limit
+        return self._shaper.cap.limit
 
     def stop(self) -> None:
         """Finish the batches in hand, then return from :meth:`run_forever`."""
@@ -368,16 +353,13 @@ class RedisWorker:
 
     def _over_budget(self) -> bool:
         """Whether what was read is more than one batch's budget."""
-        budget = self._cap.budget(self._config.max_batch_cost)
-        return batch_cost(self._config.batch_cost, [held.cost for held in self._next]) > budget
+        return self._shaper.over_budget([held.cost for held in self._next])
 
     def _shape(self, held: List[_Input]) -> Tuple[List[_Input], List[_Input]]:
         """The batch to run out of what was read (the oldest, then those
         closest to it in cost, within the budget), and what is left for the
         next one: still pending under this worker, within one batch."""
-        config = self._config
-        budget = self._cap.budget(config.max_batch_cost)
-        taken = shape_batch([h.cost for h in held], config.batch_size, budget, config.batch_cost, True)
+        taken = self._shaper.shape([h.cost for h in held])
         chosen = set(taken)
         return [held[i] for i in taken], [h for i, h in enumerate(held) if i not in chosen]
 
@@ -408,11 +390,11 @@ class RedisWorker:
                 self._model_since = None
             for position, outcome in zip(positions, run.outcomes):
                 outcomes[position] = outcome
-            self._cap.learn([batch[p].cost for p in positions], config.batch_cost, run.out_of_memory, run.ran)
             if run.oom_splits:
                 self._stats.oom_split(run.oom_splits)
             with self._cond:
-                self._shaping = config.max_batch_cost is not None or self._cap.active
+                self._shaper.learn([batch[p].cost for p in positions], run.out_of_memory, run.ran)
+                self._shaping = self._shaper.active
         seconds = time.monotonic() - started if inputs else 0.0
         if inputs:
             # Each request's wait, by the server's clock: from its entry's time to now.

@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List
 
-from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, batching, http
+from streamer_core import RedisStreamer, Streamer, StreamerClosedError, ThreadedStreamer, future
+from streamer_core.web import http
 
 
 def double(batch: List[int]) -> List[int]:
@@ -87,7 +88,7 @@ def main(kind: str, action: str, *redis: str) -> None:
         held, release = threading.Event(), threading.Event()
         lock = {
             "stats": streamer._stats._lock,
-            "futures": batching._LAZY_LOCK,
+            "futures": future._LAZY_LOCK,
             "unavailable": http._unavailable_lock,
         }[action.rsplit("-", 1)[1]]
 

@@ -28,77 +28,46 @@ import os
 import threading
 import time
 import traceback
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
-from .errors import (
+from ..errors import (
+    InvalidInput,
     ItemCostError,
+    MethodNotAllowed,
+    PayloadTooLarge,
     QueueFullError,
     RemoteTraceback,
+    SerializationError,
     StreamerClosedError,
-    StreamerError,
     StreamerTimeoutError,
     UnavailableError,
+    UnsupportedMediaType,
 )
 
 __all__ = [
-    "InvalidInput",
-    "MethodNotAllowed",
-    "PayloadTooLarge",
-    "UnsupportedMediaType",
     "MISSING",
+    "RETRY_AFTER_FULL",
+    "RETRY_AFTER_DOWN",
     "error_response",
     "status_for",
     "log_unavailable",
     "item_from_request",
     "read_upload",
     "check_body_size",
-    "check_max_body_bytes",
-    "DEFAULT_MAX_BODY_BYTES",
     "check_media_type",
     "to_jsonable",
     "dumps_json",
+    "json_answer",
     "loads_json",
     "FAST_JSON",
 ]
+
+T = TypeVar("T")
 
 #: ``Retry-After`` seconds: a full queue drains within a batch or two; a
 #: missing worker or broker takes longer to come back.
 RETRY_AFTER_FULL = 1
 RETRY_AFTER_DOWN = 5
-
-#: The largest request body a batched endpoint reads unless told otherwise
-#: (10 MiB): a JSON body, a form, or an uploaded file with its form.
-DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
-
-
-class InvalidInput(StreamerError, ValueError):
-    """The request could not be turned into a model input (HTTP 400). Raise
-    it from a route's ``parse`` hook with a message for the client."""
-
-    #: The HTTP status it is answered with.
-    status = 400
-
-
-class MethodNotAllowed(InvalidInput):
-    """The endpoint does not serve this HTTP method (405, with ``Allow``)."""
-
-    status = 405
-
-    def __init__(self, method: str, allowed: Sequence[str]) -> None:
-        super().__init__(f"{method} is not served here; use {', '.join(allowed)}")
-        self.allowed = list(allowed)
-
-
-class PayloadTooLarge(InvalidInput):
-    """The body is larger than the server takes (413)."""
-
-    status = 413
-
-
-class UnsupportedMediaType(InvalidInput):
-    """The body is of a media type the endpoint does not read (415)."""
-
-    status = 415
 
 
 class _Missing:
@@ -241,16 +210,6 @@ def check_body_size(length: Optional[int], max_bytes: Optional[int]) -> None:
         )
 
 
-def check_max_body_bytes(value: Any, where: str) -> Optional[str]:
-    """What is wrong with a ``max_body_bytes`` setting, or ``None``."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return None
-    return (
-        f"{where} must be a whole number of bytes, at least 1 (e.g. {DEFAULT_MAX_BODY_BYTES} for 10 MiB), "
-        f"or None for no limit; got {value!r}"
-    )
-
-
 #: Media types of request bodies the default parsing reads: JSON, and forms.
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -339,6 +298,17 @@ def dumps_json(value: Any) -> bytes:
                 pass
             raise
     return _stdlib_dumps(value)
+
+
+def json_answer(output: Any, dumps: Callable[[Any], T] = dumps_json) -> T:  # type: ignore[assignment]
+    """A model's output as the body of a batched endpoint's answer, by
+    ``dumps`` (or as the response a framework's JSON provider makes of it);
+    an output with no JSON form is the model's fault, a
+    :class:`SerializationError` (500) saying so."""
+    try:
+        return dumps(output)
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"the model's output for this input cannot be sent as JSON: {exc}") from exc
 
 
 def _stdlib_dumps(value: Any) -> bytes:

@@ -3,11 +3,11 @@
 For each model: its backend and batch settings and, for the Redis backend,
 what Redis says now: the live workers (host, pid, device, last beat), the
 requests waiting for a worker and those a worker holds (pending), and the
-age of the oldest waiting request. A model is well when its settings are
-valid and, for Redis, the broker answers and at least one worker is live;
-the commands exit non-zero otherwise, so they serve as a container's health
-check. Thread and process backends run inside each web process: a command
-run beside them can check their settings only.
+age of the oldest waiting request. A model is well when, for Redis, the
+broker answers and at least one worker is live (its settings were checked
+when its spec was made); the commands exit non-zero otherwise, so they serve
+as a container's health check. Thread and process backends run inside each
+web process: a command run beside them can show their settings only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .model_spec import ModelSpec
+from .spec import ModelSpec
 
 __all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json"]
 
@@ -56,19 +56,19 @@ class ModelStatus:
 
 def model_status(spec: ModelSpec) -> ModelStatus:
     """The state of ``spec``'s model: its settings, and for Redis, asked now."""
+    config = spec.config
     settings: Dict[str, Any] = {
-        "batch_size": spec.batch_size,
-        "max_latency": spec.max_latency,
-        "timeout": spec.timeout,
-        "max_queue": spec.max_queue,
+        "batch_size": config.batch_size,
+        "max_latency": config.max_latency,
+        "timeout": config.timeout,
+        "max_queue": config.max_queue,
         "worker_num": spec.worker_num,
     }
-    if spec.max_batch_cost is not None or spec.item_cost is not None:
-        settings.update(max_batch_cost=spec.max_batch_cost, batch_cost=spec.batch_cost)
+    if config.shapes_by_cost:
+        settings.update(max_batch_cost=config.max_batch_cost, batch_cost=config.batch_cost)
     status = ModelStatus(spec.name, spec.backend, settings)
-    status.problems.extend(problem.message for problem in spec.problems())
-    if spec.backend == "redis" and not status.problems:
-        from .backends.redis.connection import redact_url
+    if spec.backend == "redis":
+        from ..backends.redis.connection import redact_url
 
         settings.update(redis_url=redact_url(spec.redis_url or ""), prefix=spec.prefix)
         _redis_status(spec, status)
@@ -76,8 +76,8 @@ def model_status(spec: ModelSpec) -> ModelStatus:
 
 
 def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
-    from .backends.redis.connection import broker_errors, broker_problem, connect
-    from .backends.redis.wire import GROUP, PRESENCE_MS, Keys
+    from ..backends.redis.connection import broker_errors, broker_problem, connect
+    from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys
 
     keys = Keys(spec.prefix)
     conn = connect(spec.redis_url or "")

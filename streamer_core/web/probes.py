@@ -18,26 +18,28 @@ import threading
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .model_spec import LazyStreamer
+from .http import RETRY_AFTER_DOWN
+from .spec import LazyStreamer
 
-__all__ = ["PROBE_BUDGET_S", "liveness", "readiness", "ProbeAnswer"]
+__all__ = ["PROBE_BUDGET_S", "liveness", "readiness", "unready", "ProbeAnswer"]
 
 #: Seconds a readiness probe may take in all; a model whose check has not
 #: answered by then (a broker that hangs) is reported not ready.
 PROBE_BUDGET_S = 0.8
 
-#: ``(status, JSON body)``.
-ProbeAnswer = Tuple[int, Dict[str, Any]]
+#: ``(status, JSON body, headers)``.
+ProbeAnswer = Tuple[int, Dict[str, Any], Dict[str, str]]
 
 
 def liveness() -> ProbeAnswer:
     """The process serves: always 200."""
-    return 200, {"status": "alive"}
+    return 200, {"status": "alive"}, {}
 
 
 def readiness(handles: Mapping[str, LazyStreamer], draining: bool = False) -> ProbeAnswer:
-    """200 when every model of ``handles`` (by name) can serve now, else 503;
-    the body says, per model, ``ready`` and, when not, ``reason``."""
+    """200 when every model of ``handles`` (by name) can serve now, else 503
+    with ``Retry-After``; the body says, per model, ``ready`` and, when not,
+    ``reason``."""
     deadline = time.monotonic() + PROBE_BUDGET_S
     results: Dict[str, Optional[str]] = {}
     checks = []
@@ -63,7 +65,14 @@ def readiness(handles: Mapping[str, LazyStreamer], draining: bool = False) -> Pr
             entry["reason"] = reason
         models[name] = entry
     ready = all(entry["ready"] for entry in models.values())
-    return (200 if ready else 503), {"status": "ready" if ready else "unavailable", "models": models}
+    if ready:
+        return 200, {"status": "ready", "models": models}, {}
+    return 503, {"status": "unavailable", "models": models}, {"Retry-After": str(RETRY_AFTER_DOWN)}
+
+
+def unready(error: BaseException) -> ProbeAnswer:
+    """503: the settings themselves are wrong, so no model can serve."""
+    return 503, {"status": "unavailable", "error": str(error)}, {"Retry-After": str(RETRY_AFTER_DOWN)}
 
 
 def _check_into(handle: LazyStreamer, deadline: float, result: Dict[str, Optional[str]]) -> None:

@@ -1,0 +1,168 @@
+"""The request cycle of a batched endpoint, whatever the web framework.
+
+::
+
+    request --> draining? ------------------------------------> 503 Retry-After
+            --> parse (the route's hook, or the default rule) -> 400 / 405 / 413 / 415
+            --> the model's streamer: predict([input])  -------> 500 / 503 / 504
+                (sync: blocks this thread; async: awaits)
+            --> respond (the route's hook, or JSON) ----------> 500
+            --> the response
+
+The Flask extension and the Django app are thin adapters around
+:class:`Cycle`: each gives it a way to answer an error in its framework
+(``reply``), its logger, its debug flag, and the exceptions its own body
+parsing raises (``read_error``); they keep only what is theirs (routing, the
+request object, CSRF). So one model behaves alike behind either, in every
+failure: the statuses are :mod:`streamer_core.web.http`'s, every call is
+counted once in :mod:`streamer_core.stats`, and a 5xx is logged as
+:func:`~streamer_core.web.http.log_unavailable` says.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Awaitable, Callable, Dict, Generic, Optional, TypeVar
+
+from ..errors import InvalidInput, StreamerClosedError
+from ..stats import stats_for
+from ..streamer import BaseStreamer
+from .http import error_response, log_unavailable
+
+__all__ = ["Cycle", "Reply"]
+
+R = TypeVar("R")
+
+#: ``reply(status, json_body, headers)``: the framework's response.
+Reply = Callable[[int, Dict[str, Any], Dict[str, str]], R]
+
+
+class Cycle(Generic[R]):
+    """The request cycle of the batched endpoints of one app.
+
+    ``reply`` makes the framework's response of an error; ``log`` is where a
+    500 and a run of 503s are logged, under ``noun`` and the endpoint's name
+    (``"the batched route"``); ``debug()`` says whether an error's body
+    carries its traceback; ``read_error(exc)`` turns what the framework
+    raised while reading a body (a malformed form, a body over its limit)
+    into an :class:`InvalidInput` of the right status, or ``None`` when it
+    is not such an error."""
+
+    def __init__(
+        self,
+        reply: Reply[R],
+        log: logging.Logger,
+        noun: str,
+        debug: Callable[[], bool],
+        read_error: Callable[[BaseException], Optional[InvalidInput]],
+    ) -> None:
+        self.reply = reply
+        self.log = log
+        self.noun = noun
+        self.debug = debug
+        self.read_error = read_error
+
+    # -- the cycle ---------------------------------------------------------------
+
+    def serve(
+        self,
+        name: str,
+        streamer: Callable[[], BaseStreamer],
+        parse: Callable[[], Any],
+        respond: Callable[[Any], Any],
+        draining: bool = False,
+    ) -> R:
+        """Serve one request to the endpoint ``name``: refuse it while
+        ``draining``, ``parse()`` it into the model's input, run that through
+        ``streamer()`` with other requests' inputs, and ``respond(output)``;
+        every failure on the way is the error response for it."""
+        if draining:
+            return self.refuse_while_draining(name)
+        try:
+            item = parse()
+        except Exception as exc:
+            return self.parse_failed(name, exc)
+        try:
+            output = streamer().predict([item])[0]
+            response = respond(output)
+            if inspect.isawaitable(response):
+                raise TypeError(
+                    f"the respond hook of {self.noun} {name} returned an awaitable in a sync view: "
+                    "respond synchronously, or make the view async"
+                )
+        except Exception as exc:
+            return self.error(name, exc)
+        answer: R = response
+        return answer
+
+    async def aserve(
+        self,
+        name: str,
+        streamer: Callable[[], BaseStreamer | Awaitable[BaseStreamer]],
+        parse: Callable[[], Any],
+        respond: Callable[[Any], Any],
+        draining: bool = False,
+    ) -> R:
+        """:meth:`serve` for an async view: ``parse``, ``streamer`` and
+        ``respond`` may each return an awaitable, and the call is awaited
+        without blocking the event loop."""
+        if draining:
+            return self.refuse_while_draining(name)
+        try:
+            item = parse()
+            if inspect.isawaitable(item):
+                item = await item
+        except Exception as exc:
+            return self.parse_failed(name, exc)
+        try:
+            running = streamer()
+            if inspect.isawaitable(running):
+                running = await running
+            output = (await running.apredict([item]))[0]
+            response = respond(output)
+            if inspect.isawaitable(response):
+                response = await response
+        except Exception as exc:
+            return self.error(name, exc)
+        answer: R = response
+        return answer
+
+    # -- its failures ------------------------------------------------------------
+
+    def error(self, name: str, exc: BaseException) -> R:
+        """The response for ``exc``: its status by
+        :func:`~streamer_core.web.http.status_for`; a 500 logged with its
+        traceback, a 503 or 504 logged by
+        :func:`~streamer_core.web.http.log_unavailable`."""
+        status, body, headers = error_response(exc, debug=self.debug())
+        if status == 500:
+            self.log.error("%s %s failed", self.noun, name, exc_info=exc)
+        elif status > 500:
+            log_unavailable(self.log, f"{self.noun} {name}", status, exc)
+        return self.reply(status, body, headers)
+
+    def parse_failed(self, name: str, exc: Exception) -> R:
+        """The response when parsing the request raised ``exc``: an
+        :class:`InvalidInput` as it is (400, or its own status); what the
+        framework raised reading the body, as :attr:`read_error` says; a
+        ``ValueError``, ``TypeError`` or ``KeyError`` as a 400; anything else
+        as a 500 (the parse hook's own fault, logged). Counted as the call's
+        outcome: it never reaches the streamer."""
+        problem: BaseException
+        if isinstance(exc, InvalidInput):
+            problem = exc
+        else:
+            problem = self.read_error(exc) or exc
+            if problem is exc and isinstance(exc, (ValueError, TypeError, KeyError)):
+                problem = InvalidInput(f"the request could not be parsed: {exc}")
+            if problem is not exc:
+                problem.__cause__ = exc
+        stats_for(name).failed(problem)
+        return self.error(name, problem)
+
+    def refuse_while_draining(self, name: str) -> R:
+        """503 with ``Retry-After``: this process is shutting down."""
+        stats_for(name).finished("unavailable")
+        status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
+        return self.reply(status, body, headers)

@@ -1,0 +1,290 @@
+"""One batched model as a web framework's settings describe it.
+
+The Flask extension (``app.config["STREAMER_*"]``) and the Django app
+(``settings.STREAMER["MODELS"]``) both turn their settings into a
+:class:`ModelSpec` by :meth:`ModelSpec.from_settings`: which backend, which
+model, and its options, each checked by its option's own check
+(:data:`~streamer_core.config.OPTIONS`), with every wrong value listed under
+the name the user wrote it by, so each framework can report them its own way
+(an exception at ``init_app``, system checks under Django). A spec then
+builds the streamer (:meth:`ModelSpec.build`) or the Redis workers
+(:meth:`ModelSpec.worker_group`), handing its :class:`BatchingConfig` on.
+
+:class:`LazyStreamer` holds a spec's streamer in one web process: it is made
+on first use, never at import, and made again in a forked child (gunicorn
+forks its workers after importing the app with ``--preload``), because a
+streamer's threads do not survive a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from ..config import OPTIONS, BatchingConfig, DeviceId
+from ..errors import ConfigurationError, StreamerError, WorkerStartError
+from ..managed_model import ManagedModel, load_predict
+from ..streamer import BaseStreamer, callable_name
+
+__all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer"]
+
+#: The options a web layer's settings give each model, in the order they are
+#: checked and documented: Flask's ``STREAMER_<NAME>``, Django's ``<NAME>``.
+MODEL_SETTINGS: Tuple[str, ...] = (
+    "backend",
+    "batch_size",
+    "max_latency",
+    "worker_num",
+    "cuda_devices",
+    "redis_url",
+    "prefix",
+    "timeout",
+    "max_queue",
+    "codec",
+    "item_cost",
+    "max_batch_cost",
+    "batch_cost",
+)
+_BATCHING = tuple(field.name for field in fields(BatchingConfig))
+
+
+class Problem(NamedTuple):
+    """One wrong setting. ``field`` is the option; ``kind`` groups problems
+    for the frameworks' error codes: ``backend``, ``model``, ``size`` (a
+    count that must be a positive int), ``seconds``, ``devices``,
+    ``redis_url``, ``option`` (anything else)."""
+
+    field: str
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A batched model and how to serve it, its settings checked: made by
+    :meth:`from_settings` (or :meth:`checked`).
+
+    ``model`` is a function taking a list of inputs and returning a list of
+    outputs, or a :class:`ManagedModel` subclass (built where it runs: in the
+    web process for ``thread``, in each worker for ``process`` and ``redis``).
+    ``prefix`` names the Redis keys of this model; web processes and workers
+    must agree on it.
+    """
+
+    name: str
+    model: Any
+    backend: str
+    config: BatchingConfig
+    worker_num: int
+    cuda_devices: Optional[Tuple[DeviceId, ...]]
+    redis_url: Optional[str]
+    prefix: str
+    codec: str
+    init_args: Tuple[Any, ...]
+    init_kwargs: Dict[str, Any]
+
+    @classmethod
+    def from_settings(
+        cls, name: str, model: Any, values: Mapping[str, Any], written_as: Callable[[str], str] = str
+    ) -> Tuple[Optional[ModelSpec], List[Problem]]:
+        """The spec of ``model`` under the settings ``values`` (by option
+        name; a missing one takes its default), or ``None`` and every wrong
+        value, each message naming the setting as ``written_as(option)``
+        (``"STREAMER_BATCH_SIZE"`` for Flask, say)."""
+        problems: List[Problem] = []
+        if isinstance(model, type):
+            if not issubclass(model, ManagedModel):
+                problems.append(
+                    Problem(
+                        "model",
+                        "model",
+                        f"{written_as('model')} is the class {model.__name__}, which is not a ManagedModel subclass; "
+                        "give a ManagedModel subclass or a function taking a list",
+                    )
+                )
+        elif not callable(model):
+            problems.append(
+                Problem(
+                    "model",
+                    "model",
+                    f"{written_as('model')} is {model!r}; give a function taking a list or a ManagedModel subclass",
+                )
+            )
+        kept: Dict[str, Any] = {}
+        for field in (*MODEL_SETTINGS, "init_args", "init_kwargs"):
+            option = OPTIONS[field]
+            try:
+                kept[field] = option.checked(values.get(field, option.default), written_as(field))
+            except (TypeError, ValueError) as exc:
+                problems.append(Problem(field, option.kind, str(exc)))
+        if kept.get("backend") == "redis" and "redis_url" in kept and kept["redis_url"] is None:
+            problems.append(
+                Problem(
+                    "redis_url",
+                    "redis_url",
+                    f"{written_as('redis_url')} must be set for the redis backend, e.g. 'redis://127.0.0.1:6379/0'",
+                )
+            )
+        if problems:
+            return None, problems
+        config = BatchingConfig(**{field: kept[field] for field in _BATCHING if field in kept})
+        others = {field: kept[field] for field in kept if field not in _BATCHING}
+        return cls(name=name, model=model, config=config, **others), []
+
+    @classmethod
+    def checked(
+        cls, name: str, model: Any, values: Mapping[str, Any], written_as: Callable[[str], str] = str
+    ) -> ModelSpec:
+        """:meth:`from_settings`, raising :class:`ConfigurationError` that
+        lists every problem."""
+        spec, problems = cls.from_settings(name, model, values, written_as)
+        if spec is None:
+            where = f" (for {name})" if name else ""
+            messages = [problem.message for problem in problems]
+            raise ConfigurationError(f"bad streamer settings{where}:\n  " + "\n  ".join(messages), messages)
+        return spec
+
+    def build(self) -> BaseStreamer:
+        """Start this model's streamer in this process. For ``thread`` with a
+        :class:`ManagedModel` subclass, the model is built here and now."""
+        from ..backends.process import Streamer
+        from ..backends.thread import ThreadedStreamer
+
+        config, name = self.config, self.name or None
+        if self.backend == "thread":
+            predict = self.model
+            if isinstance(predict, type):
+                device = self.cuda_devices[0] if self.cuda_devices else None
+                predict = load_predict(predict, device, self.init_args, self.init_kwargs)
+            return ThreadedStreamer(predict, config.batch_size, config.max_latency, name=name, **config.keywords())
+        if self.backend == "process":
+            return Streamer(
+                self.model,
+                config.batch_size,
+                config.max_latency,
+                self.worker_num,
+                self.cuda_devices,
+                list(self.init_args),
+                dict(self.init_kwargs),
+                name=name,
+                **config.keywords(),
+            )
+        from ..backends.redis import RedisStreamer
+
+        # A web service answers 503 at once when no worker is alive, rather
+        # than letting requests wait out their timeout. The workers shape the
+        # batches (see worker_group); this side costs each input.
+        return RedisStreamer(
+            self.redis_url or "",
+            self.prefix,
+            codec=self.codec,
+            require_workers=True,
+            timeout=config.timeout,
+            max_queue=config.max_queue,
+            item_cost=config.item_cost,
+            name=name,
+        )
+
+    def worker_group(self, worker_num: Optional[int] = None, cuda_devices: Any = None) -> Any:
+        """The Redis workers of this model, for ``run_worker_groups``;
+        ``worker_num`` and ``cuda_devices`` (``--workers`` and ``--devices``
+        of the worker commands) override the spec's."""
+        from ..backends.redis import WorkerGroup
+
+        if cuda_devices is not None:
+            devices = OPTIONS["cuda_devices"].checked(cuda_devices, "--devices")
+        else:
+            devices = self.cuda_devices
+        count = self.worker_num if worker_num is None else OPTIONS["worker_num"].checked(worker_num, "--workers")
+        config = self.config
+        options: Dict[str, Any] = dict(
+            model_class=self.model,
+            batch_size=config.batch_size,
+            max_latency=config.max_latency,
+            redis_broker=self.redis_url or "",
+            prefix=self.prefix,
+            model_init_args=list(self.init_args),
+            model_init_kwargs=dict(self.init_kwargs),
+            codec=self.codec,
+            **config.model_options(),
+        )
+        # The web side computes item_cost and sends the cost with each request
+        # (a function given in the web app's settings need not even pickle).
+        del options["item_cost"]
+        if self.name:
+            options["name"] = self.name  # the metrics' model label, as on the web side
+        return WorkerGroup(self.name or callable_name(self.model), options, count, devices)
+
+
+class LazyStreamer:
+    """The streamer of one :class:`ModelSpec` in this process, started on
+    first use by :meth:`get` (thread-safe) and again after a fork."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self._lock = threading.Lock()
+        self._streamer: Optional[BaseStreamer] = None
+        self._pid = 0
+        self._starting: Optional[threading.Thread] = None
+        self._starting_pid = 0
+        #: Why the last start in the background failed, if it did.
+        self.start_error: Optional[BaseException] = None
+
+    def get(self) -> BaseStreamer:
+        streamer = self._streamer
+        if streamer is not None and self._pid == os.getpid() and not streamer.closed:
+            return streamer
+        with self._lock:
+            streamer = self._streamer
+            if streamer is not None and self._pid != os.getpid():
+                streamer._finalizer.detach()  # the parent's: its threads are not in this process
+                streamer = None
+            if streamer is None or streamer.closed:
+                try:
+                    streamer = self.spec.build()
+                except StreamerError:
+                    raise
+                except Exception as exc:
+                    # The thread backend builds a ManagedModel here: failing to
+                    # load is the process backend's WorkerStartError (a 503),
+                    # and the next call tries again.
+                    raise WorkerStartError(
+                        f"the model {self.spec.name!r} could not start: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self._streamer = streamer
+                self._pid = os.getpid()
+            return streamer
+
+    def start_in_background(self) -> threading.Thread:
+        """Start the streamer on a thread of its own (a model built in this
+        process may take a while), unless that is under way; return the thread.
+        An error is kept in :attr:`start_error` for a readiness probe."""
+        with self._lock:
+            thread = self._starting
+            if thread is None or not thread.is_alive() or self._starting_pid != os.getpid():
+                thread = threading.Thread(target=self._start, name=f"streamer-start-{self.spec.name}", daemon=True)
+                self._starting, self._starting_pid = thread, os.getpid()
+                thread.start()
+            return thread
+
+    def _start(self) -> None:
+        try:
+            self.get()
+            self.start_error = None
+        except Exception as exc:
+            self.start_error = exc
+
+    @property
+    def started(self) -> bool:
+        """Whether this process has started the streamer."""
+        return self._streamer is not None and self._pid == os.getpid() and not self._streamer.closed
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Close the streamer if this process started it; the next
+        :meth:`get` starts a new one."""
+        with self._lock:
+            streamer, self._streamer = self._streamer, None
+        if streamer is not None and self._pid == os.getpid():
+            streamer.close(timeout)
