@@ -57,6 +57,7 @@ Event = Tuple[str, float, int]  # (what, when, how many)
 
 def _worker(url: str, log_path: str) -> None:
     """The worker process: a RedisWorker whose steps are logged."""
+    from streamer_core.backends.redis import answers as redis_answers
     from streamer_core.backends.redis import worker as redis_worker
 
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - kept for the process's life
@@ -65,7 +66,8 @@ def _worker(url: str, log_path: str) -> None:
         log.write(f"{what} {time.monotonic()} {count}\n")
 
     cls: Any = redis_worker.RedisWorker
-    add, answer, run_batch, entries = cls._add, cls._answer, cls._run, cls._result_entries
+    writer: Any = redis_answers.AnswerWriter
+    add, answer, run_batch, entries = cls._add, writer._answer, cls._run, writer._entries
 
     def logged_run(self: Any, predict: Any, batch: Any) -> Any:
         outcome = run_batch(self, predict, batch)
@@ -85,7 +87,8 @@ def _worker(url: str, log_path: str) -> None:
         note("written")
         return done
 
-    cls._add, cls._answer, cls._run, cls._result_entries = logged_add, logged_answer, logged_run, logged_entries
+    cls._add, cls._run = logged_add, logged_run
+    writer._answer, writer._entries = logged_answer, logged_entries
     run = sim.make_predict(FIXED_MS, PER_ITEM_MS)
 
     def predict(batch: List[Any]) -> List[Any]:

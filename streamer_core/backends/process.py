@@ -39,18 +39,17 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import signal
 import threading
 import time
 import weakref
-from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import MAX_SECONDS, OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
+from ..config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
 from ..errors import SerializationError, StreamerError, WorkerStartError
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
+from .process_slots import Sent, Slot, describe_exit
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
 from .shared_memory import (
     BlockPool,
@@ -72,11 +71,6 @@ if TYPE_CHECKING:
 __all__ = ["Streamer"]
 
 _ctx = spawn_context()
-
-# A worker that dies this many times in a row before it is ready is given up.
-_MAX_START_FAILURES = 3
-_MAX_RESPAWN_DELAY = 5.0
-
 
 # Every backend that has started workers in this process, for _after_fork_in_child.
 _started: weakref.WeakSet[_ProcessBackend] = weakref.WeakSet()
@@ -103,49 +97,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _describe_exit(code: Optional[int]) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-class _Sent(NamedTuple):
-    batch_id: int
-    items: List[_Item]
-    sent_at: float
-
-
-class _Slot:
-    """One worker position: its device, and the process filling it now."""
-
-    def __init__(self, index: int, device: Optional[DeviceId], hang_timeout: Optional[float]) -> None:
-        self.index = index
-        self.device = device
-        self.process: Any = None  # a multiprocessing.Process, once started
-        self.conn: Any = None  # its end of the pipe
-        self.pid: Optional[int] = None
-        self.state = "new"  # starting | ready | dead | failed | stopped
-        self.batches: Deque[_Sent] = deque()  # sent and not answered, oldest first (at most 2)
-        self.last_done = 0.0
-        self.start_failures = 0
-        self.respawn_at: Optional[float] = None
-        self.error: Optional[BaseException] = None
-        self.generation = 0  # how many processes have filled this slot
-        self.spawning = False  # a process for it is being started
-        self.free: List[str] = []  # its result blocks copied out here, to name free with the next batch
-        self.gone: List[str] = []  # this process's blocks unlinked since the last batch, for it to unmap
-        self.hang_timeout = hang_timeout  # doubled at each kill for hanging, until a batch is answered
-
-    def block_prefix(self, prefix: str) -> str:
-        """The names of the current process's shared memory blocks start with this."""
-        return f"{prefix}w{self.index}g{self.generation}_"
 
 
 class _ProcessBackend(Backend):
@@ -179,9 +130,7 @@ class _ProcessBackend(Backend):
         self._prefix = new_prefix("")
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
-        self._slots = [
-            _Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)
-        ]
+        self._slots = [Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)]
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
@@ -204,7 +153,7 @@ class _ProcessBackend(Backend):
             self._spawn(slot)
         self._collector.start()
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _spawn(self, slot: Slot) -> None:
         with self._lock:
             if self._stopping:
                 return  # a respawn that close() overtook
@@ -273,7 +222,7 @@ class _ProcessBackend(Backend):
                 # every call in it was given up meanwhile.
                 scheduler.batch_returned(items, held)
                 return
-            sent = _Sent(next(self._batch_ids), items, time.monotonic())
+            sent = Sent(next(self._batch_ids), items, time.monotonic())
             slot.batches.append(sent)
             if self._pool is not None:
                 gone = self._pool.dropped()
@@ -293,7 +242,7 @@ class _ProcessBackend(Backend):
     def _collect(self) -> None:
         while True:
             with self._lock:
-                watched: Dict[Any, _Slot] = {}
+                watched: Dict[Any, Slot] = {}
                 for slot in self._slots:
                     if slot.conn is not None:
                         watched[slot.conn] = slot
@@ -325,7 +274,7 @@ class _ProcessBackend(Backend):
             except Exception:
                 logger.exception("error in the worker collector thread; it keeps running")
 
-    def _read(self, slot: _Slot) -> None:
+    def _read(self, slot: Slot) -> None:
         try:
             message = slot.conn.recv()
         except (EOFError, OSError):
@@ -360,7 +309,7 @@ class _ProcessBackend(Backend):
 
     def _on_done(
         self,
-        slot: _Slot,
+        slot: Slot,
         batch_id: int,
         wire: List[Any],
         ran_out: Optional[List[Tuple[int, int]]],
@@ -368,15 +317,12 @@ class _ProcessBackend(Backend):
         oom_splits: int,
     ) -> None:
         with self._lock:
-            if not slot.batches or slot.batches[0].batch_id != batch_id:
+            now = time.monotonic()
+            answered = slot.answered(batch_id, now)
+            if answered is None:
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
                 return
-            sent = slot.batches.popleft()
-            slot.hang_timeout = self._hang_timeout  # it answers: whatever was taken for a hang was not one
-            now = time.monotonic()
-            # A batch sent while the worker ran another started when that one ended.
-            elapsed = now - max(sent.sent_at, slot.last_done)
-            slot.last_done = now
+            sent, elapsed = answered
             held_after = len(slot.batches)
         scheduler = self._scheduler
         scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
@@ -390,38 +336,21 @@ class _ProcessBackend(Backend):
                 slot.free.extend(freed)
         deliver(sent.items, outcomes)
 
-    def _died(self, slot: _Slot) -> None:
+    def _died(self, slot: Slot) -> None:
         with self._lock:
             if slot.conn is None:
                 return
-            state, process = slot.state, slot.process
-            lost = [sent.items for sent in slot.batches]
-            slot.batches.clear()
+            process = slot.process
             slot.conn.close()
-            slot.conn = None
             process.join(1.0)
             self._release_blocks(slot)
+            state, lost = slot.ended(self._stopping, time.monotonic())
+            self._changed.notify_all()
             if self._stopping or state == "failed":
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
-                if self._stopping:
-                    slot.state = "stopped"
-                self._changed.notify_all()
                 return
-            if state == "starting":
-                slot.start_failures += 1
-            if slot.start_failures >= _MAX_START_FAILURES:
-                slot.state = "failed"
-                slot.error = WorkerStartError(
-                    f"worker {slot.index} died {slot.start_failures} times while loading the model "
-                    f"(last time it {_describe_exit(process.exitcode)}); see its output above"
-                )
-            else:
-                slot.state = "dead"
-                delay = 0.0 if slot.start_failures == 0 else 0.5 * 2 ** (slot.start_failures - 1)
-                slot.respawn_at = time.monotonic() + min(delay, _MAX_RESPAWN_DELAY)
-            self._changed.notify_all()
-        reason = f"worker {slot.index} (pid {slot.pid}) {_describe_exit(process.exitcode)}"
+        reason = f"worker {slot.index} (pid {slot.pid}) {describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
         if state == "ready":
             # A worker runs its batches in turn: only the first can have reached the model.
@@ -444,14 +373,9 @@ class _ProcessBackend(Backend):
         hung = []
         with self._lock:
             for slot in self._slots:
-                limit = slot.hang_timeout
-                if limit is None or slot.state != "ready" or slot.conn is None or not slot.batches:
-                    continue
-                running = slot.batches[0]
-                seconds = now - max(running.sent_at, slot.last_done)
-                if seconds >= limit and not any(item.task.live() for item in running.items):
-                    slot.hang_timeout = min(2 * limit, MAX_SECONDS)
-                    hung.append((slot, slot.process, seconds, limit))
+                overdue = slot.hung(now)
+                if overdue is not None:
+                    hung.append((slot, slot.process, *overdue))
         for slot, process, seconds, limit in hung:
             logger.error(
                 "worker %d (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
@@ -465,7 +389,7 @@ class _ProcessBackend(Backend):
             )
             process.kill()
 
-    def _release_blocks(self, slot: _Slot) -> None:
+    def _release_blocks(self, slot: Slot) -> None:
         """Unmap and unlink what the slot's process left in shared memory:
         it is dead, or told to stop, so nothing of it is read again."""
         prefix = slot.block_prefix(self._prefix)

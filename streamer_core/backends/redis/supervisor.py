@@ -21,7 +21,8 @@ from ...logs import LOG_FORMAT
 from ...streamer import callable_name
 from ..spawning import spawn_context
 from .connection import MAX_BACKOFF_S, wait_for_broker
-from .worker import EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS, RedisWorker
+from .presence import EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS
+from .worker import RedisWorker
 
 __all__ = ["run_redis_workers_forever", "run_worker_groups", "WorkerGroup", "EXIT_INIT_FAILED"]
 

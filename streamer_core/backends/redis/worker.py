@@ -10,11 +10,17 @@ Three threads share the work, so that the model never waits on Redis::
              just answered, by the same rule as in-process), run the model
     writer   write the answers of a batch, acknowledge and delete its requests
 
+    heartbeat  tell the web processes the worker lives; keep its requests claimed
+
 The reader holds at most one batch beyond the one running (the only worker
 alive, shaping by cost, two full batches' worth with the running one), so a
 worker never has more than two batches' worth pending under its name (plus
 the one being answered): a worker killed at any point loses nothing, since
 what it held is taken over by the others after ``claim_after``.
+
+This module holds the worker itself, its main thread and its reader's loop;
+the reader's dealings with the stream are :mod:`.intake`'s, the writer is
+:mod:`.answers`, the heartbeat :mod:`.presence`.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
@@ -30,37 +35,20 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ...codec import Codec, encode_error, get_codec
+from ...codec import Codec, get_codec
 from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
-from ...errors import ItemCostError, SerializationError, WorkerDiedError, WorkerStartError
+from ...errors import WorkerStartError
 from ...hold import HoldPolicy
 from ...managed_model import check_model, load_predict, model_facts, ready_line
 from ...runner import run_batch
 from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
-from ...streamer import callable_name, item_cost_of
+from ...streamer import callable_name
+from .answers import AnswerWriter, Outcome
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
-from .wire import (
-    BEAT_S,
-    BEAT_SCRIPT,
-    GROUP,
-    LIVE_WORKERS_SCRIPT,
-    PRESENCE_MS,
-    PRESENCE_TTL_MS,
-    RESULTS_MAXLEN,
-    RESULTS_TTL_S,
-    WIRE_VERSION,
-    Answer,
-    DeadLetters,
-    Keys,
-    MalformedEntry,
-    Request,
-    is_wrong_type,
-    legacy_result_entry,
-    parse_request,
-    repair_key,
-    result_entry,
-)
+from .intake import Hands, Input, Intake, ServerClock
+from .presence import ModelWatch, Presence
+from .wire import GROUP, Keys, is_wrong_type, repair_key
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -80,32 +68,6 @@ _HOLD_POLL_S = 0.001
 # sending, and the question costs a round trip while every caller of the
 # batch waits.
 _RECHECK_AFTER_S = 0.01
-
-#: Exit codes of a worker process that ended itself because its model hung,
-#: before it had answered any batch, or after: the supervisor starts it again,
-#: with twice the hang_timeout it had, or twice the one it was given.
-EXIT_HUNG = 4
-EXIT_HUNG_AFTER_ANSWERS = 5
-
-#: One request's outcome: (True, output), (False, error), or None when its
-#: caller has given up (nothing is written back).
-Outcome = Optional[Tuple[bool, Any]]
-
-
-class _Input:
-    """A request in this worker's hands: its input, decoded by the reader,
-    or the error that answers it without running the model."""
-
-    __slots__ = ("request", "value", "error", "cost", "read_at")
-
-    def __init__(
-        self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
-    ) -> None:
-        self.request = request
-        self.value = value
-        self.error = error
-        self.cost = cost
-        self.read_at = time.monotonic()  # when this worker read it
 
 
 class RedisWorker:
@@ -167,21 +129,17 @@ class RedisWorker:
         self._hang_timeout: Optional[float] = OPTIONS["hang_timeout"].checked(hang_timeout)
         # Set by the supervisor's worker processes: exit when hung, to be started again.
         self._exit_when_hung = False
-        self._hung_logged = False
-        self._answered = False  # the model has returned from a batch since the worker started
         self._broker = redis_broker
         self._keys = Keys(prefix)
-        self._dead = DeadLetters(self._keys)
         connect(redis_broker)  # validates the address now; connects lazily
         self._stopping = threading.Event()
         # Requests this worker holds (read ahead, running, being answered):
         # the heartbeat keeps them ours.
-        self._held: Dict[bytes, None] = {}
-        self._held_lock = threading.Lock()
+        self._hands = Hands()
         # The batch the reader fills while the model runs, and the rule that
         # says when the main thread takes it; both under _cond.
         self._cond = threading.Condition(threading.Lock())
-        self._next: List[_Input] = []
+        self._next: List[Input] = []
         self._next_first_seen = 0.0
         self._next_alone = False  # a request taken over from a dead worker: it runs alone
         self._orphan_in_hand = False  # one at a time, each run before the next is claimed
@@ -189,24 +147,18 @@ class RedisWorker:
         self._running = False  # the model is running a batch
         self._running_size = 0  # of how many requests
         # While the model runs a batch: since when, and until when its last
-        # caller waits (monotonic seconds); read by the heartbeat thread.
-        self._model_since: Optional[float] = None
-        self._model_until = 0.0
+        # caller waits; read by the heartbeat thread.
+        self._watch = ModelWatch()
         self._delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
-        self._sole_worker = False  # no other worker is alive: read ahead as requests come
         self._policy = HoldPolicy(self._config.max_latency)
-        # Answers wait here for the writer thread, so writing a batch's
-        # answers overlaps running the next one.
-        self._outbox: queue.Queue[Optional[Tuple[List[Request], List[Outcome]]]] = queue.Queue(maxsize=1)
+        # Made by run_forever, for the threads it starts.
         self._conn: Any = None  # the reader's
         self._main_conn: Any = None
-        self._server_offset_ms = 0.0
-        self._server_checked = float("-inf")
-        self._group_ready = False
-        self._next_claim = 0.0
-        self._next_sweep = 0.0
+        self._clock: ServerClock = ServerClock(None)
+        self._intake: Optional[Intake] = None
+        self._writer: Optional[AnswerWriter] = None
+        self._presence: Optional[Presence] = None
         self.consumer = ""
-        self._info = "{}"
         self._serving = False
         self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
 
@@ -245,16 +197,38 @@ class RedisWorker:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
-        self._info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
+        hands, clock = self._hands, ServerClock(self._conn)
+        self._clock = clock
+        self._intake = Intake(
+            self._conn,
+            self.consumer,
+            self._keys,
+            self._codec,
+            self._config.item_cost,
+            hands,
+            clock,
+            self._claim_after,
+            self._max_item_crashes,
+        )
+        writer = self._writer = AnswerWriter(self._broker, self._keys, self._codec, hands, clock, self._stopping)
+        presence = self._presence = Presence(
+            self._broker,
+            self._keys,
+            self.consumer,
+            info,
+            hands,
+            self._watch,
+            self._claim_after,
+            self._hang_timeout,
+            self._stopping,
+            self._exit_when_hung,
+        )
         threads = {
             name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
-            for name, target in (
-                ("heartbeat", self._heartbeat),
-                ("reader", self._read),
-                ("writer", self._write_answers),
-            )
+            for name, target in (("heartbeat", presence.run), ("reader", self._read), ("writer", writer.run))
         }
         for thread in threads.values():
             thread.start()
@@ -271,9 +245,9 @@ class RedisWorker:
             with self._cond:
                 self._cond.notify_all()
             threads["reader"].join()
-            self._outbox.put(None)  # the writer answers what is in hand, then ends
+            writer.finish()  # the writer answers what is in hand, then ends
             threads["writer"].join()
-            self._leave_group()
+            presence.leave(self._conn)
             self._conn.close()
             self._main_conn.close()
         logger.info("worker %s stopped", self.consumer)
@@ -306,7 +280,7 @@ class RedisWorker:
             if batch is None:
                 return
             answered, seconds = self._run(predict, batch)
-            self._answered = self._answered or seconds > 0
+            self._watch.answered = self._watch.answered or seconds > 0
             with self._cond:
                 self._running, self._running_size = False, 0
                 if alone:
@@ -316,10 +290,10 @@ class RedisWorker:
                     # just answered come back within moments (their answers
                     # are written next), and are worth waiting for.
                     self._policy.delivered(answered, seconds, time.monotonic())
-                    self._delivered_at_ms = self._server_now_ms(refresh=False)
+                    self._delivered_at_ms = self._clock.now_ms(refresh=False)
                 self._cond.notify_all()
 
-    def _take(self) -> Tuple[Optional[List[_Input]], bool]:
+    def _take(self) -> Tuple[Optional[List[Input]], bool]:
         """Wait until the batch read so far should run, by the in-process
         rule (full, or its oldest input waited ``max_latency``, or no caller
         just answered is still expected back), and take it. ``(None, False)``
@@ -355,7 +329,7 @@ class RedisWorker:
         """Whether what was read is more than one batch's budget."""
         return self._shaper.over_budget([held.cost for held in self._next])
 
-    def _shape(self, held: List[_Input]) -> Tuple[List[_Input], List[_Input]]:
+    def _shape(self, held: List[Input]) -> Tuple[List[Input], List[Input]]:
         """The batch to run out of what was read (the oldest, then those
         closest to it in cost, within the budget), and what is left for the
         next one: still pending under this worker, within one batch."""
@@ -363,12 +337,12 @@ class RedisWorker:
         chosen = set(taken)
         return [held[i] for i in taken], [h for i, h in enumerate(held) if i not in chosen]
 
-    def _run(self, predict: Any, batch: List[_Input]) -> Tuple[int, float]:
+    def _run(self, predict: Any, batch: List[Input]) -> Tuple[int, float]:
         """Run ``batch`` and queue its answers for the writer; return how
         many callers it answers and the model's seconds (0 if it did not run)."""
         outcomes: List[Outcome] = [None] * len(batch)
         inputs, positions = [], []
-        now_ms = self._server_now_ms(refresh=False)
+        now_ms = self._clock.now_ms(refresh=False)
         withdrawn = self._withdrawn(batch)
         for position, held in enumerate(batch):
             request = held.request
@@ -383,11 +357,11 @@ class RedisWorker:
         if inputs:
             config = self._config
             waits_ms = max(batch[p].request.created_ms() + batch[p].request.timeout_ms - now_ms for p in positions)
-            self._model_until, self._model_since = started + waits_ms / 1000, started
+            self._watch.started(started, started + waits_ms / 1000)
             try:
                 run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
             finally:
-                self._model_since = None
+                self._watch.ended()
             for position, outcome in zip(positions, run.outcomes):
                 outcomes[position] = outcome
             if run.oom_splits:
@@ -400,10 +374,11 @@ class RedisWorker:
             # Each request's wait, by the server's clock: from its entry's time to now.
             arrivals = [started - max(0.0, now_ms - batch[p].request.created_ms()) / 1000 for p in positions]
             self._stats.batch_ran(started, seconds, arrivals)
-        self._outbox.put(([held.request for held in batch], outcomes))
+        assert self._writer is not None  # made by run_forever
+        self._writer.put([held.request for held in batch], outcomes)
         return sum(outcome is not None for outcome in outcomes), seconds
 
-    def _withdrawn(self, batch: List[_Input]) -> Set[bytes]:
+    def _withdrawn(self, batch: List[Input]) -> Set[bytes]:
         """The requests of ``batch`` whose callers gave up since they were
         read (their web process deleted them from the stream). Claiming the
         batch again tells: Redis 7 skips deleted entries (and drops them from
@@ -430,6 +405,8 @@ class RedisWorker:
         taken over from a dead worker, to run alone."""
         import redis
 
+        intake = self._intake
+        assert intake is not None  # made by run_forever
         failing_since: Optional[float] = None
         errors = LoopErrors("the Redis worker's reader")
         try:
@@ -443,11 +420,10 @@ class RedisWorker:
                     now = time.monotonic()
                     hold_left = None if empty or busy else self._policy.hold_until(self._next_first_seen, now) - now
                 try:
-                    self._ensure_group()
+                    intake.ensure_group()
                     if empty and not self._orphan_in_hand:
-                        orphan = self._claim_orphan(time.monotonic())
+                        orphan = intake.claim_orphan(self._refuse)
                         if orphan is not None:
-                            self._next_claim = time.monotonic()  # there may be more: take the next one after it
                             self._add([orphan], alone=True)
                             continue
                     block = self._may_read(busy, room, hold_left)
@@ -459,7 +435,7 @@ class RedisWorker:
                     if failing_since is not None:
                         logger.warning("Redis is reachable again")
                         failing_since = None
-                    got = self._accept(reply[0][1] if reply else [])
+                    got = intake.accept(reply[0][1] if reply else [])
                     if got:
                         self._add(got)
                     elif block is None and not busy:  # holding: look again shortly, or once the batch is taken
@@ -470,10 +446,10 @@ class RedisWorker:
                     if failing_since is None:
                         failing_since = time.monotonic()
                         logger.warning("lost Redis: %s; retrying", broker_problem(exc))
-                    self._group_ready = False
+                    intake.group_lost()
                     self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
                 except redis.ResponseError as exc:
-                    self._group_ready = False
+                    intake.group_lost()
                     if "NOGROUP" in str(exc):
                         logger.warning("the consumer group is gone (the Redis server restarted empty); recreating it")
                     elif is_wrong_type(exc):
@@ -497,7 +473,7 @@ class RedisWorker:
         the inputs it can put together; no other worker waits for them. A
         SIGKILL still loses nothing: all of it is pending under its name."""
         size = self._config.batch_size
-        if self._shaping and self._sole_worker:
+        if self._shaping and self._sole_worker():
             return 2 * size - self._running_size
         return size
 
@@ -518,7 +494,7 @@ class RedisWorker:
           take the next caller for a busy worker from a free one.
 
         The only worker alive reads whatever comes, whenever."""
-        if self._sole_worker:
+        if self._sole_worker():
             return _BLOCK_MS
         if busy:
             if self._backlog() >= room:
@@ -552,7 +528,7 @@ class RedisWorker:
         service = self._policy.service
         return 0.002 if service is None else min(0.01, max(0.001, service / 8))
 
-    def _add(self, inputs: List[_Input], alone: bool = False) -> None:
+    def _add(self, inputs: List[Input], alone: bool = False) -> None:
         now = time.monotonic()
         with self._cond:
             if not self._next:
@@ -571,274 +547,15 @@ class RedisWorker:
                     self._policy.arrived(returned, now)
             self._cond.notify_all()
 
-    def _ensure_group(self) -> None:
-        if self._group_ready:
-            return
-        import redis
+    def _refuse(self, held: Input, error: BaseException) -> None:
+        """Answer a request with ``error`` without running it."""
+        assert self._writer is not None  # made by run_forever
+        self._writer.put([held.request], [(False, error)])
 
-        try:
-            self._conn.xgroup_create(self._keys.requests, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
-
-    def _accept(self, entries: List[Tuple[Any, Any]]) -> List[_Input]:
-        """The requests worth running, decoded and held. Entries that do not
-        parse go to the dead-letter stream; those of callers that have given
-        up are acknowledged and deleted unrun."""
-        accepted: List[_Input] = []
-        drop: List[bytes] = []
-        pipe = self._conn.pipeline(transaction=False)
-        server_now_ms = self._server_now_ms()
-        for entry_id, fields in entries:
-            try:
-                request = parse_request(entry_id, fields)
-            except MalformedEntry as exc:
-                self._dead.add(pipe, self._keys.requests, entry_id, fields, str(exc))
-                if isinstance(entry_id, bytes):
-                    drop.append(entry_id)
-                continue
-            if server_now_ms > request.created_ms() + request.timeout_ms:
-                drop.append(entry_id)  # its caller has given up
-                continue
-            accepted.append(self._decode(request))
-        if drop:
-            pipe.xack(self._keys.requests, GROUP, *drop)
-            pipe.xdel(self._keys.requests, *drop)
-        if len(pipe):
-            pipe.execute(raise_on_error=False)
-        with self._held_lock:
-            for held in accepted:
-                self._held[held.request.entry_id] = None
-        return accepted
-
-    def _decode(self, request: Request) -> _Input:
-        """The request's input, or the error its caller gets instead."""
-        if request.version > WIRE_VERSION:
-            return _Input(request, error=SerializationError(
-                f"the request was written by a newer version of streamer_core (wire format {request.version}; "
-                f"this worker reads up to {WIRE_VERSION}): upgrade the workers"
-            ))  # fmt: skip
-        if request.codec != self._codec.name:
-            logger.warning(
-                "refused a %r payload from client %s: this worker reads only %r (start it with codec=%r "
-                "to accept it, if the broker is trusted)",
-                request.codec, request.client, self._codec.name, request.codec,
-            )  # fmt: skip
-            error = SerializationError(f"the worker refuses {request.codec!r} payloads; it reads {self._codec.name!r}")
-            return _Input(request, error=error)
-        try:
-            value = self._codec.loads(request.payload, request.buffers)
-        except Exception as exc:
-            logger.warning("rejected a payload from client %s: %s", request.client, exc)
-            return _Input(request, error=SerializationError(f"the worker could not read this input: {exc}"))
-        cost = request.cost
-        if cost is None and self._config.item_cost is not None:
-            try:
-                cost = item_cost_of(self._config.item_cost, value)
-            except ItemCostError as exc:
-                return _Input(request, error=exc)
-        return _Input(request, value, cost=1.0 if cost is None else cost)
-
-    def _server_now_ms(self, refresh: bool = True) -> float:
-        """The Redis server's clock (entry ids are its time), from an offset
-        refreshed now and then, so clocks of other machines do not matter."""
-        now = time.monotonic()
-        if refresh and now - self._server_checked > 30.0:
-            seconds, micros = self._conn.time()
-            self._server_offset_ms = seconds * 1000 + micros / 1000 - now * 1000
-            self._server_checked = now
-        return now * 1000 + self._server_offset_ms
-
-    # taking over from dead workers
-
-    def _claim_orphan(self, now: float) -> Optional[_Input]:
-        """Take over one request whose worker stopped its heartbeat (it died),
-        to run it alone. One at a time, each run before the next is taken:
-        a request's delivery count then counts the workers that died while
-        they held it, and nothing taken over waits without a heartbeat."""
-        if now < self._next_claim:
-            return None
-        if now >= self._next_sweep:
-            self._next_sweep = now + 60.0
-            self._sweep_consumers()
-        while True:
-            reply = self._conn.xautoclaim(
-                self._keys.requests, GROUP, self.consumer, int(self._claim_after * 1000), "0-0", count=1
-            )
-            claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
-            if deleted:
-                self._conn.xack(self._keys.requests, GROUP, *deleted)
-            claimed = [entry for entry in claimed if entry[0] is not None and entry[1]]
-            if not claimed:
-                self._next_claim = now + self._claim_after / 2  # none left: look again later
-                return None
-            entry_id = claimed[0][0]
-            [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
-            crashes = pending.get("times_delivered", 1) - 1
-            accepted = self._accept(claimed)
-            if not accepted:
-                continue  # expired or malformed, and acked away
-            held = accepted[0]
-            logger.warning("took over request %s from a worker that stopped answering", entry_id.decode())
-            if crashes < self._max_item_crashes:
-                return held
-            error = WorkerDiedError(
-                f"this input was in the hands of {crashes} workers that died, so it is not retried "
-                "(it may be what kills them)"
-            )
-            self._outbox.put(([held.request], [(False, error)]))
-
-    def _sweep_consumers(self) -> None:
-        """Remove consumers of dead workers: they hold nothing (their requests
-        were taken over) and have not been seen for a long while."""
-        idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
-        me = self.consumer.encode()
-        for consumer in self._conn.xinfo_consumers(self._keys.requests, GROUP):
-            name = consumer.get("name")
-            if isinstance(name, str):
-                name = name.encode()
-            if name != me and consumer.get("pending") == 0 and (consumer.get("idle") or 0) > idle_ms:
-                self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
-
-    def _leave_group(self) -> None:
-        """Remove this worker from the group, unless requests are pending
-        under its name, by Redis's own count (a read whose reply was lost in
-        a blip leaves some this worker never saw): removing the consumer would
-        drop them, while left pending, another worker takes them over."""
-        try:
-            self._conn.zrem(self._keys.workers, self.consumer)
-            self._conn.hdel(self._keys.worker_info, self.consumer)
-            if self._conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self.consumer):
-                return
-            self._conn.xgroup_delconsumer(self._keys.requests, GROUP, self.consumer)
-        except Exception as exc:  # the server may be gone; the next sweep removes us
-            logger.debug("could not leave the group: %s", exc)
-
-    # the heartbeat thread
-
-    def _heartbeat(self) -> None:
-        """Keep the requests in hand from looking abandoned while the model
-        runs; unless the model has hung (see :meth:`_hung`)."""
-        conn = connect(self._broker)
-        self._beat(conn)
-        while not self._stopping.wait(min(BEAT_S, self._claim_after / 3, (self._hang_timeout or BEAT_S) / 4)):
-            if self._hung():
-                continue  # neither alive to the web side nor keeping its requests: others take them over
-            self._beat(conn)
-            with self._held_lock:
-                in_hand = list(self._held)
-            if in_hand:
-                try:
-                    conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, in_hand, justid=True)
-                except Exception as exc:  # a blip: the next beat tries again
-                    logger.debug("heartbeat failed: %s", exc)
-        conn.close()
-
-    def _hung(self) -> bool:
-        """Whether the model has run the batch in hand for ``hang_timeout``
-        seconds or more and none of its callers waits any more. A worker
-        process of the supervisor then exits (and is started again)."""
-        since, hang_timeout = self._model_since, self._hang_timeout
-        now = time.monotonic()
-        if since is None or hang_timeout is None or now - since < hang_timeout or now < self._model_until:
-            self._hung_logged = False
-            return False
-        if not self._hung_logged:
-            self._hung_logged = True
-            logger.error(
-                "worker %s has run one batch for %.0fs and every caller of it has given up: taken for hung, %s "
-                "(hang_timeout=%gs; raise it if batches take that long)",
-                self.consumer,
-                now - since,
-                "its process exits to be started again"
-                if self._exit_when_hung
-                else "it stops claiming its requests until the model returns",
-                hang_timeout,
-            )
-        if self._exit_when_hung:
-            os._exit(EXIT_HUNG_AFTER_ANSWERS if self._answered else EXIT_HUNG)
-        return True
-
-    def _beat(self, conn: Any) -> None:
-        """Tell web processes this worker is alive (see ``require_workers``),
-        and learn whether it is the only one."""
-        try:
-            conn.eval(BEAT_SCRIPT, 1, self._keys.workers, self.consumer, PRESENCE_TTL_MS)
-            pipe = conn.pipeline(transaction=False)
-            pipe.hset(self._keys.worker_info, self.consumer, self._info)
-            pipe.pexpire(self._keys.worker_info, PRESENCE_TTL_MS)
-            pipe.execute(raise_on_error=False)  # for the status command only: never worth failing a beat
-            self._sole_worker = int(conn.eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS)) <= 1
-        except Exception as exc:  # a blip: the next beat tries again
-            logger.debug("presence beat failed: %s", exc)
-
-    # the writer thread
-
-    def _write_answers(self) -> None:
-        """Answer each batch: write its results, acknowledge its requests."""
-        conn = connect(self._broker)
-        errors = LoopErrors("the Redis worker's writer")
-        while True:
-            job = self._outbox.get()
-            if job is None:
-                break
-            batch, outcomes = job
-            try:
-                self._answer(conn, batch, outcomes, errors)
-            except Exception as exc:  # left pending: they are taken over and run again
-                errors.log(exc)
-            with self._held_lock:
-                for request in batch:
-                    self._held.pop(request.entry_id, None)
-        conn.close()
-
-    def _answer(self, conn: Any, batch: Sequence[Request], outcomes: Sequence[Outcome], errors: LoopErrors) -> bool:
-        """Write every result and acknowledge the requests, in one transaction:
-        one result entry per web process. Through a Redis blip keep trying,
-        since these answers are not kept anywhere else; once stopping, give up
-        after a while (the requests stay pending, and another worker takes
-        them over)."""
-        import redis
-
-        entries = self._result_entries(batch, outcomes)
-        ids = [request.entry_id for request in batch]
-        delay, give_up_at, refused = 0.05, None, False
-        while True:
-            try:
-                pipe = conn.pipeline(transaction=True)
-                for key, fields in entries:
-                    pipe.xadd(key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
-                for key in dict.fromkeys(key for key, _ in entries):
-                    pipe.expire(key, RESULTS_TTL_S)
-                pipe.xack(self._keys.requests, GROUP, *ids)
-                pipe.xdel(self._keys.requests, *ids)
-                replies = pipe.execute(raise_on_error=False)
-                for (key, _), reply in zip(entries, replies):
-                    if isinstance(reply, Exception):
-                        # E.g. the key holds another type: its web process repairs it and sends again.
-                        errors.log(RuntimeError(f"could not write an answer to {key}: {reply}"))
-                return True
-            except broker_errors() as exc:
-                logger.warning("could not write %d results to Redis (%s); retrying", len(batch), exc)
-            except redis.ResponseError as exc:
-                # Refused as a whole (the transaction): out of memory under
-                # maxmemory, a read-only replica. Often for a while only, and
-                # dropping the answers would have the batch run again.
-                if self._callers_gone(batch):
-                    logger.error("Redis refused %d results (%s) until their callers had given up", len(batch), exc)
-                    return False
-                if not refused:
-                    refused = True
-                    logger.warning("Redis refused %d results (%s); retrying while their callers wait", len(batch), exc)
-            if self._stopping.is_set():
-                give_up_at = give_up_at or time.monotonic() + 10.0
-                if time.monotonic() > give_up_at:
-                    logger.error("gave up writing %d results; another worker will run them again", len(batch))
-                    return False
-            time.sleep(delay)
-            delay = min(MAX_BACKOFF_S, delay * 2)
+    def _sole_worker(self) -> bool:
+        """Whether no other worker is alive (by the last heartbeat)."""
+        presence = self._presence
+        return presence is not None and presence.sole_worker
 
     def _check_setup(self) -> None:
         """Raise ``ValueError`` when Redis refuses this worker's connection
@@ -855,40 +572,3 @@ class RedisWorker:
             raise setup_refused(self._broker, exc) from exc
         finally:
             conn.close()
-
-    def _callers_gone(self, batch: Sequence[Request]) -> bool:
-        """Whether every request of ``batch`` is past its deadline."""
-        now_ms = self._server_now_ms(refresh=False)
-        return all(now_ms > request.created_ms() + request.timeout_ms for request in batch)
-
-    def _result_entries(
-        self, batch: Sequence[Request], outcomes: Sequence[Outcome]
-    ) -> List[Tuple[str, Dict[Any, Any]]]:
-        """The entries answering ``batch``: one per web process (and one per
-        answer for a web process of 0.1.0), keyed by its results stream."""
-        grouped: Dict[str, List[Answer]] = {}
-        entries = []
-        for request, outcome in zip(batch, outcomes):
-            if outcome is None:
-                continue  # its caller has given up
-            key = self._keys.results(request.client)
-            item_id, ok, payload, buffers = self._encode_answer(request, outcome)
-            if request.version == 0:
-                entries.append((key, legacy_result_entry(item_id, ok, self._codec.name if ok else "msgpack", payload)))
-            else:
-                grouped.setdefault(key, []).append((item_id, ok, payload, buffers))
-        entries.extend((key, result_entry(answers, self._codec.name)) for key, answers in grouped.items())
-        return entries
-
-    def _encode_answer(self, request: Request, outcome: Tuple[bool, Any]) -> Answer:
-        ok, value = outcome
-        if ok:
-            try:
-                if request.version == 0:  # its codec reads no out-of-band buffers
-                    return request.item_id, True, self._codec.encode(value), ()
-                payload, buffers = self._codec.dumps(value)
-                return request.item_id, True, payload, buffers
-            except SerializationError as exc:
-                value = SerializationError(f"the model's result cannot be sent back: {exc}")
-        # Errors are plain data: msgpack, which every web process can read safely.
-        return request.item_id, False, self._errors_codec.encode(encode_error(value)), ()

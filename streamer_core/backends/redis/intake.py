@@ -1,0 +1,250 @@
+"""Requests coming into a Redis worker: parsed, decoded, costed and held.
+
+An entry of the requests stream becomes an :class:`Input` here
+(:meth:`Intake.accept`): its input decoded by the worker's codec and costed,
+or the error its caller gets instead (an entry that does not parse goes to
+the dead-letter stream; one whose caller has given up is acknowledged and
+deleted unrun). Requests of workers that died are taken over one at a time
+(:meth:`Intake.claim_orphan`). What a worker accepts is in its
+:class:`Hands` until answered: the heartbeat (:mod:`.presence`) keeps those
+requests claimed, the writer (:mod:`.answers`) lets them go. Deadlines are
+read by the Redis server's clock (:class:`ServerClock`), whatever the
+machines' clocks say.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from ...codec import Codec
+from ...errors import ItemCostError, SerializationError, WorkerDiedError
+from ...streamer import item_cost_of
+from .wire import GROUP, WIRE_VERSION, DeadLetters, Keys, MalformedEntry, Request, parse_request
+
+__all__ = ["Input", "Hands", "ServerClock", "Intake"]
+
+logger = logging.getLogger("streamer_core.redis")
+
+
+class Input:
+    """A request in this worker's hands: its input, decoded by the reader,
+    or the error that answers it without running the model."""
+
+    __slots__ = ("request", "value", "error", "cost", "read_at")
+
+    def __init__(
+        self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
+    ) -> None:
+        self.request = request
+        self.value = value
+        self.error = error
+        self.cost = cost
+        self.read_at = time.monotonic()  # when this worker read it
+
+
+class Hands:
+    """The requests a worker holds (read ahead, running, being answered),
+    by stream entry id: the heartbeat keeps them claimed, so no other worker
+    takes them over while this one lives."""
+
+    def __init__(self) -> None:
+        self._ids: Dict[bytes, None] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, entry_ids: Iterable[bytes]) -> None:
+        with self._lock:
+            for entry_id in entry_ids:
+                self._ids[entry_id] = None
+
+    def release(self, entry_ids: Iterable[bytes]) -> None:
+        with self._lock:
+            for entry_id in entry_ids:
+                self._ids.pop(entry_id, None)
+
+    def ids(self) -> List[bytes]:
+        with self._lock:
+            return list(self._ids)
+
+
+class ServerClock:
+    """The Redis server's clock in milliseconds (entry ids are its time),
+    from an offset refreshed now and then over ``conn``, so the clocks of
+    other machines do not matter."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._offset_ms = 0.0
+        self._checked = float("-inf")
+
+    def now_ms(self, refresh: bool = True) -> float:
+        """The server's time now; ``refresh`` (from the thread that owns
+        ``conn`` only) asks the server again when the offset is 30 s old."""
+        now = time.monotonic()
+        if refresh and now - self._checked > 30.0:
+            seconds, micros = self._conn.time()
+            self._offset_ms = seconds * 1000 + micros / 1000 - now * 1000
+            self._checked = now
+        return now * 1000 + self._offset_ms
+
+
+class Intake:
+    """The reader thread's dealings with the requests stream, for the
+    consumer ``consumer`` of the workers' group, over the reader's ``conn``."""
+
+    def __init__(
+        self,
+        conn: Any,
+        consumer: str,
+        keys: Keys,
+        codec: Codec,
+        item_cost: Optional[Callable[[Any], float]],
+        hands: Hands,
+        clock: ServerClock,
+        claim_after: float,
+        max_item_crashes: int,
+    ) -> None:
+        self._conn = conn
+        self._consumer = consumer
+        self._keys = keys
+        self._dead = DeadLetters(keys)
+        self._codec = codec
+        self._item_cost = item_cost
+        self._hands = hands
+        self._clock = clock
+        self._claim_after = claim_after
+        self._max_item_crashes = max_item_crashes
+        self._group_ready = False
+        self._next_claim = 0.0
+        self._next_sweep = 0.0
+
+    def ensure_group(self) -> None:
+        """Create the workers' consumer group (and the stream) unless it is
+        known to be there."""
+        if self._group_ready:
+            return
+        import redis
+
+        try:
+            self._conn.xgroup_create(self._keys.requests, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def group_lost(self) -> None:
+        """Redis failed or answered oddly: make sure of the group next time."""
+        self._group_ready = False
+
+    def accept(self, entries: List[Tuple[Any, Any]]) -> List[Input]:
+        """The requests worth running, decoded and held. Entries that do not
+        parse go to the dead-letter stream; those of callers that have given
+        up are acknowledged and deleted unrun."""
+        accepted: List[Input] = []
+        drop: List[bytes] = []
+        pipe = self._conn.pipeline(transaction=False)
+        server_now_ms = self._clock.now_ms()
+        for entry_id, fields in entries:
+            try:
+                request = parse_request(entry_id, fields)
+            except MalformedEntry as exc:
+                self._dead.add(pipe, self._keys.requests, entry_id, fields, str(exc))
+                if isinstance(entry_id, bytes):
+                    drop.append(entry_id)
+                continue
+            if server_now_ms > request.created_ms() + request.timeout_ms:
+                drop.append(entry_id)  # its caller has given up
+                continue
+            accepted.append(self.decode(request))
+        if drop:
+            pipe.xack(self._keys.requests, GROUP, *drop)
+            pipe.xdel(self._keys.requests, *drop)
+        if len(pipe):
+            pipe.execute(raise_on_error=False)
+        self._hands.hold(held.request.entry_id for held in accepted)
+        return accepted
+
+    def decode(self, request: Request) -> Input:
+        """The request's input, or the error its caller gets instead."""
+        if request.version > WIRE_VERSION:
+            return Input(request, error=SerializationError(
+                f"the request was written by a newer version of streamer_core (wire format {request.version}; "
+                f"this worker reads up to {WIRE_VERSION}): upgrade the workers"
+            ))  # fmt: skip
+        if request.codec != self._codec.name:
+            logger.warning(
+                "refused a %r payload from client %s: this worker reads only %r (start it with codec=%r "
+                "to accept it, if the broker is trusted)",
+                request.codec, request.client, self._codec.name, request.codec,
+            )  # fmt: skip
+            error = SerializationError(f"the worker refuses {request.codec!r} payloads; it reads {self._codec.name!r}")
+            return Input(request, error=error)
+        try:
+            value = self._codec.loads(request.payload, request.buffers)
+        except Exception as exc:
+            logger.warning("rejected a payload from client %s: %s", request.client, exc)
+            return Input(request, error=SerializationError(f"the worker could not read this input: {exc}"))
+        cost = request.cost
+        if cost is None and self._item_cost is not None:
+            try:
+                cost = item_cost_of(self._item_cost, value)
+            except ItemCostError as exc:
+                return Input(request, error=exc)
+        return Input(request, value, cost=1.0 if cost is None else cost)
+
+    def claim_orphan(self, refuse: Callable[[Input, BaseException], None]) -> Optional[Input]:
+        """Take over one request whose worker stopped its heartbeat (it died),
+        to run it alone. One at a time, each run before the next is taken:
+        a request's delivery count then counts the workers that died while
+        they held it, and nothing taken over waits without a heartbeat. One
+        that has been in ``max_item_crashes`` dead workers' hands is not run:
+        ``refuse`` answers it with :class:`WorkerDiedError`."""
+        now = time.monotonic()
+        if now < self._next_claim:
+            return None
+        if now >= self._next_sweep:
+            self._next_sweep = now + 60.0
+            self._sweep_consumers()
+        while True:
+            reply = self._conn.xautoclaim(
+                self._keys.requests, GROUP, self._consumer, int(self._claim_after * 1000), "0-0", count=1
+            )
+            claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
+            if deleted:
+                self._conn.xack(self._keys.requests, GROUP, *deleted)
+            claimed = [entry for entry in claimed if entry[0] is not None and entry[1]]
+            if not claimed:
+                self._next_claim = now + self._claim_after / 2  # none left: look again later
+                return None
+            entry_id = claimed[0][0]
+            [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
+            crashes = pending.get("times_delivered", 1) - 1
+            accepted = self.accept(claimed)
+            if not accepted:
+                continue  # expired or malformed, and acked away
+            held = accepted[0]
+            logger.warning("took over request %s from a worker that stopped answering", entry_id.decode())
+            if crashes < self._max_item_crashes:
+                self._next_claim = time.monotonic()  # there may be more: take the next one after it
+                return held
+            refuse(
+                held,
+                WorkerDiedError(
+                    f"this input was in the hands of {crashes} workers that died, so it is not retried "
+                    "(it may be what kills them)"
+                ),
+            )
+
+    def _sweep_consumers(self) -> None:
+        """Remove consumers of dead workers: they hold nothing (their requests
+        were taken over) and have not been seen for a long while."""
+        idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
+        me = self._consumer.encode()
+        for consumer in self._conn.xinfo_consumers(self._keys.requests, GROUP):
+            name = consumer.get("name")
+            if isinstance(name, str):
+                name = name.encode()
+            if name != me and consumer.get("pending") == 0 and (consumer.get("idle") or 0) > idle_ms:
+                self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
