@@ -518,11 +518,9 @@ class Streamer(BaseStreamer):
     ``CUDA_VISIBLE_DEVICES`` to its device, ``cuda_devices[i % len(cuda_devices)]``.
     Inputs and results are pickled across the process boundary.
 
-    Batching options as for :class:`ThreadedStreamer` (``batch_size``,
-    ``max_latency`` in seconds, and keyword-only ``timeout``, ``max_queue``,
-    ``isolate_errors``, ``item_cost``, ``max_batch_cost``, ``batch_cost``,
-    ``oom_errors``; ``item_cost`` runs in this process, so it need not
-    pickle), plus ``max_item_crashes`` (default 2): a worker that
+    Batching options as for :class:`ThreadedStreamer` (``item_cost`` runs
+    in this process, so it need not pickle), plus ``max_item_crashes``
+    (default 2): a worker that
     dies mid-batch is restarted and its inputs are run again one by one; an
     input that has been in this many batches whose worker died fails with
     :class:`WorkerDiedError` instead of killing more workers, ``name``

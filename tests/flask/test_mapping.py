@@ -358,3 +358,31 @@ def test_an_input_the_parse_hook_made_that_cannot_reach_a_worker_is_a_json_500(m
     error = error_of(app.test_client().post("/double", json=1), 500)
     assert error["type"] == "SerializationError" and "lock" in error["message"]
     assert any(r.levelname == "ERROR" and "double" in r.getMessage() for r in caplog.records), "logged for the operator"
+
+
+def test_a_parse_hook_or_respond_hook_that_fails_unexpectedly_is_a_logged_json_500(make_app, caplog):
+    """The same cycle as Django's: a hook's own bug is the server's fault,
+    answered as JSON (not Flask's HTML page) and logged with its traceback;
+    the model never sees an input of a parse hook that failed."""
+    calls = []
+
+    def parse(request):
+        raise RuntimeError("the hook's bug")
+
+    def respond(output):
+        raise LookupError("the respond hook's bug")
+
+    app, streamer = make_app()
+    streamer.add_batched_route("/parse", "broken_parse", lambda batch: calls.append(batch) or batch, parse=parse)
+    streamer.add_batched_route("/respond", "broken_respond", double, respond=respond)
+    client = app.test_client()
+    error = error_of(client.post("/parse", json=1), 500)
+    assert (error["type"], error["message"]) == ("RuntimeError", "the hook's bug") and calls == []
+    error = error_of(client.post("/respond", json=1), 500)
+    assert error["type"] == "LookupError" and "the respond hook's bug" in error["message"]
+    failed = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in failed] == [
+        "the batched route broken_parse failed",
+        "the batched route broken_respond failed",
+    ]
+    assert all(r.exc_info for r in failed), "logged with the traceback"

@@ -144,6 +144,21 @@ def test_settings_of_other_extensions_are_left_alone(make_app):
     assert app.test_client().post("/double", json=2).get_json() == 4
 
 
+def test_a_second_init_app_on_the_same_app_is_refused_and_leaves_the_first(make_app):
+    """As flask-sqlalchemy and Flask-Caching do: an app is set up once per
+    extension; a second init_app (a factory run twice on one app, say)
+    says so rather than registering every route and setting again."""
+    app, streamer = make_app()
+    streamer.add_batched_route("/double", model=double)
+    for again in (streamer, FlaskStreamer()):
+        with pytest.raises(RuntimeError, match="set up on the app .* already: call init_app\\(app\\) once per app"):
+            again.init_app(app)
+    assert app.test_client().post("/double", json=2).get_json() == 4, "the first set-up still serves"
+    other, _ = make_app(init=False)
+    streamer.init_app(other)  # one extension serves several apps, each set up once
+    assert other.test_client().post("/double", json=3).get_json() == 6
+
+
 def test_init_app_starts_nothing_and_does_not_reach_for_redis(make_app, closing_app):
     """Checking the settings is all init_app does: a Redis backend pointing
     nowhere sets up at once, and no streamer is started before a request."""

@@ -14,7 +14,15 @@ from ...codec import Buffers, decode_error, get_codec
 from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
 from ...streamer import Backend, BaseStreamer, item_cost_of
-from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
+from .connection import (
+    MAX_BACKOFF_S,
+    LoopErrors,
+    ServerIdentity,
+    broker_errors,
+    broker_problem,
+    connect,
+    setup_refused,
+)
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
@@ -29,6 +37,7 @@ from .wire import (
     is_wrong_type,
     new_client_id,
     new_request_id,
+    next_id,
     packed_request_arguments,
     parse_results,
     repair_key,
@@ -60,12 +69,6 @@ _BLOCK_MS = 500
 # With require_workers, a web process refuses calls once it has seen no live
 # worker for this long (seconds); its check runs every _CHECK_SERVER_S.
 _NO_WORKER_S = 2.5
-
-
-def _next_id(entry_id: bytes) -> bytes:
-    """The stream id just after ``entry_id``."""
-    ms, _, seq = entry_id.partition(b"-")
-    return b"%s-%d" % (ms, int(seq) + 1)
 
 
 class _RedisClientBackend(Backend):
@@ -101,8 +104,7 @@ class _RedisClientBackend(Backend):
         self._abandoned: List[bytes] = []  # entries of calls that ended unanswered: to delete
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server_id: Optional[str] = None
-        self._info_refused = False  # this client may not run INFO (see _server_run_id)
+        self._server = ServerIdentity()
         self._scheduler: Optional[Scheduler] = None
         self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
         self._abandon = threading.Event()
@@ -113,7 +115,7 @@ class _RedisClientBackend(Backend):
 
         self._scheduler = scheduler
         try:
-            self._server_id = self._server_run_id(self._send_conn)
+            self._server.changed(self._send_conn)  # the first: nothing to send again
             if self._require_workers:
                 self._check_workers()  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
@@ -320,7 +322,7 @@ class _RedisClientBackend(Backend):
                     entries = reply[0][1]
                     last_id = entries[-1][0]
                     self._on_results(entries, pipe)
-                    pipe.xtrim(self._results_key, minid=_next_id(last_id))  # everything read, that one too
+                    pipe.xtrim(self._results_key, minid=next_id(last_id))  # everything read, that one too
             except broker_errors() as exc:
                 pipe.reset()
                 if failing_since is None:
@@ -468,36 +470,10 @@ class _RedisClientBackend(Backend):
             return False
         return time.monotonic() - self._workers_seen > _NO_WORKER_S
 
-    def _server_run_id(self, conn: Any) -> Optional[str]:
-        """The server's run id, which changes when it restarts; ``None``
-        for a user that may not run INFO (an ACL of ``-@dangerous``; said
-        once in the log): its restarts then go unnoticed."""
-        import redis
-
-        if self._info_refused:
-            return None
-        try:
-            return str(conn.info("server")["run_id"])
-        except redis.ResponseError as exc:
-            if not isinstance(exc, redis.exceptions.NoPermissionError) and "unknown command" not in str(exc).lower():
-                raise
-            self._info_refused = True
-            logger.warning(
-                "Redis refuses INFO to this client (%s): a restart of Redis that loses the requests in flight "
-                "will not be noticed, and their calls time out; allow INFO (+info) to have them sent again",
-                exc,
-            )
-            return None
-
     def _server_restarted(self) -> bool:
         """Whether the server is not the one the pending items were sent to; if
         so, send them again (a restarted server has lost them)."""
-        run_id = self._server_run_id(self._read_conn)
-        if run_id is None or run_id == self._server_id:
-            return False
-        first = self._server_id is None
-        self._server_id = run_id
-        if first:
+        if not self._server.changed(self._read_conn):
             return False
         self._send_again("the Redis server restarted")
         return True
@@ -572,8 +548,7 @@ class RedisStreamer(BaseStreamer):
         item_cost: Optional[Callable[[Any], float]] = None,
         name: Optional[str] = None,
     ) -> None:
-        # The batches here are sends to Redis; the workers form the model's,
-        # with the costs sent along (computed by the backend as it encodes).
+        # Batches here are sends to Redis; workers form the model's, costs sent along (see encode).
         config = BatchingConfig(_SEND_BATCH, _SEND_HOLD_S, timeout, max_queue)
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")

@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 __all__ = [
+    "ServerIdentity",
     "connect",
     "redact_url",
     "setup_refused",
@@ -205,3 +206,43 @@ class LoopErrors:
             self._last.clear()
         self._last[key] = now
         logger.error("error in %s; it keeps running", self._what, exc_info=exc)
+
+
+class ServerIdentity:
+    """Which Redis server a web process sent its requests to, by the
+    server's run id (it changes when the server restarts, and a restarted
+    server has lost them). A user that may not run INFO (an ACL of
+    ``-@dangerous``) cannot tell: said once in the log, and its restarts go
+    unnoticed."""
+
+    def __init__(self) -> None:
+        self.run_id: Optional[str] = None
+        self._refused = False
+
+    def changed(self, conn: Any) -> bool:
+        """Ask the server its run id; whether it is another server than the
+        one asked before (the first answer is no change)."""
+        run_id = self._ask(conn)
+        if run_id is None or run_id == self.run_id:
+            return False
+        first = self.run_id is None
+        self.run_id = run_id
+        return not first
+
+    def _ask(self, conn: Any) -> Optional[str]:
+        import redis
+
+        if self._refused:
+            return None
+        try:
+            return str(conn.info("server")["run_id"])
+        except redis.ResponseError as exc:
+            if not isinstance(exc, redis.exceptions.NoPermissionError) and "unknown command" not in str(exc).lower():
+                raise
+            self._refused = True
+            logger.warning(
+                "Redis refuses INFO to this client (%s): a restart of Redis that loses the requests in flight "
+                "will not be noticed, and their calls time out; allow INFO (+info) to have them sent again",
+                exc,
+            )
+            return None

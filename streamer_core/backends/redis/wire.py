@@ -56,6 +56,7 @@ from ...config import MAX_SECONDS
 
 __all__ = [
     "Keys",
+    "next_id",
     "GROUP",
     "WIRE_VERSION",
     "MalformedEntry",
@@ -200,6 +201,12 @@ class Keys:
 
 class MalformedEntry(ValueError):
     """An entry that does not parse; the message says why, never what it held."""
+
+
+def next_id(entry_id: bytes) -> bytes:
+    """The stream id just after ``entry_id``."""
+    ms, _, seq = entry_id.partition(b"-")
+    return b"%s-%d" % (ms, int(seq) + 1)
 
 
 def new_client_id() -> str:

@@ -1,0 +1,104 @@
+"""The shape of the code itself: an engine whose modules import one another
+without circles, none too long to read in one sitting, and a core that
+imports no web framework, torch or redis at its top."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("streamer_core", "flask_streamer", "django_streamer")
+#: The most lines a module may have: read in one sitting.
+MOST_LINES = 600
+
+
+def modules() -> Dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: Dict[str, Path]) -> Set[str]:
+    """The project modules ``name`` imports, anywhere in it (inside functions too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            # "from . import x" names the submodule x; "from .m import x" the module m.
+            targets = [f"{base}.{alias.name}" for alias in node.names] + ([base] if node.module else [])
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Every group of modules that import one another, round (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                group.append(other)
+                if other == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle():
+    known = modules()
+    graph = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert graph["streamer_core.batching"] >= {"streamer_core.config", "streamer_core.shaping"}, "the graph is read"
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_long_to_read_in_one_sitting():
+    lengths = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {name: n for name, n in lengths.items() if n > MOST_LINES} == {}
+
+
+def test_every_package_opens_with_a_docstring_saying_what_it_holds():
+    for name, path in modules().items():
+        if path.name == "__init__.py" and "management" not in name:
+            assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no docstring"
