@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -38,6 +37,8 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from bench import harness
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -204,14 +205,6 @@ class RunResult:
     @property
     def error_count(self) -> int:
         return sum(self.errors.values()) + self.stuck_clients
-
-
-def percentile(sorted_values: Sequence[float], pct: float) -> Optional[float]:
-    """Nearest-rank percentile of an already sorted sequence (``None`` if empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100.0 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 # -- the child: one scenario, one library ---------------------------------------
@@ -450,7 +443,7 @@ def run_child(
         sizes = _read_batch_log(log_dir, window)
         result.completed = len(latencies)
         result.throughput_rps = len(latencies) / spec.duration_s
-        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        p50, p99 = harness.percentile(latencies, 50), harness.percentile(latencies, 99)
         result.p50_ms = None if p50 is None else p50 * 1000.0
         result.p99_ms = None if p99 is None else p99 * 1000.0
         result.batches = len(sizes)
@@ -466,7 +459,7 @@ def run_child(
     return result
 
 
-def _child_main(spec_json: str, result_path: str, **hooks: Any) -> None:
+def child_main(spec_json: str, result_path: str, **hooks: Any) -> None:
     """Entry point of a child: run, write the result, and leave without
     waiting on anything a library left running (threads, queue feeders).
     ``hooks`` go to :func:`run_child`."""
@@ -559,13 +552,6 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _verdict(value: Optional[float], target: float, at_least: bool) -> str:
-    if value is None:
-        return "n/a"
-    ok = value >= target if at_least else value <= target
-    return f"{value:.2f} {'PASS' if ok else 'MISS'}"
-
-
 def results_table(
     results: List[RunResult],
     scenarios: Dict[str, Scenario],
@@ -648,21 +634,27 @@ Target = Tuple[str, Callable[[Measures, str], str]]
 CORE_TARGETS: Tuple[Target, ...] = (
     (
         "thread, 64 clients: throughput >= 0.95 of ideal",
-        lambda m, lib: _verdict(m.of_ideal(lib, "thread-64c"), 0.95, True),
+        lambda m, lib: harness.verdict(m.of_ideal(lib, "thread-64c"), 0.95, True),
     ),
     (
         "process 1 worker, 64 clients: >= 0.92 of ideal",
-        lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c"), 0.92, True),
+        lambda m, lib: harness.verdict(m.of_ideal(lib, "proc1w-64c"), 0.92, True),
     ),
     (
         "process, 128 clients: 2 workers >= 1.8x 1 worker",
-        lambda m, lib: _verdict(m.scaling(lib, "proc1w-128c", "proc2w-128c"), 1.8, True),
+        lambda m, lib: harness.verdict(m.scaling(lib, "proc1w-128c", "proc2w-128c"), 1.8, True),
     ),
-    ("thread, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "thread-1c"), 1.3, False)),
-    ("process, 1 client: p50 <= 1.3x model time", lambda m, lib: _verdict(m.p50_ratio(lib, "proc1w-1c"), 1.3, False)),
+    (
+        "thread, 1 client: p50 <= 1.3x model time",
+        lambda m, lib: harness.verdict(m.p50_ratio(lib, "thread-1c"), 1.3, False),
+    ),
+    (
+        "process, 1 client: p50 <= 1.3x model time",
+        lambda m, lib: harness.verdict(m.p50_ratio(lib, "proc1w-1c"), 1.3, False),
+    ),
     (
         "588 KB images, process 1 worker, 64 clients: >= 0.80 of ideal",
-        lambda m, lib: _verdict(m.of_ideal(lib, "proc1w-64c-image"), 0.80, True),
+        lambda m, lib: harness.verdict(m.of_ideal(lib, "proc1w-64c-image"), 0.80, True),
     ),
 )
 
@@ -797,7 +789,7 @@ def write_json(
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     if args.child:
-        _child_main(args.child, args.result_file)
+        child_main(args.child, args.result_file)
     cost, scenarios, specs = plan(args, ALL_SCENARIOS)
     header = header_line(cost, args)
     print(header, file=sys.stderr)

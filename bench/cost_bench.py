@@ -100,7 +100,7 @@ def _build(run: Dict[str, Any]) -> Any:
     if library == "theirs":
         import service_streamer
 
-        from bench.cost_models import LegacySentenceEmbedder
+        from bench.apps.cost_models import LegacySentenceEmbedder
 
         if backend == "thread":
             model = load_sentence_model()
@@ -213,7 +213,7 @@ def workers_main(run: Dict[str, Any]) -> int:
         )  # fmt: skip
     import service_streamer
 
-    from bench.cost_models import LegacySentenceEmbedder
+    from bench.apps.cost_models import LegacySentenceEmbedder
 
     service_streamer.run_redis_workers_forever(
         LegacySentenceEmbedder, BATCH_SIZE, MAX_LATENCY_S, worker_num=1, redis_broker=run["broker"],
@@ -225,7 +225,7 @@ def workers_main(run: Dict[str, Any]) -> int:
 def run_one(run: Dict[str, Any], folder: str) -> Dict[str, Any]:
     """One run in a child interpreter, with a private Redis and its workers
     for the Redis backend; everything it started is killed at the end."""
-    from bench.redis_bench import PrivateRedis
+    from bench.harness import PrivateRedis
 
     server, workers = None, None
     name = f"{run['backend']}-{run['library']}-{run.get('budget') or 'fifo'}"

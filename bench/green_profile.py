@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.green_profile                 # /noop and /stream, about 30 s
 
 128 greenlets on one unpatched hub (as under gevent's ``WSGIServer`` run as
-it is) call the WSGI application of ``bench.http_app`` directly, each
+it is) call the WSGI application of ``bench.apps.http_app`` directly, each
 request after the last, for ``--seconds`` per timing, ``--repeat`` times,
 interleaved by endpoint. The model is the simulated device of
 ``bench/sim.py`` (``--fixed-ms`` + ``--per-item-ms`` per batch, on its own
@@ -55,7 +55,7 @@ def measure(app: Any, path: str, seconds: float, clock: GcClock) -> Dict[str, fl
     import gevent
     from werkzeug.test import EnvironBuilder
 
-    from bench.http_app import SENTENCE
+    from bench.apps.http_app import SENTENCE
 
     body = json.dumps({"s": SENTENCE}).encode()
     base = EnvironBuilder(path=path, method="POST", data=body, content_type="application/json").get_environ()
@@ -85,7 +85,7 @@ def measure(app: Any, path: str, seconds: float, clock: GcClock) -> Dict[str, fl
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--endpoints", default="noop,stream", help="comma-separated routes of bench.http_app")
+    parser.add_argument("--endpoints", default="noop,stream", help="comma-separated routes of bench.apps.http_app")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one timing (default 3)")
     parser.add_argument("--repeat", type=int, default=3, help="timings of each endpoint, interleaved (default 3)")
     parser.add_argument("--fixed-ms", type=float, default=2.0, help="simulated device: ms per batch (default 2)")
@@ -96,7 +96,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ["BENCH_HTTP_SERVER"] = "green_profile"
     import gevent  # imported, never monkey-patched
 
-    from bench.http_app import create_app
+    from bench.apps.http_app import create_app
 
     app = create_app()
     clock = GcClock()

@@ -1,7 +1,7 @@
 """HTTP benchmark with wrk: a no-op view, /naive, /stream and service_streamer
 side by side, for each server and model.
 
-For every (server, model) pair the benchmark starts ``bench.http_app`` under
+For every (server, model) pair the benchmark starts ``bench.apps.http_app`` under
 that server as a subprocess on 127.0.0.1 (a process group of its own), waits
 until ``GET /info`` answers, then for each number of connections runs
 ``wrk -t2 -c<connections> -d<duration>`` with ``bench/http_post.lua`` (POST
@@ -35,11 +35,8 @@ import argparse
 import json
 import os
 import platform
-import re
-import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +45,8 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from bench import harness
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LUA_SCRIPT = os.path.join(REPO_ROOT, "bench", "http_post.lua")
@@ -102,85 +101,15 @@ class WrkResult:
         return ", ".join(parts) or "0"
 
 
-_RESULT_LINE = re.compile(r"^BENCH_RESULT (\{.*\})\s*$", re.MULTILINE)
-
-
-def run_wrk(
-    url: str, connections: int, duration_s: float, timeout_s: float, body: str, upload: Optional[Tuple[str, str]] = None
-) -> Tuple[Dict[str, Any], float]:
-    """Run wrk once; its summary (from the Lua ``done`` hook) and its CPU
-    seconds. ``upload``: (a file holding the body, its content type), sent
-    instead of the JSON ``body``."""
-    command = [
-        "wrk",
-        "-t2",
-        f"-c{connections}",
-        f"-d{max(1, round(duration_s))}s",
-        f"--timeout={max(1, round(timeout_s))}s",
-        "-s",
-        LUA_SCRIPT,
-        url,
-    ]
-    env = dict(os.environ, BENCH_HTTP_BODY=body)
-    if upload is not None:
-        env.update(BENCH_HTTP_BODY_FILE=upload[0], BENCH_HTTP_CONTENT_TYPE=upload[1])
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=duration_s + timeout_s + 30)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    match = _RESULT_LINE.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"wrk exited {done.returncode}: {(done.stdout + done.stderr).strip()[-500:]}")
-    return json.loads(match.group(1)), cpu_s
-
-
 # -- the server under test ----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _machine_busy_ticks() -> int:
-    """Clock ticks every CPU of the machine spent busy (not idle, not iowait)."""
-    with open("/proc/stat") as handle:
-        fields = [int(v) for v in handle.readline().split()[1:]]
-    return sum(fields) - fields[3] - fields[4]
-
-
-def _cpu_ticks(root_pid: int) -> int:
-    """utime + stime, in clock ticks, of ``root_pid`` and every descendant
-    (gunicorn's worker is a child of its arbiter)."""
-    children: Dict[int, List[int]] = {}
-    ticks: Dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        pid = int(entry)
-        children.setdefault(int(fields[1]), []).append(pid)
-        ticks[pid] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
-
-
 class Server:
-    """``bench.http_app`` under one server, in a subprocess group of its own."""
+    """``bench.apps.http_app`` under one server, in a subprocess group of its own."""
 
     def __init__(self, kind: str, model: str, args: argparse.Namespace, log_dir: str) -> None:
         self.kind, self.model = kind, model
-        self.port = _free_port()
+        self.port = harness.free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = dict(
             os.environ,
@@ -211,10 +140,10 @@ class Server:
                 f"127.0.0.1:{self.port}",
                 "--log-level",
                 "warning",
-                "bench.http_app:create_app()",
+                "bench.apps.http_app:create_app()",
             ]
         else:
-            command = [sys.executable, "-m", "bench.http_server", kind, str(self.port)]
+            command = [sys.executable, "-m", "bench.apps.http_server", kind, str(self.port)]
         self.log_path = os.path.join(log_dir, f"{kind}-{model}-{self.port}.log")
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(
@@ -256,7 +185,7 @@ class Server:
         return self.get("/info", timeout=10.0)["counts"]
 
     def cpu_ticks(self) -> int:
-        return _cpu_ticks(self.process.pid)
+        return harness.cpu_ticks(self.process.pid)
 
     def log_tail(self) -> str:
         self._log.flush()
@@ -289,9 +218,9 @@ def wait_for_quiet(limit_pct: float, max_wait_s: float) -> float:
     clk_tck = os.sysconf("SC_CLK_TCK")
     started = time.monotonic()
     while True:
-        before = _machine_busy_ticks()
+        before = harness.machine_busy_ticks()
         time.sleep(1.0)
-        busy_pct = 100.0 * (_machine_busy_ticks() - before) / clk_tck
+        busy_pct = 100.0 * (harness.machine_busy_ticks() - before) / clk_tck
         if busy_pct < limit_pct or time.monotonic() - started >= max_wait_s:
             return time.monotonic() - started
 
@@ -332,13 +261,13 @@ def measure_once(server: Server, endpoint: str, connections: int, args: argparse
     try:
         server.settle()
         if args.warmup > 0:
-            run_wrk(url, connections, args.warmup, args.wrk_timeout, body)
+            harness.run_wrk(url, connections, args.warmup, args.wrk_timeout, body)
             server.settle()
         counts_before = server.counts().get(endpoint)
-        busy_before, ticks_before, started = _machine_busy_ticks(), server.cpu_ticks(), time.monotonic()
-        summary, wrk_cpu_s = run_wrk(url, connections, args.duration, args.wrk_timeout, body)
+        busy_before, ticks_before, started = harness.machine_busy_ticks(), server.cpu_ticks(), time.monotonic()
+        summary, wrk_cpu_s = harness.run_wrk(url, connections, args.duration, args.wrk_timeout, body)
         elapsed = time.monotonic() - started
-        ticks_after, busy_after = server.cpu_ticks(), _machine_busy_ticks()
+        ticks_after, busy_after = server.cpu_ticks(), harness.machine_busy_ticks()
         server.settle()
         counts_after = server.counts().get(endpoint)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -641,7 +570,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
-    from bench.http_app import SENTENCE
+    from bench.apps.http_app import SENTENCE
 
     body = json.dumps({"s": SENTENCE})
     header = (

@@ -37,23 +37,21 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence
 
-from bench import core_bench
+from bench import core_bench, harness
 from bench.core_bench import (
     REPO_ROOT,
     RunResult,
     RunSpec,
     Scenario,
     Target,
-    _verdict,
 )
 
 SCENARIOS = (
@@ -78,172 +76,30 @@ SCENARIOS = (
 REDIS_TARGETS: Sequence[Target] = (
     (
         "redis 1 worker, 64 clients: >= 0.85 of ideal",
-        lambda m, lib: _verdict(m.of_ideal(lib, "redis1w-64c"), 0.85, True),
+        lambda m, lib: harness.verdict(m.of_ideal(lib, "redis1w-64c"), 0.85, True),
     ),
     (
         "redis, 128 clients: 2 workers >= 1.7x 1 worker",
-        lambda m, lib: _verdict(m.scaling(lib, "redis1w-128c", "redis2w-128c"), 1.7, True),
+        lambda m, lib: harness.verdict(m.scaling(lib, "redis1w-128c", "redis2w-128c"), 1.7, True),
     ),
     (
         "588 KB images, 1 worker, 64 clients: >= 0.85 of ideal",
-        lambda m, lib: _verdict(m.of_ideal(lib, "redis1w-64c-image"), 0.85, True),
+        lambda m, lib: harness.verdict(m.of_ideal(lib, "redis1w-64c-image"), 0.85, True),
     ),
     (
         "588 KB images: >= 1.3x service_streamer in the same run",
-        lambda m, lib: _verdict(m.versus(lib, "theirs", "redis1w-64c-image"), 1.3, True),
+        lambda m, lib: harness.verdict(m.versus(lib, "theirs", "redis1w-64c-image"), 1.3, True),
     ),
 )
 
 # Time limits, in seconds.
-SERVER_START_LIMIT_S = 10.0
-SERVER_STOP_LIMIT_S = 5.0
 WORKERS_LOAD_LIMIT_S = 60.0  # spawned interpreters importing the libraries on a busy machine
 WORKERS_STOP_LIMIT_S = 15.0  # streamer_core's workers, after SIGTERM, before the group is killed
 WARM_UP_LIMIT_S = 30.0  # the child's first request, until it is answered
 LEFTOVER_GRACE_S = 3.0  # for processes of streamer_core's worker group to exit after its supervisor returned
 
-# Every process group this process started and has not seen end (Popen objects).
-_LIVE: Set[subprocess.Popen] = set()
-
 
 # -- processes --------------------------------------------------------------------------
-
-
-def _group_members(pgid: int) -> List[int]:
-    """Live (not zombie) processes in process group ``pgid``, from /proc."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return members
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(name))
-    return members
-
-
-def _command_line(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-    except OSError:
-        return f"pid {pid}"
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s process group (it leads one) and reap ``proc``."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(SERVER_STOP_LIMIT_S)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a SIGKILLed process is reaped at once
-        pass
-    _LIVE.discard(proc)
-
-
-def _kill_everything_left() -> None:
-    for proc in list(_LIVE):
-        _kill(proc)
-
-
-def _tail(path: str, size: int = 2000) -> str:
-    try:
-        with open(path, errors="replace") as handle:
-            return handle.read()[-size:]
-    except OSError:
-        return ""
-
-
-class PrivateRedis:
-    """A ``redis-server`` of this run only: a free port, no persistence, its
-    files in ``directory``; in a process group of its own."""
-
-    def __init__(self, executable: str, directory: str) -> None:
-        self.executable = executable
-        self.directory = directory
-        self.port = 0
-        self.proc: Optional[subprocess.Popen] = None
-
-    def start(self) -> None:
-        import redis
-
-        for _ in range(5):  # another program may take the free port first
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
-            log_path = os.path.join(self.directory, f"redis-{port}.log")
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen(
-                    [self.executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                     "--dir", self.directory, "--daemonize", "no"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
-            _LIVE.add(proc)
-            deadline = time.monotonic() + SERVER_START_LIMIT_S
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0).ping()
-                except redis.RedisError:
-                    time.sleep(0.05)
-                    continue
-                self.port, self.proc = port, proc
-                return
-            _kill(proc)
-            if "Address already in use" not in _tail(log_path):
-                raise RuntimeError(f"redis-server did not start on port {port}: {_tail(log_path, 500)}")
-        raise RuntimeError("redis-server: no free port found in 5 tries")
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0)
-
-    def leftovers(self, library: str, prefix: str) -> str:
-        """What a run left under its prefix, once every side has stopped
-        ("" when nothing): requests not taken or not acknowledged, result
-        streams nobody reads."""
-        try:
-            conn = self.client()
-            if library == "theirs":
-                queued = conn.llen(f"request_queue{prefix}")
-                return f"{queued} requests queued" if queued else ""
-            namespace = f"streamer:{prefix}" if prefix else "streamer"
-            parts = []
-            requests_key = f"{namespace}:requests"
-            if conn.exists(requests_key):
-                entries = conn.xlen(requests_key)
-                pending = conn.xpending(requests_key, "workers")["pending"] if entries else 0
-                if entries:
-                    parts.append(f"{entries} requests ({pending} unacked)")
-            results = [key for key in conn.scan_iter(match=f"{namespace}:results:*", count=1000)]
-            if results:
-                parts.append(f"{len(results)} results stream(s), {sum(conn.xlen(k) for k in results)} entries")
-            return ", ".join(parts)
-        except Exception as exc:  # the report must not fail on this
-            return f"could not check: {type(exc).__name__}: {exc}"
-
-    def stop(self) -> None:
-        """SIGTERM (nothing to save), then SIGKILL past the limit."""
-        proc = self.proc
-        if proc is None:
-            return
-        self.proc = None
-        try:
-            proc.terminate()
-            proc.wait(SERVER_STOP_LIMIT_S)
-        except subprocess.TimeoutExpired:
-            pass
-        _kill(proc)
 
 
 class Workers:
@@ -284,7 +140,7 @@ class Workers:
                 self.command(), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
-        _LIVE.add(self.proc)
+        harness.LIVE.add(self.proc)
 
     def wait_loaded(self) -> None:
         """Until every worker has loaded the model; raises past the limit or
@@ -328,19 +184,19 @@ class Workers:
             # streamer_core's supervisor returned, multiprocessing's resource
             # tracker needs a moment to see its pipe close and exit.
             grace_until = time.monotonic() + LEFTOVER_GRACE_S
-            while _group_members(proc.pid) and time.monotonic() < grace_until:
+            while harness.group_members(proc.pid) and time.monotonic() < grace_until:
                 time.sleep(0.05)
-            left = _group_members(proc.pid)
+            left = harness.group_members(proc.pid)
             outcome["left"] = len(left)
             if left:
-                outcome["left_commands"] = [_command_line(pid) for pid in left]
-        _kill(proc)
+                outcome["left_commands"] = [harness.command_line(pid) for pid in left]
+        harness.kill(proc)
         self.proc = None
         return outcome
 
     def kill(self) -> None:
         if self.proc is not None:
-            _kill(self.proc)
+            harness.kill(self.proc)
             self.proc = None
 
 
@@ -348,10 +204,10 @@ def run_one(spec: RunSpec, redis_server: str, launcher: str) -> RunResult:
     """One (scenario, library) run: a private server, the workers, the
     clients in a child; everything stopped afterwards."""
     tmp = tempfile.mkdtemp(prefix="bench-redis-")
-    server: Optional[PrivateRedis] = None
+    server: Optional[harness.PrivateRedis] = None
     workers: Optional[Workers] = None
     try:
-        server = PrivateRedis(redis_server, tmp)
+        server = harness.PrivateRedis(redis_server, tmp)
         server.start()
         log_dir = os.path.join(tmp, "batches")
         os.mkdir(log_dir)
@@ -370,7 +226,7 @@ def run_one(spec: RunSpec, redis_server: str, launcher: str) -> RunResult:
         workers = None
         result.extra["left_in_redis"] = server.leftovers(spec.library, prefix)
         if result.failure or result.extra["workers_stop"]["how"] not in ("returned", "killed"):
-            tail = _tail(os.path.join(tmp, "workers.log"))
+            tail = harness.tail(os.path.join(tmp, "workers.log"))
             if tail.strip():
                 print(f"--- workers' log ({spec.library}, {spec.scenario.name}) ---\n{tail}", file=sys.stderr)
         return result
@@ -506,7 +362,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     if args.child:
-        core_bench._child_main(args.child, args.result_file, build=build_client, wait_ready=warm_up, close=close_client)
+        core_bench.child_main(args.child, args.result_file, build=build_client, wait_ready=warm_up, close=close_client)
     if args.workers_process:
         return workers_main(RunSpec.from_json(args.workers_process))
     if not args.redis_server:
@@ -526,7 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             specs, args.repeat, lambda spec: run_one(spec, args.redis_server, args.launcher), _note
         )
     finally:
-        _kill_everything_left()
+        harness.kill_everything_left()
     results = []
     for spec in specs:
         pair_runs = runs[(spec.library, spec.scenario.name)]

@@ -46,8 +46,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import sim
+from .harness import PrivateRedis
 from .process_cycle import run_callers
-from .redis_bench import PrivateRedis
 
 FIXED_MS, PER_ITEM_MS, BATCH = 10.0, 0.2, 64
 PREFIX = "cycle"

@@ -1,10 +1,14 @@
 """A simulated accelerator for the benchmarks.
 
-A batch of ``n`` inputs costs ``fixed_ms + per_item_ms * n`` milliseconds of
-``time.sleep``, taken while holding a per-process lock (``DEVICE_LOCK``):
-calls queue for the "device" the way kernels queue on a GPU, and the sleep
-releases the GIL the way a native model call does, so the cost model is the
-same for a thread and for a process backend. The output of each input is the
+A batch of ``n`` inputs costs ``fixed_ms + per_item_ms * n`` milliseconds
+slept in libc (``nanosleep`` through ctypes), taken while holding a
+per-process lock (``DEVICE_LOCK``): calls queue for the "device" the way
+kernels queue on a GPU, and the sleep blocks its OS thread with the GIL
+released, the way a native model call does, so the cost model is the same
+for a thread and for a process backend. Under gevent's ``monkey.patch_all()``
+``time.sleep`` and ``threading.Lock`` would yield to the hub instead, which
+flatters any library whose model runs in a greenlet: so neither is used, the
+lock being the original one even when it is made after patching. The output of each input is the
 input itself, which lets a client check that it got its own answer back.
 
 Two entry points:
@@ -34,8 +38,10 @@ benchmark for the worker processes, which inherit them), else 10 and 0.2.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, TextIO
@@ -44,6 +50,7 @@ import streamer_core
 
 __all__ = [
     "DEVICE_LOCK",
+    "block",
     "simulate_batch",
     "make_predict",
     "SimLogic",
@@ -55,8 +62,34 @@ __all__ = [
     "PER_ITEM_MS_ENV",
 ]
 
+
+def _os_lock() -> Any:
+    """A lock of the OS, even after gevent patched ``threading``: one that
+    blocks its thread, as a device does, rather than yielding to the hub."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return monkey.get_original("_thread", "allocate_lock")()
+    import _thread
+
+    return _thread.allocate_lock()
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL for the call
+
+
+def block(seconds: float) -> None:
+    """Block this OS thread for ``seconds``, the GIL released, never
+    yielding to gevent (a device call, as the model's would be)."""
+    whole = int(seconds)
+    _libc.nanosleep(ctypes.byref(_Timespec(whole, int((seconds - whole) * 1e9))), None)
+
+
 #: One simulated device per process: every batch in this process holds it.
-DEVICE_LOCK = threading.Lock()
+DEVICE_LOCK = _os_lock()
 
 #: Directory where each process logs its batch sizes (unset: no logging).
 BATCH_LOG_ENV = "BENCH_SIM_BATCH_LOG"
@@ -98,7 +131,7 @@ def simulate_batch(batch: Sequence[Any], fixed_ms: float, per_item_ms: float) ->
     first ``CLASSES`` of its values, as an image classifier returns scores."""
     cost_s = (fixed_ms + per_item_ms * len(batch)) / 1000.0
     with DEVICE_LOCK:
-        time.sleep(cost_s)
+        block(cost_s)
         finished_at = time.monotonic()
     _log_batch(len(batch), finished_at)
     return [x.reshape(-1)[:CLASSES].copy() if getattr(x, "ndim", 0) >= 3 else x for x in batch]

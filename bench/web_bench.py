@@ -12,7 +12,7 @@ and wrk drives ``-t2 -c128`` POSTs of ``{"s": "<a 15-word sentence>"}`` at
 * ``flask-example``: ``example_flask`` as shipped (``@batched_route``, its
   settings, its ``gunicorn.conf.py``);
 * ``flask-ss``: service_streamer 0.1.2's ``ThreadedStreamer`` in a plain
-  Flask view (``bench/web_apps.py``), batch 64, the same model;
+  Flask view (``bench/apps/web_apps.py``), batch 64, the same model;
 * ``django-example`` and ``django-ss``: the same on Django;
 * ``flask-core``, ``django-core`` (with ``--variants``): streamer_core's
   ``ThreadedStreamer`` in the plain views, to tell the layer from the engine.
@@ -45,8 +45,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from bench.http_app import SENTENCE
-from bench.http_bench import _cpu_ticks, _free_port, run_wrk
+from bench import harness
+from bench.apps.http_app import SENTENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASK_EXAMPLE = ["-c", "example_flask/gunicorn.conf.py", "example_flask:create_app()"]
@@ -59,15 +59,15 @@ VARIANTS: Dict[str, Tuple[List[str], Dict[str, str], str]] = {
         {"FLASK_STREAMER_ITEM_COST": "null", "FLASK_STREAMER_MAX_BATCH_COST": "null"},
         "/stream",
     ),
-    "flask-ss": (["bench.web_apps:flask_app()"], {}, "/stream"),
-    "flask-core": (["bench.web_apps:flask_app()"], {"BENCH_WEB_STREAMER": "core"}, "/stream"),
+    "flask-ss": (["bench.apps.web_apps:flask_app()"], {}, "/stream"),
+    "flask-core": (["bench.apps.web_apps:flask_app()"], {"BENCH_WEB_STREAMER": "core"}, "/stream"),
     "django-example": (["-c", "example_django/gunicorn.conf.py", "example_django.wsgi"], {}, "/stream"),
-    "django-ss": (["bench.web_apps:django_application"], {}, "/stream"),
-    "django-core": (["bench.web_apps:django_application"], {"BENCH_WEB_STREAMER": "core"}, "/stream"),
+    "django-ss": (["bench.apps.web_apps:django_application"], {}, "/stream"),
+    "django-core": (["bench.apps.web_apps:django_application"], {"BENCH_WEB_STREAMER": "core"}, "/stream"),
     # Images: a photo of a cat uploaded as multipart, classified by EfficientNet-Lite0.
     "flask-example-classify": (FLASK_EXAMPLE, {}, "/classify"),
-    "flask-ss-classify": (["bench.web_apps:flask_classify_app()"], {}, "/classify"),
-    "flask-core-classify": (["bench.web_apps:flask_classify_app()"], {"BENCH_WEB_STREAMER": "core"}, "/classify"),
+    "flask-ss-classify": (["bench.apps.web_apps:flask_classify_app()"], {}, "/classify"),
+    "flask-core-classify": (["bench.apps.web_apps:flask_classify_app()"], {"BENCH_WEB_STREAMER": "core"}, "/classify"),
 }
 # Each example against its rival, and the ratio issue #16 asks of it (None: none asked).
 PAIRS: List[Tuple[str, str, Optional[float]]] = [
@@ -118,7 +118,7 @@ def run_variant(name: str, args: argparse.Namespace, log_dir: str) -> Dict[str, 
     else:
         with open(upload[0], "rb") as handle:
             body, content_type = handle.read(), upload[1]
-    port = _free_port()
+    port = harness.free_port()
     argv = [
         sys.executable, "-m", "gunicorn", *options[:-1], "-b", f"127.0.0.1:{port}", "-w", "1",
         "-k", "gthread", "--threads", "128", "--log-level", "warning", options[-1],
@@ -139,10 +139,10 @@ def run_variant(name: str, args: argparse.Namespace, log_dir: str) -> Dict[str, 
                 raise RuntimeError(f"{name} did not start; see {log.name}")
             time.sleep(0.5)
         url = f"http://127.0.0.1:{port}{route}"
-        run_wrk(url, args.connections, args.warmup, 10, BODY, upload)
-        ticks_before = _cpu_ticks(server.pid)
-        summary, _ = run_wrk(url, args.connections, args.duration, 10, BODY, upload)
-        ticks = _cpu_ticks(server.pid) - ticks_before
+        harness.run_wrk(url, args.connections, args.warmup, 10, BODY, upload)
+        ticks_before = harness.cpu_ticks(server.pid)
+        summary, _ = harness.run_wrk(url, args.connections, args.duration, 10, BODY, upload)
+        ticks = harness.cpu_ticks(server.pid) - ticks_before
         errors = summary["connect"] + summary["read"] + summary["write"] + summary["status"] + summary["timeout"]
         seconds = summary["duration_us"] / 1e6
         requests = summary["requests"]

@@ -2,11 +2,11 @@
 service_streamer 0.1.2's ``ThreadedStreamer`` (or ours, for a diagnostic) in a
 view written the way its README shows, serving the examples' model.
 
-* Flask: ``gunicorn 'bench.web_apps:flask_app()'``, ``POST /stream``:
+* Flask: ``gunicorn 'bench.apps.web_apps:flask_app()'``, ``POST /stream``:
   ``jsonify(streamer.predict([s])[0])``;
-* Django: ``gunicorn bench.web_apps:django_application``, ``POST /stream``:
+* Django: ``gunicorn bench.apps.web_apps:django_application``, ``POST /stream``:
   ``JsonResponse(streamer.predict([s])[0], safe=False)``;
-* images: ``gunicorn 'bench.web_apps:flask_classify_app()'``, ``POST
+* images: ``gunicorn 'bench.apps.web_apps:flask_classify_app()'``, ``POST
   /classify``, the examples' EfficientNet-Lite0 on an uploaded file.
 
 The model is the examples' all-MiniLM-L6-v2, answering lists of floats
@@ -120,7 +120,7 @@ def _django() -> Any:
     return get_wsgi_application()
 
 
-def __getattr__(name: str) -> Any:  # gunicorn bench.web_apps:django_application
+def __getattr__(name: str) -> Any:  # gunicorn bench.apps.web_apps:django_application
     if name == "django_application":
         application = _django()
         globals()[name] = application

@@ -1,12 +1,12 @@
-"""Serve ``bench.http_app`` on 127.0.0.1 with one of the benchmark's servers.
+"""Serve ``bench.apps.http_app`` on 127.0.0.1 with one of the benchmark's servers.
 
-    python -m bench.http_server dev PORT              # Flask's dev server, app.run(threaded=True)
-    python -m bench.http_server gevent PORT           # gevent.pywsgi.WSGIServer, nothing patched
-    python -m bench.http_server gevent-patched PORT   # the same after gevent.monkey.patch_all()
+    python -m bench.apps.http_server dev PORT              # Flask's dev server, app.run(threaded=True)
+    python -m bench.apps.http_server gevent PORT           # gevent.pywsgi.WSGIServer, nothing patched
+    python -m bench.apps.http_server gevent-patched PORT   # the same after gevent.monkey.patch_all()
 
 (gunicorn is started by the benchmark itself: ``gunicorn -k gthread ...
-'bench.http_app:create_app()'``.) The app reads its model and settings from
-the environment, see :mod:`bench.http_app`. Request logging is off on every
+'bench.apps.http_app:create_app()'``.) The app reads its model and settings from
+the environment, see :mod:`bench.apps.http_app`. Request logging is off on every
 server, so no server pays for writing a line per request.
 """
 
@@ -26,11 +26,11 @@ import socket  # noqa: E402
 
 def main(argv: list) -> int:
     if len(argv) != 2 or argv[0] not in SERVERS:
-        print(f"usage: python -m bench.http_server {{{','.join(SERVERS)}}} PORT", file=sys.stderr)
+        print(f"usage: python -m bench.apps.http_server {{{','.join(SERVERS)}}} PORT", file=sys.stderr)
         return 2
     server, port = argv[0], int(argv[1])
     os.environ["BENCH_HTTP_SERVER"] = server
-    from bench.http_app import create_app
+    from bench.apps.http_app import create_app
 
     app = create_app()
     if server == "dev":

@@ -34,7 +34,7 @@ variable                       default   meaning
 ``BENCH_HTTP_SERVER``          ``?``     the server's name, echoed by ``/info``
 =============================  ========  =======================================
 
-Nothing here patches anything: ``bench/http_server.py`` decides on gevent's
+Nothing here patches anything: ``bench/apps/http_server.py`` decides on gevent's
 monkey-patching before it imports this module.
 """
 
