@@ -16,14 +16,11 @@ from typing import Any, Callable, List, Optional
 
 from . import __version__
 from .backends.redis import run_redis_workers_forever
+from .config import OPTIONS
 from .importing import import_target
 from .logs import LOG_FORMAT
 
 __all__ = ["main"]
-
-
-def _devices(text: str) -> List[Any]:
-    return [int(d) if d.strip().isdigit() else d.strip() for d in text.split(",") if d.strip()]
 
 
 def _json(kind: type) -> Callable[[str], Any]:
@@ -34,6 +31,21 @@ def _json(kind: type) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+#: The options given by flag, each ``(flag, option, type, metavar)``: their
+#: defaults, help and checks are the option table's
+#: (:data:`~streamer_core.config.OPTIONS`).
+OPTION_FLAGS = (
+    ("--workers", "worker_num", int, "N"),
+    ("--devices", "cuda_devices", str, "0,1"),
+    ("--batch-size", "batch_size", int, "N"),
+    ("--max-latency", "max_latency", float, "SECONDS"),
+    ("--codec", "codec", str, "msgpack|pickle"),
+    ("--max-batch-cost", "max_batch_cost", float, "COST"),
+    ("--batch-cost", "batch_cost", str, "max|sum"),
+    ("--item-cost", "item_cost", str, "MODULE:FUNCTION"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,39 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Redis URL or host:port (default: $STREAMER_REDIS_URL or redis://127.0.0.1:6379/0)",
     )
     parser.add_argument("--prefix", default="", help="keeps models apart on one Redis; the web side uses the same")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument(
-        "--devices", type=_devices, default=None, help="CUDA devices, e.g. 0,1: worker i gets devices[i %% n]"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="most inputs per model call (default 64)")
-    parser.add_argument(
-        "--max-latency", type=float, default=0.1, help="seconds the oldest input may wait for companions (default 0.1)"
-    )
+    for flag, name, kind, metavar in OPTION_FLAGS:
+        option = OPTIONS[name]
+        shown = "none" if option.default is None else option.default
+        help_text = f"{option.help} (default {shown})".replace("%", "%%")
+        parser.add_argument(flag, dest=name, type=kind, default=option.default, metavar=metavar, help=help_text)
     parser.add_argument("--init-args", type=_json(list), default=None, help="JSON list passed to init_model")
     parser.add_argument("--init-kwargs", type=_json(dict), default=None, help="JSON object passed to init_model")
-    parser.add_argument(
-        "--codec",
-        default="msgpack",
-        choices=["msgpack", "pickle"],
-        help="wire format; pickle only with a trusted broker (default msgpack)",
-    )
-    parser.add_argument(
-        "--max-batch-cost",
-        type=float,
-        default=None,
-        help="the most one batch may cost, in the units of the web side's item_cost (default: no limit)",
-    )
-    parser.add_argument(
-        "--batch-cost",
-        default="max",
-        choices=["max", "sum"],
-        help="a batch's cost: its length times its costliest input (max, for padding models) or the sum",
-    )
-    parser.add_argument(
-        "--item-cost",
-        default=None,
-        help="module:function giving an input's cost, for requests whose web side sent none",
-    )
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -102,21 +88,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.path.insert(0, os.getcwd())  # find the model's module from where the command runs, as flask and gunicorn do
     try:
         model = import_target(args.model)
+        options = {name: OPTIONS[name].checked(getattr(args, name), flag) for flag, name, *_ in OPTION_FLAGS}
         return run_redis_workers_forever(
             model,
-            args.batch_size,
-            args.max_latency,
-            worker_num=args.workers,
-            cuda_devices=args.devices,
+            options.pop("batch_size"),
+            options.pop("max_latency"),
+            worker_num=options.pop("worker_num"),
+            cuda_devices=options.pop("cuda_devices"),
             redis_broker=args.redis,
             prefix=args.prefix,
             model_init_args=args.init_args,
             model_init_kwargs=args.init_kwargs,
-            codec=args.codec,
-            max_batch_cost=args.max_batch_cost,
-            batch_cost=args.batch_cost,
-            item_cost=import_target(args.item_cost) if args.item_cost else None,
             metrics_port=args.metrics_port,
+            **options,
         )
     except (ValueError, TypeError) as exc:
         print(f"streamer-worker: error: {exc}", file=sys.stderr)

@@ -55,3 +55,23 @@ def test_the_streamer_worker_help_gives_an_example_that_names_a_real_model():
     assert module and attribute, result.stdout
     check = _run([sys.executable, "-c", f"import {module}; print({module}.{attribute}.__name__)"])
     assert check.returncode == 0 and check.stdout.strip() == attribute, check.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--batch-size", "0"], "--batch-size must be a whole number >= 1, got 0"),
+        (["--devices", "0,-1"], "--devices holds -1: device indexes start at 0"),
+        (["--batch-cost", "mean"], "--batch-cost must be 'max' (length times the costliest input"),
+        (["--item-cost", "tests.redis.models:nothing_here"], "--item-cost is 'tests.redis.models:nothing_here', which"),
+        (["--max-latency", "-1"], "--max-latency is in seconds and must be a finite number >= 0"),
+    ],
+)
+def test_streamer_worker_refuses_a_bad_option_by_its_flag_before_reaching_for_redis(flags, message):
+    """Each option is checked by the option table's one check, its message
+    naming the flag as typed; nothing starts, nothing waits for Redis."""
+    command = _command("streamer-worker", "streamer_core.cli") + ["tests.redis.models:double", *flags]
+    result = _run(command + ["--redis", "redis://127.0.0.1:1/0"])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"streamer-worker: error: {message}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
