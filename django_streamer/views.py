@@ -39,6 +39,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence,
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
@@ -56,12 +57,23 @@ from streamer_core.web.http import (
     item_from_request,
     json_answer,
     loads_json,
+    read_chunked_body,
+    refuse_undecoded_chunks,
 )
 
 from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_streamer
 
-__all__ = ["batched_view", "BatchedView", "AsyncBatchedView", "request_item", "json_body", "json_error"]
+__all__ = [
+    "batched_view",
+    "BatchedView",
+    "AsyncBatchedView",
+    "request_item",
+    "json_body",
+    "json_error",
+    "page_not_found",
+    "server_error",
+]
 
 logger = logging.getLogger("django_streamer")
 
@@ -88,18 +100,39 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     Raises :class:`InvalidInput` (400) saying what to send, and
     :class:`PayloadTooLarge` (413) for a body over
     ``STREAMER["MAX_BODY_BYTES"]`` (10 MiB by default), before reading it."""
-    try:
-        length: Optional[int] = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = None
     limit = max_body_bytes()
-    check_body_size(length, limit)
+    length = _body_length(request, limit)
     check_media_type(request.content_type, (length or 0) > 0)
     body = json_body(request)
     if body is not MISSING or request.method != "POST":
         return item_from_request(body, None, field)
     # The form only when there is no JSON: reading it costs even when empty.
     return item_from_request(body, request.POST, field, request.FILES, limit)
+
+
+def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
+    """The body's length, refused (413) when over ``limit``: by its
+    ``Content-Length`` before it is read, or, sent in chunks, as it is read.
+    Django's WSGI request reads no body without a ``Content-Length``: one
+    sent in chunks is read here (the server decoded them: gunicorn, uWSGI),
+    no further than one byte past the limit, and kept as the request's body;
+    a server that does not decode chunks (``runserver``) gets a 411."""
+    raw = request.META.get("CONTENT_LENGTH")
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if not raw and chunked and isinstance(request, WSGIRequest):
+        refuse_undecoded_chunks(True, bool(request.environ.get("wsgi.input_terminated")))
+        data = read_chunked_body(request.environ["wsgi.input"], limit)
+        # Django's own parsing (request.body, POST and FILES) reads from
+        # here, and the multipart parser by the length.
+        request._body = data
+        request.META["CONTENT_LENGTH"] = str(len(data))
+        return len(data)
+    try:
+        length: Optional[int] = int(raw or 0)
+    except ValueError:
+        length = None
+    check_body_size(length, limit)
+    return length
 
 
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
@@ -115,6 +148,20 @@ def json_reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Js
     for name, value in headers.items():
         response[name] = value
     return response
+
+
+def page_not_found(request: HttpRequest, exception: Optional[Exception] = None) -> JsonResponse:
+    """A JSON 404, for a project whose every answer is JSON: in the root
+    URLconf, ``handler404 = "django_streamer.views.page_not_found"``."""
+    body = {"status": 404, "type": "NotFound", "message": f"nothing is served at {request.path}"}
+    return JsonResponse({"error": body}, status=404)
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    """A JSON 500 (Django has logged the error): ``handler500 =
+    "django_streamer.views.server_error"`` in the root URLconf."""
+    body = {"status": 500, "type": "InternalServerError", "message": "the server failed to answer this request"}
+    return JsonResponse({"error": body}, status=500)
 
 
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:

@@ -10,3 +10,7 @@ urlpatterns = [
     path("classify", views.classify),
     path("", include("django_streamer.urls")),  # metrics, healthz, readyz
 ]
+
+# Every answer is JSON, an unknown path's 404 and a server error's 500 too.
+handler404 = "django_streamer.views.page_not_found"
+handler500 = "django_streamer.views.server_error"

@@ -8,12 +8,11 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, Request, jsonify, request
 
-from flask_streamer import FlaskStreamer, InvalidInput, request_item
-from flask_streamer.extension import json_body
+from flask_streamer import FlaskStreamer, InvalidInput, json_error, request_item
 from streamer_core.logs import LOG_FORMAT
-from streamer_core.web.http import dumps_json, error_response, item_from_request
+from streamer_core.web.http import dumps_json
 
-from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model
+from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model, sentence_of
 from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, decode_image
 
 DEFAULTS: Dict[str, Any] = {
@@ -26,6 +25,8 @@ DEFAULTS: Dict[str, Any] = {
     # bench/web_bench.py; the README's Performance section).
     "STREAMER_ITEM_COST": "example_flask.embedding:token_estimate",
     "STREAMER_MAX_BATCH_COST": 1024,
+    # Every answer is JSON, an unknown path's 404 and a 405 too.
+    "STREAMER_JSON_ERRORS": True,
     # Prometheus metrics, liveness and readiness (README: Operations).
     "STREAMER_METRICS_ROUTE": "/metrics",
     "STREAMER_HEALTH_ROUTE": "/healthz",
@@ -72,13 +73,14 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
 
     @app.post("/naive")
     def naive_view() -> Any:
-        """The same model, called once per request: what /stream is compared with."""
+        """The same model, called once per request: what /stream is compared
+        with. Its request is read by the same rules (the body limit, the
+        media types, the JSON errors)."""
         try:
             sentence = parse_sentence(request)
-        except InvalidInput as exc:
-            status, body, headers = error_response(exc)
-            return jsonify(body), status, headers
-        return app.response_class(dumps_json(embed(naive.get(), [sentence])[0]), mimetype="application/json")
+            return app.response_class(dumps_json(embed(naive.get(), [sentence])[0]), mimetype="application/json")
+        except Exception as exc:
+            return json_error(exc, "naive")
 
     @app.get("/")
     def index() -> Any:
@@ -113,11 +115,9 @@ def _show_streamer_logs() -> None:
 
 
 def parse_sentence(req: Request) -> str:
-    """The sentence of a request: JSON ``{"s": ...}`` or the form field ``s``."""
-    sentence = item_from_request(json_body(), req.form, "s")
-    if not isinstance(sentence, str) or not sentence.strip():
-        raise InvalidInput('"s" must be a non-empty string')
-    return sentence
+    """The sentence of a request: JSON ``{"s": ...}``, the form field ``s``,
+    or a text file ``s`` (``curl -F "s=@s.txt"``)."""
+    return sentence_of(request_item("s"))
 
 
 def parse_image(req: Request) -> Any:

@@ -53,6 +53,21 @@ def token_estimate(text: str) -> float:
     return float(min(MAX_TOKENS, 2 + len(text) / CHARS_PER_TOKEN))
 
 
+def sentence_of(value: Any) -> str:
+    """The sentence a request gave, checked: text, or a text file's bytes
+    (``curl -F "s=@s.txt"``) as UTF-8. Raises ``InvalidInput`` (a 400)."""
+    from streamer_core import InvalidInput
+
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput('the file "s" is not UTF-8 text; send the sentence as text') from None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput('"s" must be a non-empty string')
+    return value
+
+
 def load_sentence_model(name_or_path: str = DEFAULT_MODEL, device: Optional[str] = None) -> Any:
     """Load a SentenceTransformer on ``device`` (default: CUDA when there is
     one, else the CPU)."""

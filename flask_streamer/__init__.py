@@ -19,7 +19,7 @@ queue is full or no worker is available.
 
 from streamer_core.errors import ConfigurationError, InvalidInput
 
-from .extension import BatchedRoute, FlaskStreamer, json_body, request_item, start_streamers
+from .extension import BatchedRoute, FlaskStreamer, json_body, json_error, request_item, start_streamers
 from .settings import DEFAULTS
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "DEFAULTS",
     "json_body",
+    "json_error",
     "request_item",
     "start_streamers",
 ]

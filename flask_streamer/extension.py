@@ -22,9 +22,11 @@ from streamer_core.web.http import (
     MISSING,
     check_body_size,
     check_media_type,
+    check_read_size,
     item_from_request,
     json_answer,
     loads_json,
+    refuse_undecoded_chunks,
     to_jsonable,
 )
 from streamer_core.web.probes import liveness, readiness
@@ -32,7 +34,7 @@ from streamer_core.web.spec import LazyStreamer, ModelSpec
 
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
-__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "request_item", "start_streamers"]
+__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "json_error", "request_item", "start_streamers"]
 
 _UNSET: Any = object()  # a route keyword not given
 
@@ -123,6 +125,8 @@ class _AppState:
         self.max_body_bytes: Optional[int] = app.config.get(
             setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"]
         )
+        #: ``STREAMER_JSON_ERRORS``: every HTTP error of the app as JSON.
+        self.json_errors: bool = app.config.get(setting_name("json_errors"), OPTIONS["json_errors"].default)
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
@@ -183,6 +187,8 @@ class FlaskStreamer:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
         app.register_error_handler(werkzeug.exceptions.MethodNotAllowed, _method_not_allowed)
+        if state.json_errors:
+            app.register_error_handler(HTTPException, _json_http_error)
         views = {"metrics_route": _metrics_view, "health_route": _health_view, "ready_route": _ready_view}
         for field, rule in app_routes(app.config).items():
             if rule is not None:
@@ -429,13 +435,21 @@ def request_item(field: Optional[str] = None) -> Any:
         def parse(req):
             return decode_image(request_item("file"))
 
-    Raises :class:`InvalidInput` (400) saying what to send. The route's
-    ``max_body_bytes`` holds already when the hook runs."""
+    Raises :class:`InvalidInput` (400) saying what to send,
+    :class:`PayloadTooLarge` (413) for a body over the route's
+    ``max_body_bytes`` (in a view of your own, ``STREAMER_MAX_BODY_BYTES``),
+    sent with a ``Content-Length`` or in chunks, and
+    :class:`UnsupportedMediaType` (415) for a body that is neither JSON nor
+    a form."""
     req = request._get_current_object()  # type: ignore[attr-defined]
-    return _default_item(req, current_app._get_current_object(), field, None)  # type: ignore[attr-defined]
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    limit = _limit_body(req, app, _state(app).max_body_bytes)
+    return _default_item(req, app, field, limit)
 
 
 def _default_item(req: Request, app: Flask, field: Optional[str], max_bytes: Optional[int]) -> Any:
+    chunked = req.content_length is None and _sent_in_chunks(req)
+    check_media_type(req.mimetype, (req.content_length or 0) > 0 or chunked)
     body = _json_body(req, app)
     if body is not MISSING:
         return item_from_request(body, None, field)
@@ -460,11 +474,10 @@ def _json_body(req: Request, app: Flask) -> Any:
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
     """The request's model input, by the route's ``parse`` hook or the
     default rule; what goes wrong is the cycle's to answer (see :func:`_read_error`)."""
-    _limit_body(req, app, max_bytes)
+    limit = _limit_body(req, app, max_bytes)
     if route.parse is not None:
         return route.parse(req)
-    check_media_type(req.mimetype, (req.content_length or 0) > 0)
-    return _default_item(req, app, route.field, max_bytes)
+    return _default_item(req, app, route.field, limit)
 
 
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:
@@ -482,19 +495,38 @@ def _read_error(exc: BaseException) -> Optional[InvalidInput]:
     return problem
 
 
-def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> None:
-    """Refuse a body over ``max_bytes`` (413): at once by its
-    ``Content-Length``, and, for one sent in chunks, as it is read (werkzeug
-    stops reading there). The app's ``MAX_CONTENT_LENGTH`` still holds when
-    it is lower."""
-    if max_bytes is None:
-        return
-    check_body_size(req.content_length, max_bytes)
+#: Where a request keeps the body limit applied to it (applied once).
+_LIMIT_KEY = "flask_streamer.max_body_bytes"
+
+
+def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Optional[int]:
+    """Apply the body limit to ``req``, once, and return it: ``max_bytes``,
+    or the app's ``MAX_CONTENT_LENGTH`` when lower. A body over it is
+    refused (413) at once by its ``Content-Length``; one sent in chunks is
+    read here, whole but no further than the limit, and refused if it goes
+    past (werkzeug would cut it at the limit without a word, and the model
+    would get a truncated input). A body in chunks that the server did not
+    decode is a 411."""
+    if _LIMIT_KEY in req.environ:
+        limit: Optional[int] = req.environ[_LIMIT_KEY]
+        return limit
     app_limit = app.config.get("MAX_CONTENT_LENGTH")
-    try:
-        req.max_content_length = max_bytes if app_limit is None else min(max_bytes, app_limit)
-    except AttributeError:  # pragma: no cover - Flask before 3.1: the Content-Length check above only
-        pass
+    limit = app_limit if max_bytes is None else max_bytes if app_limit is None else min(max_bytes, app_limit)
+    req.environ[_LIMIT_KEY] = limit
+    if req.content_length is not None or not _sent_in_chunks(req):
+        check_body_size(req.content_length, limit)
+        req.max_content_length = limit
+        return limit
+    refuse_undecoded_chunks(True, bool(req.environ.get("wsgi.input_terminated")))
+    # One byte past the limit tells a body over it; werkzeug caches what it
+    # read, and parses the form from that.
+    req.max_content_length = None if limit is None else limit + 1
+    check_read_size(len(req.get_data(cache=True)), limit)
+    return limit
+
+
+def _sent_in_chunks(req: Request) -> bool:
+    return "chunked" in req.headers.get("Transfer-Encoding", "").lower()
 
 
 def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
@@ -507,9 +539,36 @@ def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
     except HTTPException:
         endpoint = None
     state = _state(app)
-    if endpoint is None or endpoint not in {route.name for route in state.handles}:
+    batched = endpoint is not None and endpoint in {route.name for route in state.handles}
+    if not batched and not state.json_errors:
         return exc
-    return state.cycle.error(endpoint, MethodNotAllowed(request.method, allowed))
+    return state.cycle.error(endpoint or request.path, MethodNotAllowed(request.method, allowed))
+
+
+def _json_http_error(exc: HTTPException) -> Any:
+    """With ``STREAMER_JSON_ERRORS``: any HTTP error of the app (an unknown
+    path's 404, a 413 werkzeug raised, a 500 of a view's bug, logged by
+    Flask) answered as JSON, in the batched routes' shape."""
+    status = exc.code or 500
+    body = {"error": {"status": status, "type": type(exc).__name__, "message": exc.description or exc.name}}
+    headers = {name: value for name, value in exc.get_headers() if name.lower() not in ("content-type",)}
+    return jsonify(body), status, headers
+
+
+def json_error(exc: BaseException, name: str = "") -> Any:
+    """The JSON error response for ``exc`` in a view of your own, as a
+    batched route answers it (status by
+    :func:`streamer_core.web.http.status_for`, ``Retry-After`` with a 503,
+    a 500 logged with its traceback); ``name`` names the view in the log.
+    Catch what a call to :meth:`FlaskStreamer.get_streamer`'s streamer, or
+    :func:`request_item`, raises::
+
+        try:
+            output = streamer.get_streamer("stream").predict([request_item("s")])[0]
+        except Exception as exc:
+            return json_error(exc, "my_view")"""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    return _state(app).cycle.error(name or request.path, exc)
 
 
 def _reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:

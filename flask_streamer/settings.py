@@ -20,6 +20,7 @@ setting                      default         meaning
 ``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
 ``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
 ``STREAMER_MAX_BODY_BYTES``  ``10485760``    the largest body a batched route reads (10 MiB); then 413
+``STREAMER_JSON_ERRORS``     ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
 ===========================  ==============  ==============================================
 
 Every route may override any of them but the three routes by the keyword of
@@ -41,7 +42,16 @@ from streamer_core.errors import ConfigurationError
 from streamer_core.metrics import available as metrics_available
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
-__all__ = ["DEFAULTS", "APP_DEFAULTS", "BODY_DEFAULTS", "ROUTE_OPTIONS", "read_settings", "app_routes", "setting_name"]
+__all__ = [
+    "DEFAULTS",
+    "APP_DEFAULTS",
+    "APP_OPTIONS",
+    "BODY_DEFAULTS",
+    "ROUTE_OPTIONS",
+    "read_settings",
+    "app_routes",
+    "setting_name",
+]
 
 #: Each setting's default, by option (:data:`streamer_core.config.OPTIONS`,
 #: where each is defined); ``prefix`` ``None`` stands for the app's name.
@@ -59,6 +69,8 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 #: What the web layer reads of a request, for every batched route (a route's
 #: keyword of the same name overrides it).
 BODY_DEFAULTS: Dict[str, Any] = {"max_body_bytes": OPTIONS["max_body_bytes"].default}
+#: The app-wide options checked by the option table: how bodies are read and errors answered.
+APP_OPTIONS = ("max_body_bytes", "json_errors")
 
 
 def setting_name(field: str) -> str:
@@ -70,7 +82,7 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
     :class:`ConfigurationError` naming every wrong or unknown setting, as
     the user wrote it (``FLASK_STREAMER_BACKEND`` when it came from that
     environment variable through ``app.config.from_prefixed_env()``)."""
-    fields = (*DEFAULTS, *APP_DEFAULTS, *BODY_DEFAULTS)
+    fields = (*DEFAULTS, *APP_DEFAULTS, *APP_OPTIONS)
     known = {setting_name(field) for field in fields}
     settings = {field: config.get(setting_name(field), default) for field, default in DEFAULTS.items()}
     if settings["prefix"] is None:
@@ -97,9 +109,10 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
                 f"{written_as(setting_name(field), config)} must be a URL path starting with '/' "
                 f"(e.g. {_ROUTE_EXAMPLES[field]!r}) or None to serve none; got {rule!r}"
             )
-    for field, default in BODY_DEFAULTS.items():
+    for field in APP_OPTIONS:
         try:
-            OPTIONS[field].checked(config.get(setting_name(field), default), written_as(setting_name(field), config))
+            value = config.get(setting_name(field), OPTIONS[field].default)
+            OPTIONS[field].checked(value, written_as(setting_name(field), config))
         except (TypeError, ValueError) as exc:
             messages.append(str(exc))
     if config.get(setting_name("metrics_route")) is not None and not metrics_available():

@@ -357,7 +357,14 @@ _TABLE = (
     ),
     Option("init_args", (), _arguments, "option", "positional arguments for the model's init_model"),
     Option("init_kwargs", {}, _keywords, "option", "keyword arguments for the model's init_model"),
-    # What a web layer reads of a request.
+    # What a web layer reads of a request, and how it answers.
+    Option(
+        "json_errors",
+        False,
+        _flag,
+        "option",
+        "answer every HTTP error of the app (404, 405, 413, ...) as JSON, as the batched routes answer theirs",
+    ),
     Option(
         "max_body_bytes",
         10 * 1024 * 1024,

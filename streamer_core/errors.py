@@ -21,6 +21,7 @@ __all__ = [
     "MethodNotAllowed",
     "PayloadTooLarge",
     "UnsupportedMediaType",
+    "LengthRequired",
     "StreamerClosedError",
     "StreamerTimeoutError",
     "UnavailableError",
@@ -81,6 +82,13 @@ class UnsupportedMediaType(InvalidInput):
     status = 415
 
 
+class LengthRequired(InvalidInput):
+    """The body was sent in chunks to a server that cannot read a chunked
+    body (411): send it with a ``Content-Length``."""
+
+    status = 411
+
+
 class StreamerClosedError(StreamerError, RuntimeError):
     """The streamer was closed: it accepts no new calls, and calls it could not
     finish before closing fail with this error."""
@@ -93,7 +101,10 @@ class StreamerTimeoutError(StreamerError, TimeoutError):
 
 class UnavailableError(StreamerError):
     """The streamer cannot take this call now; retrying later may succeed
-    (HTTP 503)."""
+    (HTTP 503). ``retry_after_s``, when set, is when to try again, in
+    seconds (the ``Retry-After`` header); else the web layers' default."""
+
+    retry_after_s: Optional[float] = None
 
 
 class QueueFullError(UnavailableError):

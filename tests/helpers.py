@@ -53,3 +53,33 @@ def metric_samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], f
         for sample in family.samples:
             found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return found
+
+
+def post_chunked(
+    port: int, path: str, body: bytes, content_type: str, chunk: int = 64 * 1024, timeout: float = 30.0
+) -> Tuple[int, Dict[str, str], Any]:
+    """``POST path`` on 127.0.0.1 with ``body`` sent in chunks
+    (``Transfer-Encoding: chunked``, no ``Content-Length``), as a client
+    streaming an upload does: (status, headers, the JSON body or the text)."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        pieces = (body[i : i + chunk] for i in range(0, len(body), chunk))
+        conn.request(
+            "POST",
+            path,
+            body=pieces,
+            headers={"Content-Type": content_type, "Connection": "close"},
+            encode_chunked=True,
+        )
+        response = conn.getresponse()
+        data = response.read()
+        headers = {name.lower(): value for name, value in response.getheaders()}
+    finally:
+        conn.close()
+    try:
+        return response.status, headers, json.loads(data)
+    except ValueError:
+        return response.status, headers, data.decode(errors="replace")

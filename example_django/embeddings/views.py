@@ -7,23 +7,20 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from django_streamer import InvalidInput, batched_view, json_error, request_item
-from example_flask.embedding import embed
+from example_flask.embedding import embed, sentence_of
 from example_flask.vision import decode_image
+from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.http import dumps_json
 
 from .naive import naive_model
 
 
 def parse_sentence(request: HttpRequest) -> str:
-    """The sentence of a request: JSON ``{"s": ...}`` or the form field ``s``
-    (a 400 otherwise), as example_flask reads it."""
-    sentence = request_item(request, "s")
-    if not isinstance(sentence, str) or not sentence.strip():
-        raise InvalidInput('"s" must be a non-empty string')
-    return sentence
+    """The sentence of a request: JSON ``{"s": ...}``, the form field ``s``
+    or a text file ``s`` (a 400 otherwise), as example_flask reads it."""
+    return sentence_of(request_item(request, "s"))
 
 
 @batched_view("embed")
@@ -49,18 +46,22 @@ def classify(request: HttpRequest) -> object:
 
 
 @csrf_exempt
-@require_POST
 def naive(request: HttpRequest) -> HttpResponse:
-    """The same model, called once per request: what /stream is compared with."""
+    """The same model, called once per request: what /stream is compared
+    with. Its request is read by the same rules (the body limit, the media
+    types, the JSON errors, a JSON 405 for another method)."""
     try:
+        if request.method != "POST":
+            raise MethodNotAllowed(str(request.method), ["POST"])
         sentence = parse_sentence(request)
-    except InvalidInput as exc:
-        return json_error(exc)
-    return HttpResponse(dumps_json(embed(naive_model(), [sentence])[0]), content_type="application/json")
+        return HttpResponse(dumps_json(embed(naive_model(), [sentence])[0]), content_type="application/json")
+    except Exception as exc:
+        return json_error(exc, "naive")
 
 
-@require_GET
 def index(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return json_error(MethodNotAllowed(str(request.method), ["GET"]), "index")
     return JsonResponse(
         {
             "endpoints": {

@@ -24,6 +24,7 @@ from __future__ import annotations
 import decimal
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
 from ..errors import (
     InvalidInput,
     ItemCostError,
+    LengthRequired,
     MethodNotAllowed,
     PayloadTooLarge,
     QueueFullError,
@@ -54,6 +56,10 @@ __all__ = [
     "item_from_request",
     "read_upload",
     "check_body_size",
+    "read_chunked_body",
+    "check_read_size",
+    "refuse_undecoded_chunks",
+    "retry_after",
     "check_media_type",
     "to_jsonable",
     "dumps_json",
@@ -148,8 +154,19 @@ def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dic
     if isinstance(exc, MethodNotAllowed):
         headers["Allow"] = ", ".join(exc.allowed)
     if status == 503:
-        headers["Retry-After"] = str(RETRY_AFTER_FULL if isinstance(exc, QueueFullError) else RETRY_AFTER_DOWN)
+        headers["Retry-After"] = str(retry_after(exc))
     return status, {"error": error}, headers
+
+
+def retry_after(exc: BaseException) -> int:
+    """The ``Retry-After`` seconds of a 503 for ``exc``: its own
+    (``retry_after_s``, a model still loading, say), else
+    :data:`RETRY_AFTER_FULL` for a full queue, :data:`RETRY_AFTER_DOWN` for
+    anything else."""
+    own = getattr(exc, "retry_after_s", None)
+    if own is not None:
+        return max(1, int(math.ceil(own)))
+    return RETRY_AFTER_FULL if isinstance(exc, QueueFullError) else RETRY_AFTER_DOWN
 
 
 def item_from_request(
@@ -180,6 +197,8 @@ def item_from_request(
         return read_upload(files[field], field, max_bytes)
     if field is None:
         raise InvalidInput("send the input as a JSON body (Content-Type: application/json)")
+    if files is None:  # a file is not read here: say only what is
+        raise InvalidInput(f'send the input as JSON {{"{field}": ...}} or as the form field "{field}"')
     raise InvalidInput(
         f'send the input as JSON {{"{field}": ...}}, as the form field "{field}", '
         f'or as the file "{field}" of a multipart form (curl -F "{field}=@path")'
@@ -197,6 +216,43 @@ def read_upload(upload: Any, field: str, max_bytes: Optional[int]) -> bytes:
     if not data:
         raise InvalidInput(f'the file "{field}" is empty')
     return bytes(data)
+
+
+def read_chunked_body(stream: Any, max_bytes: Optional[int]) -> bytes:
+    """A body sent in chunks (no ``Content-Length``), read whole from
+    ``stream`` (the server decoded the chunks), but no more than one byte
+    past ``max_bytes``: a body over it raises :class:`PayloadTooLarge`
+    rather than reaching the model cut short."""
+    data = stream.read() if max_bytes is None else stream.read(max_bytes + 1)
+    if max_bytes is not None:
+        while len(data) <= max_bytes:  # a stream may return less than asked before its end
+            more = stream.read(max_bytes + 1 - len(data))
+            if not more:
+                break
+            data += more
+        check_read_size(len(data), max_bytes)
+    return bytes(data)
+
+
+def check_read_size(size: int, max_bytes: Optional[int]) -> None:
+    """Refuse a body of which ``size`` bytes were read, more than
+    ``max_bytes``, with :class:`PayloadTooLarge`."""
+    if max_bytes is not None and size > max_bytes:
+        raise PayloadTooLarge(
+            f"the body is more than the {max_bytes} bytes this endpoint takes; "
+            "send a smaller one, or raise the server's max_body_bytes setting"
+        )
+
+
+def refuse_undecoded_chunks(chunked: bool, input_terminated: bool) -> None:
+    """Raise :class:`LengthRequired` (411) for a body sent in chunks to a
+    server that does not decode them (``wsgi.input_terminated`` unset, as
+    under Python's ``wsgiref``, Django's ``runserver``): read as it is, it
+    would be empty or garbled."""
+    if chunked and not input_terminated:
+        raise LengthRequired(
+            "this server cannot read a body sent in chunks (Transfer-Encoding: chunked): send it with a Content-Length"
+        )
 
 
 def check_body_size(length: Optional[int], max_bytes: Optional[int]) -> None:

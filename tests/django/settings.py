@@ -4,7 +4,7 @@
 subprocess, serves the same models at the same Redis keys as the test:
 ``TEST_STREAMER_BACKEND`` (default thread), ``TEST_STREAMER_REDIS_URL``,
 ``TEST_STREAMER_PREFIX``, ``TEST_STREAMER_FOLDER`` (HoldModel's and
-MarkedModel's folder). Tests change it with pytest-django's ``settings``.
+MarkedModel's folder), ``TEST_STREAMER_MAX_BODY_BYTES``. Tests change it with pytest-django's ``settings``.
 """
 
 import os
@@ -37,6 +37,7 @@ STREAMER = {
     "BATCH_SIZE": 8,
     "MAX_LATENCY": 0.05,
     "TIMEOUT": 10,
+    "MAX_BODY_BYTES": int(os.environ.get("TEST_STREAMER_MAX_BODY_BYTES", 10 * 1024 * 1024)),
     "MODELS": {
         "double": {"MODEL": "tests.django.batch_models.double"},
         "sizes": {"MODEL": "tests.django.batch_models.sizes", "MAX_LATENCY": 0.1},

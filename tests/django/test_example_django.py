@@ -196,3 +196,30 @@ def test_classify_names_a_cat_and_an_espresso_and_refuses_what_is_no_image(examp
     ):
         assert response.status_code == status and response["Content-Type"] == "application/json", response.content
         assert message in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/stream", "/naive"])
+def test_the_plain_and_batched_views_read_requests_by_the_same_rules(example: Any, client: Client, path: str) -> None:
+    """What a newcomer met: GET /naive was a 405 with an empty HTML body and
+    an unknown path an HTML 404; a body of a type neither view reads gets
+    415, a text file is taken as the sentence, every answer is JSON."""
+    example()
+
+    def error_of(response: Any, status: int) -> Dict[str, Any]:
+        assert response.status_code == status and response["Content-Type"] == "application/json", response.content
+        return dict(response.json()["error"])
+
+    for content_type in ("text/plain", "application/octet-stream", "application/xml"):
+        error = error_of(client.post(path, "s=hello", content_type=content_type), 415)
+        assert error["type"] == "UnsupportedMediaType" and content_type in error["message"]
+    response = client.get(path)
+    assert error_of(response, 405)["type"] == "MethodNotAllowed" and "POST" in response["Allow"]
+    error = error_of(post(client, path, {"s": "x" * (10 * 1024 * 1024 + 10)}), 413)
+    assert error["type"] == "PayloadTooLarge"
+    from tests.flask.test_example_classify import upload
+
+    as_file = client.post(path, **upload(b"Happy birthday to you.", "s.txt", "s"))
+    assert as_file.status_code == 200, as_file.content
+    as_text = post(client, path, {"s": "Happy birthday to you."})
+    assert cosine(as_file.json(), as_text.json()) > 0.9999
+    assert error_of(client.get("/no/such/path"), 404)["type"] == "NotFound"

@@ -52,3 +52,42 @@ def test_a_bad_limit_is_a_system_check_error(settings: Any) -> None:
     )
     messages = [error.msg for error in run_checks() if error.id == "django_streamer.E008"]
     assert any("set once for every model, at the top level" in message for message in messages), messages
+
+
+def test_a_body_sent_in_chunks_is_read_whole_or_refused_under_gunicorn_and_411_under_runserver(commands) -> None:
+    """Django reads no body without a Content-Length: sent in chunks to a
+    server that decodes them (gunicorn), it is read here, whole within the
+    limit, refused (the project's 413) past it, never cut; runserver cannot
+    decode chunks, so it answers 411 rather than take the body for empty."""
+    from tests.helpers import post_chunked, wait_for
+    from tests.servers import free_port
+
+    port = free_port()
+    env = commands.env(TEST_STREAMER_MAX_BODY_BYTES="20000")
+    commands.start(
+        "tests.django.wsgi:application", "--bind", f"127.0.0.1:{port}", "--threads", "4", module="gunicorn", env=env
+    )
+    runserver_port = free_port()
+    commands.start("runserver", f"127.0.0.1:{runserver_port}", "--noreload", env=env)
+
+    def up(at: int) -> bool:
+        try:
+            return post_chunked(at, "/double", b'{"x": 1}', "application/json")[0] in (200, 411)
+        except OSError:
+            return False
+
+    assert wait_for(lambda: up(port) and up(runserver_port), 60, interval=0.2), "the servers did not start"
+    assert post_chunked(port, "/double", b'{"x": 21}', "application/json")[2] == 42
+    assert post_chunked(port, "/double", b"x=" + b"7" * 3, "application/x-www-form-urlencoded")[2] == 1554
+    form = upload(b"\x00" * 15_000, "f.bin")
+    status, _, answer = post_chunked(port, "/upload", form["data"], form["content_type"])
+    assert status == 200 and answer["length"] == 15_000, answer
+    for data, content_type in (
+        (b'{"x": "' + b"a" * 50_000 + b'"}', "application/json"),
+        (b"x=" + b"a" * 19_999, "application/x-www-form-urlencoded"),
+    ):
+        status, headers, body = post_chunked(port, "/double", data, content_type, chunk=4096)
+        assert status == 413 and headers["content-type"] == "application/json", (status, body)
+        assert body["error"]["type"] == "PayloadTooLarge" and "20000" in body["error"]["message"], body
+    status, headers, body = post_chunked(runserver_port, "/double", b'{"x": 1}', "application/json")
+    assert status == 411 and body["error"]["type"] == "LengthRequired", (status, body)

@@ -9,6 +9,7 @@ takes seconds)."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import re
 import signal
@@ -101,12 +102,41 @@ def test_stream_and_naive_agree_even_for_requests_batched_together(app):
         (dict(json={"text": "hi"}), 'the JSON body has no key "s"'),
         (dict(json=["hi"]), 'send a JSON object with the key "s"'),
         (dict(data={"text": "hi"}), 'send the input as JSON {"s": ...}, as the form field "s", or as the file "s"'),
+        (dict(data="", content_type="application/x-www-form-urlencoded"), 'as the form field "s", or as the file'),
         (dict(data="{", content_type="application/json"), "the body is not valid JSON"),
     ],
 )
 def test_bad_input_is_a_400_on_both_endpoints(app, path, kwargs, message):
     error = error_of(app.test_client().post(path, **kwargs), 400)
     assert message in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/stream", "/naive"])
+def test_the_plain_and_batched_routes_read_requests_by_the_same_rules(app, path):
+    """What a newcomer met: /naive had no body limit (12 MB took 14 s and got
+    a 200), answered other methods and unknown paths in HTML, and a body of
+    a type neither route reads got a 400 where the README says 415."""
+    client = app.test_client()
+    error = error_of(client.post(path, json={"s": "x" * (10 * 1024 * 1024 + 10)}), 413)
+    assert error["type"] == "PayloadTooLarge" and "10485760" in error["message"]
+    for content_type in ("text/plain", "application/octet-stream", "application/xml"):
+        error = error_of(client.post(path, data="s=hello", content_type=content_type), 415)
+        assert error["type"] == "UnsupportedMediaType" and content_type in error["message"]
+    response = client.get(path)
+    assert error_of(response, 405)["type"] == "MethodNotAllowed" and "POST" in response.headers["Allow"]
+    # A text file is taken as the sentence: the message never asks for what was sent.
+    as_file = client.post(path, data={"s": (io.BytesIO(b"Happy birthday to you."), "s.txt")})
+    assert as_file.status_code == 200, as_file.get_data(as_text=True)
+    assert cosine(np.asarray(as_file.get_json()), embedding(app, "Happy birthday to you.", path)) > 0.9999
+    error = error_of(client.post(path, data={"s": (io.BytesIO(b"\xff\xfe"), "s.bin")}), 400)
+    assert "not UTF-8 text" in error["message"]
+
+
+def test_every_answer_of_the_example_is_json_an_unknown_paths_404_too(app):
+    client = app.test_client()
+    response = client.get("/no/such/path")
+    assert error_of(response, 404)["type"] == "NotFound"
+    assert error_of(client.post("/"), 405)["type"] == "MethodNotAllowed"
 
 
 def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_path):

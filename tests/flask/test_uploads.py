@@ -94,3 +94,28 @@ def test_empty_and_missing_files_are_a_400(app):
     client = app.test_client()
     assert "is empty" in error_of(client.post("/upload", **upload(b"")), 400)["message"]
     assert 'the file "file"' in error_of(client.post("/upload", **upload(b"x", field="other")), 400)["message"]
+
+
+@pytest.mark.parametrize("server", ["dev", "gunicorn"])
+def test_a_body_sent_in_chunks_is_read_whole_or_refused_never_cut(server):
+    """Sent in chunks, with no Content-Length, a body over the limit is the
+    project's 413 JSON on every route and server, a JSON body and a form
+    alike; werkzeug alone cut both at the limit, and a form reached the
+    model truncated (a 200 on the first 10 MiB). One within the limit is
+    read whole."""
+    from tests.flask.live import flask_dev_argv, free_port, gunicorn_argv, live_server
+    from tests.helpers import post_chunked
+
+    port = free_port()
+    argv = flask_dev_argv(port) if server == "dev" else gunicorn_argv(port, "--threads", "4")
+    with live_server(argv, port, {"STREAMER_MAX_BODY_BYTES": 20_000}):
+        status, headers, body = post_chunked(port, "/predict", b'{"x": "' + b"a" * 15_000 + b'"}', "application/json")
+        assert status == 200 and body["x"] == {"x": "a" * 15_000}, "read whole: the route takes the whole JSON body"
+        for data, content_type in (
+            (b'{"x": "' + b"a" * 50_000 + b'"}', "application/json"),
+            (b"x=" + b"a" * 50_000, "application/x-www-form-urlencoded"),
+            (b"x=" + b"a" * 19_999, "application/x-www-form-urlencoded"),  # 20,001 bytes: one past the limit
+        ):
+            status, headers, body = post_chunked(port, "/predict", data, content_type, chunk=4096)
+            assert status == 413 and headers["content-type"] == "application/json", (status, body)
+            assert body["error"]["type"] == "PayloadTooLarge" and "20000" in body["error"]["message"], body
