@@ -31,6 +31,7 @@ __all__ = [
     "Option",
     "OPTIONS",
     "DeviceId",
+    "shown_device",
     "default",
     "MAX_SECONDS",
     "BACKENDS",
@@ -43,6 +44,13 @@ __all__ = [
 
 #: A CUDA device as ``CUDA_VISIBLE_DEVICES`` takes it: an index or a UUID string.
 DeviceId = Union[int, str]
+
+
+def shown_device(device: Optional[DeviceId]) -> str:
+    """A worker's device as the logs and the status commands name it:
+    ``default`` where none was given (``CUDA_VISIBLE_DEVICES`` left as it is)."""
+    return "default" if device is None else str(device)
+
 
 #: The longest timeout, max_latency or claim_after taken, seconds (a day).
 #: A wait longer than that is a hang by another name; a request through Redis

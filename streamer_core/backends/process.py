@@ -22,8 +22,8 @@ How data moves::
 
 Batches are formed here, in the parent, and each worker holds at most two
 (the one it runs and the next), so the parent always knows which inputs a
-dead worker took with it. Workers
-exit on their own when this process dies (they watch their parent).
+dead worker took with it. Workers exit on their own when this process dies
+(they watch their parent). A slot's life is :mod:`.process_slots`'.
 
 Numpy arrays and CPU tensors of ``shared_memory_min_bytes`` or more travel
 through shared memory instead of the pipe: copied once on each side, and
@@ -45,23 +45,13 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
-from ..errors import SerializationError, StreamerError, WorkerStartError
+from ..config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default, shown_device
+from ..errors import StreamerError, WorkerStartError
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_slots import Sent, Slot, describe_exit
 from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
-from .shared_memory import (
-    BlockPool,
-    PeerBlocks,
-    SharedValue,
-    block_names,
-    dump,
-    new_prefix,
-    plain,
-    unlink_leftovers,
-    wire_of,
-)
+from .shared_memory import BlockPool, PeerBlocks, block_names, encode_input, new_prefix, unlink_leftovers, wire_of
 from .shared_memory import available as shared_memory_available
 from .spawning import spawn_context
 
@@ -113,7 +103,9 @@ class _ProcessBackend(Backend):
         config: BatchingConfig,
         shared_memory_min_bytes: Optional[int],
         hang_timeout: Optional[float],
+        name: str,
     ) -> None:
+        self._name = name  # the model's, for the log lines
         try:
             self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
@@ -140,6 +132,9 @@ class _ProcessBackend(Backend):
         self._collector = threading.Thread(target=self._collect, name="streamer-process-collect", daemon=True)
 
     # -- starting ------------------------------------------------------------
+
+    def _who(self, slot: Slot) -> str:  # a worker as the log lines name it
+        return f"{self._name} worker {slot.index}"
 
     def start(self, scheduler: Scheduler) -> None:
         if os.environ.get(IN_WORKER_ENV):
@@ -191,23 +186,10 @@ class _ProcessBackend(Backend):
                     parent_conn.send(("stop",))
                 except (OSError, ValueError):
                     pass
-        logger.info("worker %d (pid %d) starting on device %s", slot.index, process.pid, slot.device)
+        logger.info("%s (pid %d) starting on device %s", self._who(slot), process.pid, shown_device(slot.device))
 
     def encode(self, value: Any, index: int) -> Any:
-        if plain(value):
-            return value  # pickled with the rest of its batch when sent
-        try:
-            payload, blocks = dump(value, self._pool, self._min_bytes or 0)
-        except Exception as exc:
-            raise SerializationError(
-                f"input {index} ({type(value).__name__}) cannot be sent to a worker process because it cannot be "
-                f"pickled: {exc}. Pass plain data (str, numbers, lists, dicts, numpy arrays, tensors), "
-                "or use ThreadedStreamer, which does not copy inputs"
-            ) from exc
-        if not blocks:
-            return payload
-        assert self._pool is not None
-        return SharedValue(payload, blocks, self._pool)
+        return encode_input(value, index, self._pool, self._min_bytes or 0)
 
     # -- running batches -----------------------------------------------------
 
@@ -289,7 +271,7 @@ class _ProcessBackend(Backend):
             # says ready, the log says so too.
             config = self._config
             line = ready_line(message[2], config.batch_size, config.max_latency)
-            logger.info("worker %d (pid %d): %s", slot.index, message[1], line)
+            logger.info("%s (pid %d): %s", self._who(slot), message[1], line)
             with self._lock:
                 slot.state, slot.start_failures, slot.pid = "ready", 0, message[1]
                 self._changed.notify_all()
@@ -300,8 +282,8 @@ class _ProcessBackend(Backend):
                 slot.state, slot.error = "failed", error
                 self._changed.notify_all()
             logger.error(
-                "worker %d could not load the model and is not restarted: %s\n%s",
-                slot.index,
+                "%s could not load the model and is not restarted: %s\n%s",
+                self._who(slot),
                 error,
                 error.__cause__,
             )
@@ -350,7 +332,7 @@ class _ProcessBackend(Backend):
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
                 return
-        reason = f"worker {slot.index} (pid {slot.pid}) {describe_exit(process.exitcode)}"
+        reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
         if state == "ready":
             # A worker runs its batches in turn: only the first can have reached the model.
@@ -378,10 +360,10 @@ class _ProcessBackend(Backend):
                     hung.append((slot, slot.process, *overdue))
         for slot, process, seconds, limit in hung:
             logger.error(
-                "worker %d (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
+                "%s (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
                 "hung (hang_timeout=%gs), it is killed and restarted; next time it gets %gs, until it answers "
                 "(raise hang_timeout if batches take that long)",
-                slot.index,
+                self._who(slot),
                 process.pid,
                 seconds,
                 limit,
@@ -569,6 +551,7 @@ class Streamer(BaseStreamer):
         check_model("predict_function_or_model", target)
         self.worker_num = worker_num
         self.cuda_devices = list(devices) if devices is not None else None
+        name = callable_name(target) if name is None else name
         backend = functools.partial(
             _ProcessBackend,
             target,
@@ -579,13 +562,9 @@ class Streamer(BaseStreamer):
             config,
             shared_memory_min_bytes,
             hang_timeout,
+            name,
         )
-        super().__init__(
-            config,
-            backend,
-            max_item_crashes=max_item_crashes,
-            name=callable_name(target) if name is None else name,
-        )
+        super().__init__(config, backend, max_item_crashes=max_item_crashes, name=name)
 
     @property
     def _backend(self) -> _ProcessBackend:

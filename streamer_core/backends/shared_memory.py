@@ -51,13 +51,14 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..codec import pickle_out_of_band
+from ..errors import SerializationError
 
 try:
     import _posixshmem  # type: ignore[import-not-found]  # what multiprocessing.shared_memory uses
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["available", "BlockPool", "PeerBlocks", "SharedValue", "dump", "load", "wire_of"]
+__all__ = ["available", "BlockPool", "PeerBlocks", "SharedValue", "dump", "encode_input", "load", "wire_of"]
 
 logger = logging.getLogger("streamer_core")
 
@@ -363,6 +364,27 @@ def dump(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Tuple[bytes, 
         _buffer(block)[: view.nbytes] = view  # the one copy on this side
         blocks.append((block, view.nbytes))
     return payload, blocks
+
+
+def encode_input(value: Any, index: int, pool: Optional[BlockPool], min_bytes: int) -> Any:
+    """Input ``index`` of a call as it is queued for a worker process: a
+    plain value as it is (pickled with the rest of its batch when sent),
+    anything else pickled, its large buffers in shared memory. Raises
+    :class:`SerializationError` for an input that cannot be pickled."""
+    if plain(value):
+        return value
+    try:
+        payload, blocks = dump(value, pool, min_bytes)
+    except Exception as exc:
+        raise SerializationError(
+            f"input {index} ({type(value).__name__}) cannot be sent to a worker process because it cannot be "
+            f"pickled: {exc}. Pass plain data (str, numbers, lists, dicts, numpy arrays, tensors), "
+            "or use ThreadedStreamer, which does not copy inputs"
+        ) from exc
+    if not blocks:
+        return payload
+    assert pool is not None
+    return SharedValue(payload, blocks, pool)
 
 
 def load(wire: Wire, peer: PeerBlocks, copy: bool) -> Any:

@@ -12,10 +12,12 @@ web process: a command run beside them can show their settings only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..config import shown_device
 from .spec import ModelSpec
 
 __all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json"]
@@ -31,6 +33,8 @@ class WorkerStatus:
     device: Optional[str]
     #: Seconds since its last heartbeat, by the Redis server's clock.
     last_beat_s: float
+    #: Seconds it has been loading its model (a worker not serving yet), else None.
+    loading_s: Optional[float] = None
 
 
 @dataclass
@@ -42,6 +46,8 @@ class ModelStatus:
     settings: Dict[str, Any]
     problems: List[str] = field(default_factory=list)
     workers: List[WorkerStatus] = field(default_factory=list)
+    #: Workers started and still loading their model (Redis backend).
+    loading: List[WorkerStatus] = field(default_factory=list)
     #: Requests in Redis no worker has taken yet (Redis backend).
     waiting: Optional[int] = None
     #: Requests a worker has taken and not answered yet (Redis backend).
@@ -77,7 +83,7 @@ def model_status(spec: ModelSpec) -> ModelStatus:
 
 def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
     from ..backends.redis.connection import broker_errors, broker_problem, connect
-    from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys
+    from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys, loading_workers
 
     keys = Keys(spec.prefix)
     conn = connect(spec.redis_url or "")
@@ -88,6 +94,9 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         info = conn.hgetall(keys.worker_info) if conn.type(keys.worker_info) == b"hash" else {}
         for member, beat_ms in beats:
             status.workers.append(_worker(member, info.get(member), max(0.0, (now_ms - beat_ms) / 1000)))
+        for loading in loading_workers(conn, keys):
+            worker = _worker(loading.name, json.dumps(loading.info), 0.0)
+            status.loading.append(dataclasses.replace(worker, loading_s=round(loading.seconds, 1)))
         if conn.type(keys.requests) == b"stream":
             length = int(conn.xlen(keys.requests))
             groups = {_text(g.get("name")): g for g in conn.xinfo_groups(keys.requests)}
@@ -107,7 +116,12 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         return
     finally:
         conn.close()
-    if not status.workers:
+    if not status.workers and status.loading:
+        status.problems.append(
+            f"no worker serves {keys.requests} yet: {len(status.loading)} loading the model, "
+            f"the longest for {status.loading[0].loading_s}s"
+        )
+    elif not status.workers:
         status.problems.append(
             f"no live worker serves {keys.requests}: start them (flask streamer run-workers, "
             "manage.py run_gpu_workers or streamer-worker)"
@@ -152,13 +166,16 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
             lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
             lines.append(f"  live workers: {len(status.workers)}")
             for worker in status.workers:
-                device = worker.device if worker.device is not None else "default"
-                lines.append(
-                    f"    {worker.name}: host {worker.host}, pid {worker.pid}, device {device}, "
-                    f"last beat {worker.last_beat_s:.3g}s ago"
-                )
+                lines.append(f"    {_about(worker)}, last beat {worker.last_beat_s:.3g}s ago")
+            if status.loading:
+                lines.append(f"  workers loading the model: {len(status.loading)}")
+                lines.extend(f"    {_about(worker)}, loading for {worker.loading_s}s" for worker in status.loading)
         lines.extend(f"  problem: {problem}" for problem in status.problems)
     return "\n".join(lines)
+
+
+def _about(worker: WorkerStatus) -> str:
+    return f"{worker.name}: host {worker.host}, pid {worker.pid}, device {shown_device(worker.device)}"
 
 
 def render_json(statuses: Sequence[ModelStatus]) -> str:

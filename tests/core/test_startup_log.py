@@ -29,7 +29,7 @@ def test_a_worker_says_what_it_loaded_on_which_device_and_how_long_it_took(closi
         streamer = closing(Streamer(models.SlowLoadingModel, 4, 0.02, model_init_kwargs={"seconds": 0.3}))
         assert streamer.wait_ready(30)
     [line] = ready_lines(caplog)
-    expected = r"worker 0 \(pid \d+\): model SlowLoadingModel ready on cuda:7 in (\d+\.\d) s"
+    expected = r"SlowLoadingModel worker 0 \(pid \d+\): model SlowLoadingModel ready on cuda:7 in (\d+\.\d) s"
     match = re.fullmatch(expected + r" \(batch size 4, max latency 0.02 s\)", line)
     assert match, line
     assert float(match.group(1)) >= 0.3

@@ -75,6 +75,25 @@ def test_readiness_is_503_naming_a_model_that_cannot_load(client: Client, stream
     assert response.json()["models"]["double"]["ready"] is True
 
 
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_readiness_is_503_while_the_model_loads_then_200(
+    client: Client, streamer_settings: Any, tmp_path: Any, backend: str
+) -> None:
+    """Readiness says not ready while the model loads, in this process (the
+    thread backend, a streamer started on a thread of its own) or in its
+    workers (the process backend), and ready once it can serve."""
+    # Loads until the file "go" exists.
+    model = {"MODEL": "tests.redis.models.GatedLoadModel", "INIT_KWARGS": {"folder": str(tmp_path)}}
+    streamer_settings(models={"gated": model}, BACKEND=backend)
+    first = client.get("/ops/readyz")
+    assert first.status_code == 503 and first["Retry-After"], first.content
+    reason = first.json()["models"]["gated"]["reason"]
+    assert "loading" in reason, reason
+    assert client.get("/ops/readyz").status_code == 503, "still loading"
+    (tmp_path / "go").write_text("")
+    assert wait_for(lambda: client.get("/ops/readyz").status_code == 200, 30)
+
+
 def test_drain_refuses_new_calls_and_finishes_those_in_hand(
     client: Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, streamer_settings: Any
 ) -> None:

@@ -198,3 +198,16 @@ if __name__ == "__main__":
     from tests.redis import models as _models
 
     sys.exit(_models._main(sys.argv))
+
+
+class GatedLoadModel(ManagedModel):
+    """Loads until the file ``go`` exists in ``folder`` (at most 30 s), as a
+    model whose weights take a while; then answers each input doubled."""
+
+    def init_model(self, folder: str) -> None:
+        deadline = time.monotonic() + 30
+        while not (Path(folder) / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return [x * 2 for x in batch]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 from typing import Any, Callable, Dict, Tuple
 
@@ -141,3 +142,38 @@ def test_web_side_counts_calls_refused_for_want_of_workers(broker: Broker, make_
     except NoWorkerError:
         pass
     assert streamer.stats().requests["unavailable"] == 1
+
+
+def test_a_worker_loading_its_model_is_told_apart_from_no_worker(
+    broker: Broker, start_worker: Callable[..., ThreadWorker], tmp_path: Any
+) -> None:
+    """What a newcomer met on the README's Redis recipe: for the 11 s the
+    workers loaded the model, every call got "no worker serves ...: start
+    workers" (they had been started). A worker says it is loading as it
+    starts: calls get a 503 saying so, with a Retry-After of the load so
+    far; readiness and the status command say why; then it serves."""
+    from tests.redis.models import GatedLoadModel
+
+    app = redis_app(broker)
+    client, runner = app.test_client(), app.test_cli_runner()
+    worker = start_worker(broker, GatedLoadModel, model_init_kwargs={"folder": str(tmp_path)})
+    assert wait_for(lambda: broker.conn.zcard(f"streamer:{broker.prefix}:loading") == 1, 10), "never said it loads"
+    response = client.post("/identity", json=5)
+    error = response.json["error"]
+    assert error["type"] == "NoWorkerError" and "is loading on 1 worker(s)" in error["message"], error
+    assert "start workers" not in error["message"]
+    assert 1 <= int(response.headers["Retry-After"]) <= 30
+    time.sleep(1.2)
+    later = client.post("/identity", json=5)
+    assert int(later.headers["Retry-After"]) >= 2, "the Retry-After grows with the load so far"
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "loading" in ready.json["models"]["identity"]["reason"], ready.json
+    status = runner.invoke(args=["streamer", "status"])
+    assert status.exit_code == 1 and "workers loading the model: 1" in status.output, status.output
+    assert "no worker serves" in status.output and "loading the model, the longest for" in status.output
+    (tmp_path / "go").write_text("")
+    assert wait_for(lambda: client.post("/identity", json=5).status_code == 200, 10)
+    assert client.post("/identity", json=5).json == 10
+    assert client.get("/readyz").status_code == 200
+    assert broker.conn.zcard(f"streamer:{broker.prefix}:loading") == 0, "a loaded worker leaves the loading set"
+    assert worker.alive()

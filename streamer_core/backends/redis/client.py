@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 from ...batching import Scheduler, _Item, deliver
 from ...codec import Buffers, decode_error, get_codec
 from ...config import OPTIONS, BatchingConfig, default
-from ...errors import BrokerUnavailableError, NoWorkerError, QueueFullError, SerializationError
+from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from .connection import (
     MAX_BACKOFF_S,
@@ -23,11 +23,10 @@ from .connection import (
     connect,
     setup_refused,
 )
+from .roster import NO_WORKER_S, Roster
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
-    LIVE_WORKERS_SCRIPT,
-    PRESENCE_MS,
     RESULTS_TTL_S,
     WIRE_VERSION,
     DeadLetters,
@@ -66,9 +65,6 @@ _STAGGER_S = 0.003
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
-# With require_workers, a web process refuses calls once it has seen no live
-# worker for this long (seconds); its check runs every _CHECK_SERVER_S.
-_NO_WORKER_S = 2.5
 
 
 class _RedisClientBackend(Backend):
@@ -83,13 +79,12 @@ class _RedisClientBackend(Backend):
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
     ) -> None:
-        self._require_workers = require_workers
         self._item_cost = item_cost
-        self._workers_seen = float("-inf")  # monotonic time a live worker was last seen
-        self._workers_checked = False
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
         self._keys = Keys(prefix)
+        #: The workers as this process sees them (checked every _CHECK_SERVER_S).
+        self.roster = Roster(self._keys, require_workers)
         self._dead = DeadLetters(self._keys)
         self._client_id = new_client_id()
         self._results_key = self._keys.results(self._client_id)
@@ -116,8 +111,8 @@ class _RedisClientBackend(Backend):
         self._scheduler = scheduler
         try:
             self._server.changed(self._send_conn)  # the first: nothing to send again
-            if self._require_workers:
-                self._check_workers()  # now, so that the first calls are judged as the later ones
+            if self.roster.require_workers:
+                self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
             logger.warning("%s; calls fail until it answers", broker_problem(exc))
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
@@ -306,10 +301,10 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = b"0-0"
                     pipe.expire(self._results_key, RESULTS_TTL_S)
-                    if self._require_workers:
-                        self._check_workers()
-                        if self.workers_missing():
-                            self._fail_waiting(self.no_worker_error)
+                    if self.roster.require_workers:
+                        self.roster.check(self._read_conn)
+                        if self.roster.missing():
+                            self._fail_waiting(self.roster.error)
                 pipe.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
                 replies = pipe.execute(raise_on_error=False)
                 reply = replies[-1]
@@ -407,25 +402,17 @@ class _RedisClientBackend(Backend):
             return True, value
         return False, decode_error(value)
 
-    def _check_workers(self, conn: Any = None) -> int:
-        live = self.live_workers(conn or self._read_conn)
-        self._workers_checked = True
-        return live
-
     def live_workers(self, conn: Any = None) -> int:
         """How many workers serve this prefix now (beat within the last
         ``PRESENCE_MS``), by asking Redis."""
-        live = int((conn or self._send_conn).eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS))
-        if live:
-            self._workers_seen = time.monotonic()
-        return live
+        return self.roster.live(conn or self._send_conn)
+
+    def why_not_ready(self) -> Optional[str]:
+        """Why no call can be served now (see :meth:`Roster.why_not_ready`)."""
+        return self.roster.why_not_ready(self._send_conn)
 
     def workers_now(self) -> int:
         return self.live_workers()
-
-    @property
-    def requests_key(self) -> str:
-        return str(self._keys.requests)
 
     def waiting(self) -> int:
         return self.unanswered()
@@ -443,15 +430,6 @@ class _RedisClientBackend(Backend):
                 return False
             time.sleep(0.05)
 
-    def no_worker_error(self) -> NoWorkerError:
-        """What a call gets while no worker serves this prefix: the same
-        whether it is new or was waiting already."""
-        return NoWorkerError(
-            f"no worker serves {self._keys.requests} (none has been alive for {_NO_WORKER_S:g}s): "
-            "start workers (streamer-worker, flask streamer run-workers or manage.py run_gpu_workers), "
-            "then retry"
-        )
-
     def _fail_waiting(self, make_error: Callable[[], BaseException]) -> None:
         """Fail every call waiting for an answer. Their requests are deleted
         as each call ends (see :meth:`_calls_ended`), so a worker that starts
@@ -459,16 +437,9 @@ class _RedisClientBackend(Backend):
         with self._lock:
             waiting = [item for item in self._pending.values() if item.task.live()]
         if waiting:
-            logger.warning("no worker has been alive for %gs: failing %d waiting calls", _NO_WORKER_S, len(waiting))
+            logger.warning("no worker has been alive for %gs: failing %d waiting calls", NO_WORKER_S, len(waiting))
         for item in waiting:
             item.task.fail(make_error())
-
-    def workers_missing(self) -> bool:
-        """With ``require_workers``: whether no worker has been alive for
-        ``_NO_WORKER_S`` seconds (or at all since this process started)."""
-        if not (self._require_workers and self._workers_checked):
-            return False
-        return time.monotonic() - self._workers_seen > _NO_WORKER_S
 
     def _server_restarted(self) -> bool:
         """Whether the server is not the one the pending items were sent to; if
@@ -561,8 +532,9 @@ class RedisStreamer(BaseStreamer):
         return cast(_RedisClientBackend, self._engine.backend)
 
     def _admit(self, inputs: List[Any]) -> None:
-        if self._backend.workers_missing():
-            raise self._backend.no_worker_error()
+        roster = self._backend.roster
+        if roster.missing():
+            raise roster.error()
         limit = self._config.max_queue
         if limit is not None:
             waiting = self._backend.unanswered() + self.queued()
@@ -584,12 +556,9 @@ class RedisStreamer(BaseStreamer):
         if self.closed:
             return "the streamer is closed"
         try:
-            live = self.live_workers()
-        except BrokerUnavailableError as exc:
-            return str(exc)
-        if live < 1:
-            return f"no worker serves {self._backend.requests_key} (start workers: streamer-worker, run-workers)"
-        return None
+            return self._backend.why_not_ready()
+        except broker_errors() as exc:
+            return str(BrokerUnavailableError(broker_problem(exc)))
 
     why_not_ready.__doc__ = BaseStreamer.why_not_ready.__doc__
 

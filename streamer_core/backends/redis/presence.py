@@ -12,17 +12,18 @@ supervisor its process exits to be started again.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from .connection import connect
 from .intake import Hands
 from .wire import BEAT_S, BEAT_SCRIPT, GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, PRESENCE_TTL_MS, Keys
 
-__all__ = ["ModelWatch", "Presence", "EXIT_HUNG", "EXIT_HUNG_AFTER_ANSWERS"]
+__all__ = ["ModelWatch", "Loading", "Presence", "EXIT_HUNG", "EXIT_HUNG_AFTER_ANSWERS"]
 
 logger = logging.getLogger("streamer_core.redis")
 
@@ -50,6 +51,55 @@ class ModelWatch:
 
     def ended(self) -> None:
         self.since = None
+
+
+class Loading:
+    """While a worker loads its model (seconds, often more), it says so: it
+    beats into the ``loading`` set and writes when it started, so web
+    processes answer "the model is loading" (with a ``Retry-After``) rather
+    than "no worker", readiness says why it waits, and the status commands
+    show it. A context manager around the load; the beats run on a thread."""
+
+    def __init__(self, broker: str, keys: Keys, consumer: str, info: Dict[str, Any]) -> None:
+        self._broker = broker
+        self._keys = keys
+        self._consumer = consumer
+        self._info = info
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="streamer-redis-loading", daemon=True)
+
+    def __enter__(self) -> Loading:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._done.set()
+        self._thread.join(5.0)
+
+    def _beat(self) -> None:
+        conn = connect(self._broker)
+        try:
+            info = None
+            while True:
+                try:
+                    if info is None:
+                        seconds, micros = conn.time()
+                        info = json.dumps(dict(self._info, loading_since=seconds * 1000 + micros // 1000))
+                    conn.eval(BEAT_SCRIPT, 1, self._keys.loading, self._consumer, PRESENCE_TTL_MS)
+                    pipe = conn.pipeline(transaction=False)
+                    pipe.hset(self._keys.worker_info, self._consumer, info)
+                    pipe.pexpire(self._keys.worker_info, PRESENCE_TTL_MS)
+                    pipe.execute(raise_on_error=False)
+                except Exception as exc:  # Redis not up yet: the worker waits for it as it always did
+                    logger.debug("loading beat failed: %s", exc)
+                if self._done.wait(BEAT_S):
+                    break
+            try:
+                conn.zrem(self._keys.loading, self._consumer)
+            except Exception as exc:  # it drops out of the set by itself, PRESENCE_MS after its last beat
+                logger.debug("could not leave the loading set: %s", exc)
+        finally:
+            conn.close()
 
 
 class Presence:

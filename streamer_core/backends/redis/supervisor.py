@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ...config import MAX_SECONDS, OPTIONS, DeviceId, default
+from ...config import MAX_SECONDS, OPTIONS, DeviceId, default, shown_device
 from ...errors import WorkerStartError
 from ...logs import LOG_FORMAT
 from ...streamer import callable_name
@@ -201,7 +201,7 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
         )
         process.start()
         processes[n] = process
-        logger.info("%s worker %d (pid %d) started on device %s", group.name, i, process.pid, gpu_id)
+        logger.info("%s worker %d (pid %d) started on device %s", group.name, i, process.pid, shown_device(gpu_id))
 
     def on_signal(signum: int, _frame: Any) -> None:
         logger.info("received %s: letting workers finish their batches", signal.Signals(signum).name)

@@ -45,6 +45,8 @@ on. A key that holds the wrong Redis type is deleted and made again by
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import math
 import os
@@ -56,6 +58,8 @@ from ...config import MAX_SECONDS
 
 __all__ = [
     "Keys",
+    "LoadingWorker",
+    "loading_workers",
     "next_id",
     "GROUP",
     "WIRE_VERSION",
@@ -192,11 +196,47 @@ class Keys:
         self.namespace = f"streamer:{prefix}" if prefix else "streamer"
         self.requests = f"{self.namespace}:requests"
         self.workers = f"{self.namespace}:workers"  # a sorted set: worker -> its last beat, server ms
-        self.worker_info = f"{self.namespace}:worker-info"  # a hash: worker -> JSON of its host, pid, device
+        # A sorted set of the workers loading their model: worker -> its last beat, server ms.
+        self.loading = f"{self.namespace}:loading"
+        # A hash: worker -> JSON of its host, pid, device (and, while loading, loading_since: server ms).
+        self.worker_info = f"{self.namespace}:worker-info"
         self.dead = f"{self.namespace}:dead"
 
     def results(self, client_id: str) -> str:
         return f"{self.namespace}:results:{client_id}"
+
+
+class LoadingWorker(NamedTuple):
+    """A worker that announced itself while it loads its model."""
+
+    name: str
+    info: Dict[str, Any]  # its host, pid, device, as it wrote them (read defensively)
+    seconds: float  # loading so far, by the Redis server's clock
+
+
+def loading_workers(conn: Any, keys: Keys) -> List[LoadingWorker]:
+    """The workers of ``keys`` loading their model now (each beat within the
+    last ``PRESENCE_MS``), the longest-loading first. Anyone with access to
+    Redis may have written anything there: what does not parse is left out."""
+    if not int(conn.eval(LIVE_WORKERS_SCRIPT, 1, keys.loading, PRESENCE_MS)):
+        return []
+    seconds, micros = conn.time()
+    now_ms = seconds * 1000 + micros / 1000
+    members = conn.zrangebyscore(keys.loading, now_ms - PRESENCE_MS, "+inf")
+    infos = conn.hmget(keys.worker_info, members) if members and conn.type(keys.worker_info) == b"hash" else []
+    found = []
+    for member, raw in itertools.zip_longest(members, infos):
+        try:
+            info = json.loads(raw) if raw is not None else {}
+        except ValueError:
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
+        since = info.get("loading_since")
+        loading_s = max(0.0, (now_ms - since) / 1000) if isinstance(since, (int, float)) else 0.0
+        name = member.decode("utf-8", "replace") if isinstance(member, bytes) else str(member)
+        found.append(LoadingWorker(name, info, loading_s))
+    return sorted(found, key=lambda worker: -worker.seconds)
 
 
 class MalformedEntry(ValueError):

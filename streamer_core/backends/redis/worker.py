@@ -47,7 +47,7 @@ from ...streamer import callable_name
 from .answers import AnswerWriter, Outcome
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
 from .intake import Hands, Input, Intake, ServerClock
-from .presence import ModelWatch, Presence
+from .presence import Loading, ModelWatch, Presence
 from .wire import GROUP, Keys, is_wrong_type, repair_key
 
 if TYPE_CHECKING:
@@ -192,12 +192,14 @@ class RedisWorker:
         if gpu_id is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu_id)
         self._check_setup()  # before the model loads: a wrong URL is told at once
-        predict = self._predict = self._load_model(gpu_id)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
-        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "device": device})
+        about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
+        with Loading(self._broker, self._keys, self.consumer, about):
+            predict = self._predict = self._load_model(gpu_id)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        info = json.dumps(about)
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
         hands, clock = self._hands, ServerClock(self._conn)

@@ -1,0 +1,89 @@
+"""The workers of a prefix as a web process sees them: how many are live
+(they beat within ``PRESENCE_MS``), when one was last seen, and which are
+still loading their model.
+
+With ``require_workers`` (as the Flask and Django layers make a
+:class:`~streamer_core.RedisStreamer`), calls are refused at once while no
+worker has been live for :data:`NO_WORKER_S` seconds, rather than left to
+wait out their timeout in Redis: a :class:`NoWorkerError` (503) that says
+which it is. Workers that have not been started: start them. Workers that
+announced themselves and are loading their model (a worker says so as it
+starts, see :class:`~.presence.Loading`): the model is loading, try again in
+as long as it has loaded so far (the ``Retry-After``), at most
+:data:`LONGEST_RETRY_AFTER_S`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, List, Optional
+
+from ...errors import NoWorkerError
+from .wire import LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
+
+__all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
+
+#: With ``require_workers``, calls are refused once no worker has been live for this long (seconds).
+NO_WORKER_S = 2.5
+#: The longest ``Retry-After`` given while the model loads (seconds).
+LONGEST_RETRY_AFTER_S = 30.0
+
+
+class Roster:
+    """What one web process knows of the workers of ``keys``; ``check`` runs
+    on its collector thread every second, the rest on any thread."""
+
+    def __init__(self, keys: Keys, require_workers: bool) -> None:
+        self._keys = keys
+        self.require_workers = require_workers
+        self._seen = float("-inf")  # monotonic time a live worker was last seen
+        self._checked = False
+        self._loading: List[LoadingWorker] = []
+
+    def live(self, conn: Any) -> int:
+        """How many workers serve this prefix now, by asking Redis."""
+        live = int(conn.eval(LIVE_WORKERS_SCRIPT, 1, self._keys.workers, PRESENCE_MS))
+        if live:
+            self._seen = time.monotonic()
+        return live
+
+    def check(self, conn: Any) -> int:
+        """Ask Redis which workers are live, and, while none is, which are
+        loading their model; return how many are live."""
+        live = self.live(conn)
+        self._loading = [] if live else loading_workers(conn, self._keys)
+        self._checked = True
+        return live
+
+    def missing(self) -> bool:
+        """With ``require_workers``: whether no worker has been live for
+        :data:`NO_WORKER_S` seconds (or at all since this process started)."""
+        if not (self.require_workers and self._checked):
+            return False
+        return time.monotonic() - self._seen > NO_WORKER_S
+
+    def error(self) -> NoWorkerError:
+        """What a call gets while no worker serves: the same whether it is new
+        or was waiting already."""
+        return self.why_not(self._loading, f"(none has been alive for {NO_WORKER_S:g}s)")
+
+    def why_not_ready(self, conn: Any) -> Optional[str]:
+        """Why no call can be served now (no live worker: loading, or not
+        started), asked of Redis now; ``None`` when a worker is live."""
+        if self.live(conn):
+            return None
+        return str(self.why_not(loading_workers(conn, self._keys), ""))
+
+    def why_not(self, loading: List[LoadingWorker], since: str) -> NoWorkerError:
+        key = self._keys.requests
+        if not loading:
+            return NoWorkerError(
+                f"no worker serves {key}{' ' + since if since else ''}: start workers (streamer-worker, "
+                "flask streamer run-workers or manage.py run_gpu_workers), then retry"
+            )
+        seconds = loading[0].seconds
+        error = NoWorkerError(
+            f"the model of {key} is loading on {len(loading)} worker(s), for {seconds:.1f}s so far: retry in a moment"
+        )
+        error.retry_after_s = min(LONGEST_RETRY_AFTER_S, max(1.0, seconds))
+        return error
