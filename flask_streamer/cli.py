@@ -2,6 +2,11 @@
 
 flask --app example_flask streamer run-workers [--route NAME ...] [--workers N] [--devices 0,1]
 flask --app example_flask streamer status [--json]
+
+The group is a Flask plugin command (the ``flask.commands`` entry point), so
+``flask`` finds it before it loads the app, and the commands load the app
+themselves: a wrong setting is then said in one line per setting, with exit
+status 2, not in a traceback of the app's factory.
 """
 
 from __future__ import annotations
@@ -10,25 +15,40 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 import click
-from flask import current_app
-from flask.cli import AppGroup
+from flask import Flask
+from flask.cli import ScriptInfo
 
 from streamer_core.backends.redis import redact_url, run_worker_groups
+from streamer_core.errors import ConfigurationError
 from streamer_core.logs import show_logs
 from streamer_core.web.spec import ModelSpec
 from streamer_core.web.status import model_status, render_json, render_text
 
 __all__ = ["streamer_cli"]
 
-streamer_cli = AppGroup("streamer", help="Workers and information for flask_streamer's batched routes.")
+streamer_cli = click.Group("streamer", help="Workers and information for flask_streamer's batched routes.")
 
 
-def _routes(names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
+def _app() -> Flask:
+    """The app ``flask`` was told of (``--app``, ``FLASK_APP``), loaded
+    here: a ConfigurationError from its set-up is said setting by setting
+    (exit status 2), as ``python -m example_flask`` says it."""
+    ctx = click.get_current_context()
+    try:
+        app: Flask = ctx.ensure_object(ScriptInfo).load_app()
+    except ConfigurationError as exc:
+        for message in exc.messages:
+            click.echo(f"Error: {message}", err=True)
+        ctx.exit(2)
+    return app
+
+
+def _routes(app: Flask, names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
     """The app's batched routes, or those named."""
-    extension = current_app.extensions.get("streamer")
+    extension = app.extensions.get("streamer")
     if extension is None:
         raise click.UsageError("flask_streamer is not set up on this app: call FlaskStreamer(app) or init_app(app)")
-    routes = extension.extension.routes(current_app)
+    routes = extension.extension.routes(app)
     if names:
         known = {route.name: route for route in routes} | {route.endpoint: route for route in routes}
         missing = [name for name in names if name not in known]
@@ -51,7 +71,9 @@ def status(names: Tuple[str, ...], as_json: bool) -> None:
     live workers (host, pid, device, last beat), the requests waiting and
     pending and the oldest one's age. Exits 1 when a route cannot serve
     (Redis unreachable, no live worker), so it works as a health check."""
-    statuses = [model_status(spec) for _route, spec in _routes(names)]
+    app = _app()
+    with app.app_context():
+        statuses = [model_status(spec) for _route, spec in _routes(app, names)]
     click.echo(render_json(statuses) if as_json else render_text(statuses))
     sys.exit(0 if all(status.ok for status in statuses) else 1)
 
@@ -95,7 +117,9 @@ def run_workers(
     """Run the Redis workers of the app's batched routes until Ctrl-C or
     SIGTERM, which let every worker finish its batch in hand. A worker that
     dies is restarted. The web processes only enqueue."""
-    specs = [spec for _route, spec in _routes(names)]
+    app = _app()
+    with app.app_context():
+        specs = [spec for _route, spec in _routes(app, names)]
     not_redis = [spec.name for spec in specs if spec.backend != "redis"]
     if not_redis:
         raise click.UsageError(

@@ -75,3 +75,25 @@ def test_streamer_worker_refuses_a_bad_option_by_its_flag_before_reaching_for_re
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"streamer-worker: error: {message}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "run-workers"])
+def test_flask_streamer_commands_say_a_wrong_setting_in_a_line_each(command):
+    """What a newcomer met: ``flask --app example_flask streamer status`` with
+    a wrong setting printed a 36-line traceback of the app's factory. The
+    commands load the app themselves and say each wrong setting in a line."""
+    env_settings = {"FLASK_STREAMER_BACKEND": "proces", "FLASK_STREAMER_BATCH_SIZE": "0"}
+    args = _command("flask", "flask") + ["--app", "example_flask", "streamer", command]
+    result = subprocess.run(
+        args,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'",
+        "Error: FLASK_STREAMER_BATCH_SIZE must be a whole number >= 1, got 0",
+    ], result.stderr

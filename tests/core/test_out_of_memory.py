@@ -165,3 +165,72 @@ def test_a_process_worker_splits_and_the_parent_learns(closing):
 def test_oom_errors_must_be_exception_types(value):
     with pytest.raises(TypeError, match=r"oom_errors must be a tuple of exception types"):
         ThreadedStreamer(models.double, batch_size=4, oom_errors=value)
+
+
+class TransientOutOfMemory(MemoryBound):
+    """Runs out of memory on big batches only while ``short`` is set (memory
+    another process held for a while); answers like MemoryBound."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(limit, cost=len)
+        self.short = True
+
+    def __call__(self, batch: List[Any]) -> List[Any]:
+        if not self.short:
+            with self.lock:
+                self.calls.append((list(batch), False))
+            return [x * 2 for x in batch]
+        return super().__call__(batch)
+
+
+def test_a_learned_cap_rises_again_after_good_batches_and_is_lifted(closing, caplog):
+    """Memory is shared: what did not fit once may fit later. After a run of
+    GOOD_RUN good batches near the cap, the cap grows, and once it passes
+    the ceiling (here the batch size) it is lifted; until then it never
+    falls without a new out-of-memory error. (Every other test bounds the cap
+    from above only: a cap that never rose again passed them all.)"""
+    model = TransientOutOfMemory(limit=4)
+    streamer = closing(
+        ThreadedStreamer(model, batch_size=16, max_latency=0.05, isolate_errors=False, oom_errors=(FakeOutOfMemory,))
+    )
+    scheduler = streamer._engine.scheduler
+    assert run_load(streamer, list(range(64)), threads=16) == [x * 2 for x in range(64)]
+    learned = scheduler.cost_cap
+    assert learned <= 4, f"no cap learned from running out: {learned}"
+    model.short = False  # the memory is back
+    caps = [learned]
+    with caplog.at_level(logging.WARNING, logger="streamer_core"):
+        for _ in range(60):
+            if math.isinf(caps[-1]):
+                break
+            run_load(streamer, list(range(64)), threads=16)
+            caps.append(scheduler.cost_cap)
+    assert math.isinf(caps[-1]), f"the cap never came back up: {caps}"
+    finite = [cap for cap in caps if not math.isinf(cap)]
+    assert all(a <= b for a, b in zip(finite, finite[1:])), f"the cap fell with no error: {finite}"
+    assert len(set(finite)) >= 2, f"the cap was lifted without growing first: {finite}"
+    assert any("batches ran near the cap" in r.getMessage() for r in caplog.records)
+    assert max(len(batch) for batch, _ in model.calls[-8:]) > 4, "batches past the old cap run again"
+
+
+def test_the_cost_cap_grows_by_its_rule():
+    from streamer_core.shaping import GROWTH, CostCap
+
+    cap = CostCap(ceiling=100.0)
+    cap.ran_out(cost=64, fitted=16)
+    assert cap.limit == 16
+    for _ in range(GOOD_RUN * 3):
+        cap.ran(7)  # under half the cap: not a sign that more would fit
+    assert cap.limit == 16
+    for _ in range(GOOD_RUN - 1):
+        cap.ran(8)
+    assert cap.limit == 16
+    cap.ran(8)
+    assert cap.limit == 16 * GROWTH
+    cap.ran_out(cost=20, fitted=10)
+    assert cap.limit == 10, "a new error caps it again, lower"
+    while not math.isinf(cap.limit):
+        before = cap.limit
+        for _ in range(GOOD_RUN):
+            cap.ran(before)
+        assert cap.limit > before or math.isinf(cap.limit)

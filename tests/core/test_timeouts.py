@@ -12,6 +12,7 @@ import tracemalloc
 import pytest
 
 from streamer_core import StreamerTimeoutError, ThreadedStreamer
+from tests.helpers import wait_for
 
 
 def test_predict_timeout_raises_a_timeout_error_subclass(closing, gate):
@@ -175,3 +176,33 @@ def test_exception_waits_as_result_does(closing, gate):
         pending.exception(timeout=0.2)
     assert 0.15 < time.monotonic() - started < 2.0
     assert pending.cancelled()
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_the_dispatcher_fails_an_overdue_call_at_its_deadline_with_nobody_waiting(closing, gate, tmp_path, backend):
+    """A call past its deadline is failed by the dispatcher then, whatever
+    its caller does: its future is done (StreamerTimeoutError) for
+    ``as_completed``, callbacks and ``asyncio.wrap_future`` with no one in
+    ``result()``, which would give up by itself only a second later."""
+    from streamer_core import Streamer
+    from tests.core import models
+
+    if backend == "thread":
+        streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01))
+        streamer.submit(["hold"])
+        assert gate.entered.wait(5)
+    else:
+        streamer = closing(Streamer(models.HoldModel, 4, 0.01, model_init_kwargs={"folder": str(tmp_path)}))
+        assert streamer.wait_ready(30)
+        (tmp_path / "hold").write_text("")
+        streamer.submit([1])
+        assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10), "the batch never reached the model"
+    called = threading.Event()
+    submitted = time.monotonic()
+    future = streamer.submit(["late" if backend == "thread" else 2], timeout=0.3)
+    future.add_done_callback(lambda _f: called.set())
+    assert called.wait(0.3 + 0.35), "the call was still running well past its deadline"
+    assert time.monotonic() - submitted < 0.3 + 0.35
+    assert isinstance(future.exception(0), StreamerTimeoutError)
+    gate.release()
+    (tmp_path / "hold").unlink(missing_ok=True)
