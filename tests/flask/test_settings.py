@@ -15,8 +15,9 @@ from flask import Flask
 
 import flask_streamer.settings
 from flask_streamer import DEFAULTS, ConfigurationError, FlaskStreamer
-from flask_streamer.settings import APP_DEFAULTS, BODY_DEFAULTS
+from flask_streamer.settings import APP_DEFAULTS, APP_OPTIONS
 from streamer_core import ThreadedStreamer
+from streamer_core.config import OPTIONS
 from tests.flask.apps import double, sized, text_cost, with_batch
 from tests.flask.conftest import error_of, queue_behind_hold, spec_of
 
@@ -44,7 +45,7 @@ def test_every_setting_has_a_documented_default_that_is_the_real_one():
     documented = documented_defaults()
     for name in ISSUE_SETTINGS:
         assert name in documented, f"{name} is not in the settings table"
-    every = {**DEFAULTS, **APP_DEFAULTS, **BODY_DEFAULTS}
+    every = {**DEFAULTS, **APP_DEFAULTS, **{field: OPTIONS[field].default for field in APP_OPTIONS}}
     assert set(documented) == {f"STREAMER_{field.upper()}" for field in every}, "table and defaults disagree"
     for field, default in every.items():
         text = documented[f"STREAMER_{field.upper()}"]
