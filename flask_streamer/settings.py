@@ -102,8 +102,7 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
         "", _placeholder, settings, lambda field: written_as(setting_name(field), config)
     )
     messages.extend(problem.message for problem in problems)
-    for field in APP_DEFAULTS:
-        rule = config.get(setting_name(field))
+    for field, rule in app_routes(config).items():
         if rule is not None and (not isinstance(rule, str) or not rule.startswith("/")):
             messages.append(
                 f"{written_as(setting_name(field), config)} must be a URL path starting with '/' "
@@ -127,8 +126,10 @@ def read_settings(config: Mapping[str, Any], app_name: str) -> Dict[str, Any]:
 
 def app_routes(config: Mapping[str, Any]) -> Dict[str, Optional[str]]:
     """``metrics_route``, ``health_route`` and ``ready_route``: each a path or
-    ``None`` (checked by :func:`read_settings`)."""
-    return {field: config.get(setting_name(field), default) for field, default in APP_DEFAULTS.items()}
+    ``None`` (checked by :func:`read_settings`); ``False`` is ``None`` too, as
+    ``FLASK_STREAMER_METRICS_ROUTE=false`` means it."""
+    routes = {field: config.get(setting_name(field), default) for field, default in APP_DEFAULTS.items()}
+    return {field: None if rule is False else rule for field, rule in routes.items()}
 
 
 def written_as(key: str, config: Mapping[str, Any]) -> str:

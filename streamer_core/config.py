@@ -156,9 +156,10 @@ def _budget(value: Any) -> Optional[float]:
 
 
 def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"must be True or False, got {value!r}")
-    return value
+    """True or False; 1 and 0 too, as a setting read as JSON may give them."""
+    if value in (0, 1) and not isinstance(value, float):
+        return bool(value)
+    raise TypeError(f"must be True or False, got {value!r}")
 
 
 def _one_of(choices: Sequence[str], explained: str) -> Check:
@@ -186,13 +187,19 @@ def parse_devices(value: Any) -> Any:
 
 
 def _devices(value: Any) -> Optional[Tuple[DeviceId, ...]]:
-    """CUDA devices: a list of indexes or GPU UUIDs, or ``"0,1"``; ``None``
-    leaves ``CUDA_VISIBLE_DEVICES`` alone."""
+    """CUDA devices: a list of indexes or GPU UUIDs, ``"0,1"``, or one
+    device alone (``0``, as a one-GPU box is set up, or ``FLASK_..._CUDA_DEVICES=0``
+    arrives once Flask reads it as JSON); ``None`` leaves
+    ``CUDA_VISIBLE_DEVICES`` alone."""
     if value is None:
         return None
     devices = parse_devices(value)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        devices = [devices]
     if not isinstance(devices, (list, tuple)):
-        raise TypeError(f"must be a list of device indexes such as [0, 1] (or the string '0,1'), got {value!r}")
+        raise TypeError(
+            f"must be a device index such as 0, a list of them such as [0, 1] (or the string '0,1'), got {value!r}"
+        )
     if not devices:
         raise ValueError("must name at least one device, or be None to leave CUDA_VISIBLE_DEVICES alone")
     for device in devices:
@@ -232,6 +239,10 @@ def _redis_url(value: Any) -> Optional[str]:
 
 
 def _string(value: Any) -> str:
+    """Text; a whole number as its digits (``FLASK_STREAMER_PREFIX=2024``
+    arrives as the number once Flask reads it as JSON)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if not isinstance(value, str):
         raise TypeError(f"must be a string, got {value!r}")
     return value

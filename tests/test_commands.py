@@ -62,6 +62,7 @@ def test_the_streamer_worker_help_gives_an_example_that_names_a_real_model():
     [
         (["--batch-size", "0"], "--batch-size must be a whole number >= 1, got 0"),
         (["--devices", "0,-1"], "--devices holds -1: device indexes start at 0"),
+        (["--devices", "-1"], "--devices holds -1: device indexes start at 0"),
         (["--batch-cost", "mean"], "--batch-cost must be 'max' (length times the costliest input"),
         (["--item-cost", "tests.redis.models:nothing_here"], "--item-cost is 'tests.redis.models:nothing_here', which"),
         (["--max-latency", "-1"], "--max-latency is in seconds and must be a finite number >= 0"),

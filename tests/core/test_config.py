@@ -56,7 +56,7 @@ def test_a_day_is_the_longest_timeout_and_a_longer_wait_for_a_result_ends_with_t
     [
         ({"worker_num": 0}, ValueError, "worker_num must be a whole number >= 1, got 0"),
         ({"cuda_devices": []}, ValueError, "must name at least one device"),
-        ({"cuda_devices": {"gpu": 0}}, TypeError, "must be a list of device indexes"),
+        ({"cuda_devices": {"gpu": 0}}, TypeError, r"must be a device index such as 0, a list of them such as \[0, 1\]"),
         ({"cuda_devices": "0,-1"}, ValueError, "cuda_devices holds -1: device indexes start at 0"),
         ({"cuda_devices": [0, -1]}, ValueError, "device indexes start at 0"),
         ({"cuda_devices": [0, 1.5]}, TypeError, "each device must be an int index"),

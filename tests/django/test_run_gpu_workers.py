@@ -207,3 +207,14 @@ def test_the_default_codec_reaches_the_web_side_and_the_workers_which_refuse_pic
         assert not marker.exists(), "a worker unpickled a request from Redis"
     finally:
         conn.close()
+
+
+def test_one_device_given_as_a_single_number_is_that_device():
+    """``--devices 0`` and ``CUDA_DEVICES: 0``, as a one-GPU box is set up,
+    are device 0 (both were refused as not a list)."""
+    from django_streamer.management.commands.run_gpu_workers import Command
+
+    assert Command()._devices("0") == (0,)
+    assert Command()._devices("1,0") == (1, 0)
+    with pytest.raises(CommandError, match="--devices holds -1"):
+        Command()._devices("-1")

@@ -84,11 +84,12 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_WORKER_NUM": 1.5}, "STREAMER_WORKER_NUM", "whole number >= 1"),
         ({"STREAMER_CUDA_DEVICES": [-1]}, "STREAMER_CUDA_DEVICES", "device indexes start at 0"),
         ({"STREAMER_CUDA_DEVICES": []}, "STREAMER_CUDA_DEVICES", "at least one device"),
-        ({"STREAMER_CUDA_DEVICES": 1}, "STREAMER_CUDA_DEVICES", "list of device indexes such as [0, 1]"),
+        ({"STREAMER_CUDA_DEVICES": True}, "STREAMER_CUDA_DEVICES", "a device index such as 0, a list of them"),
+        ({"STREAMER_CUDA_DEVICES": 1.0}, "STREAMER_CUDA_DEVICES", "a device index such as 0, a list of them"),
         ({"STREAMER_CUDA_DEVICES": [0.5]}, "STREAMER_CUDA_DEVICES", "int index"),
         ({"STREAMER_BACKEND": "redis"}, "STREAMER_REDIS_URL", "must be set for the redis backend"),
         ({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "nowhere"}, "STREAMER_REDIS_URL", "redis:// URL"),
-        ({"STREAMER_PREFIX": 3}, "STREAMER_PREFIX", "must be a string"),
+        ({"STREAMER_PREFIX": ["a"]}, "STREAMER_PREFIX", "must be a string"),
         ({"STREAMER_TIMEOUT": 0}, "STREAMER_TIMEOUT", "finite number > 0"),
         ({"STREAMER_TIMEOUT": "20"}, "STREAMER_TIMEOUT", "in seconds"),
         ({"STREAMER_TIMEOUT": 86_401}, "STREAMER_TIMEOUT", "at most 86400"),
@@ -407,3 +408,76 @@ def test_a_cost_budget_from_the_settings_and_the_route_shapes_the_batches(make_a
     error = error_of(app.test_client().post("/batch", json=[1, 2]), 400)
     assert error["type"] == "ItemCostError" and "expected a text, got list" in error["message"]
     assert app.test_client().post("/batch", json="still").get_json() == {"x": "still", "batch": ["still"]}
+
+
+def test_one_gpu_written_as_a_single_number_is_that_device_everywhere(make_app, monkeypatch):
+    """``FLASK_STREAMER_CUDA_DEVICES=0`` (Flask reads it as JSON: the number
+    0), the device a one-GPU user writes, stopped gunicorn from booting. It
+    is device 0, in the settings, the route keyword and ``--devices``."""
+    monkeypatch.setenv("FLASK_STREAMER_CUDA_DEVICES", "0")
+    monkeypatch.setenv("FLASK_STREAMER_BACKEND", "redis")
+    monkeypatch.setenv("FLASK_STREAMER_REDIS_URL", "redis://127.0.0.1:1/0")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    assert app.config["STREAMER_CUDA_DEVICES"] == 0
+    streamer.add_batched_route("/double", model=double)
+    streamer.add_batched_route("/other", "other", double, cuda_devices=1)
+    streamer.init_app(app)
+    assert spec_of(app, "double").cuda_devices == (0,)
+    assert spec_of(app, "other").cuda_devices == (1,)
+    assert spec_of(app, "double").worker_group(None, "0").devices == (0,)
+    assert spec_of(app, "double").worker_group(None, 1).devices == (1,)
+
+
+#: Texts a user may give a FLASK_STREAMER_* variable, read as JSON where they parse.
+ODD_TEXTS = ["0", "1", "-1", "1.5", "true", "false", "null", "[]", "[0]", "{}", '"x"', "abc", "", "0,1"]
+
+
+@pytest.mark.parametrize("field", [*DEFAULTS, *APP_DEFAULTS, *APP_OPTIONS])
+def test_any_text_in_any_setting_variable_is_read_or_refused_by_name(make_app, monkeypatch, field):
+    """Every setting read from the environment through Flask's JSON reading
+    (a number where text is expected, ``true`` where a list is): either the
+    obvious reading or a ConfigurationError naming the variable as written,
+    never another exception."""
+    variable = f"FLASK_STREAMER_{field.upper()}"
+    for text in ODD_TEXTS:
+        monkeypatch.setenv(variable, text)
+        app, streamer = make_app(init=False)
+        app.config.from_prefixed_env()
+        streamer.add_batched_route("/double", model=double)
+        try:
+            streamer.init_app(app)
+        except ConfigurationError as exc:
+            assert all(variable in message or "STREAMER_REDIS_URL" in message for message in exc.messages), (
+                text,
+                exc.messages,
+            )
+        else:
+            assert streamer.routes(app), (text, "set up, and serving its routes")
+
+
+@pytest.mark.parametrize(
+    "variable, text, field, reading",
+    [
+        ("FLASK_STREAMER_CUDA_DEVICES", "1", "cuda_devices", (1,)),
+        ("FLASK_STREAMER_CUDA_DEVICES", "0,1", "cuda_devices", (0, 1)),
+        ("FLASK_STREAMER_PREFIX", "2024", "prefix", "2024:double"),
+    ],
+)
+def test_the_obvious_reading_of_a_setting_variable(make_app, monkeypatch, variable, text, field, reading):
+    monkeypatch.setenv(variable, text)
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    streamer.add_batched_route("/double", model=double)
+    streamer.init_app(app)
+    assert getattr(spec_of(app, "double"), field) == reading
+
+
+def test_routes_and_flags_read_as_false_are_off(make_app, monkeypatch):
+    monkeypatch.setenv("FLASK_STREAMER_METRICS_ROUTE", "false")
+    monkeypatch.setenv("FLASK_STREAMER_JSON_ERRORS", "1")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    streamer.init_app(app)
+    client = app.test_client()
+    assert error_of(client.get("/metrics"), 404)["type"] == "NotFound", "no metrics route, and a JSON 404"
