@@ -18,6 +18,7 @@ gevent is imported only if the program has imported it.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import weakref
@@ -25,7 +26,7 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable, Deque, Optional, Tuple
 
-__all__ = ["in_unpatched_greenlet", "green_waiter", "wait_green"]
+__all__ = ["in_unpatched_greenlet", "green_waiter", "wait_green", "unpatched"]
 
 
 def in_unpatched_greenlet() -> bool:
@@ -44,6 +45,16 @@ def in_unpatched_greenlet() -> bool:
     # runs a hub (and we are not in the hub itself, which must never wait).
     hub = _hub_if_exists()
     return hub is not None and current is not hub
+
+
+def unpatched(module: str, name: str) -> Any:
+    """``module.name`` as it was before gevent's monkey-patching (as it is,
+    where nothing patched it): an OS thread, lock or sleep for code that must
+    block its own thread and not yield to a hub."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original(module, name)
+    return getattr(importlib.import_module(module), name)
 
 
 def _hub_if_exists() -> Optional[object]:

@@ -154,6 +154,14 @@ class _ProcessBackend(Backend):
                 return  # a respawn that close() overtook
             slot.spawning = True
         parent_conn, child_conn = _ctx.Pipe()
+        # Under gevent's monkey-patching the pipe is a socketpair made
+        # non-blocking for the hub, and the flag travels with the descriptor:
+        # the worker's reads failed with EAGAIN (it took that for its parent
+        # gone and exited) and a send to a full pipe was dropped. Both ends
+        # block, as they do unpatched; the collector reads only once wait()
+        # has said a message is there.
+        for conn in (parent_conn, child_conn):
+            os.set_blocking(conn.fileno(), True)
         with self._lock:
             slot.generation += 1
             slot.free, slot.gone = [], []

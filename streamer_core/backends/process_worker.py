@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import signal
-import threading
 import time
 import traceback
-from typing import Any, List, Optional, Tuple
+from _queue import SimpleQueue  # C's, which gevent never patches (it replaces queue.SimpleQueue)
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
+from ..green import unpatched
 from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain, shared_wire
 
 # Set in a worker process, so that a streamer made there (say, by importing the
@@ -77,8 +77,9 @@ def _encode_result(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Wir
 def _watch_parent(parent_pid: int) -> None:
     """Exit as soon as the parent is gone, even in the middle of a model call:
     no orphaned worker keeps a GPU busy."""
+    sleep = unpatched("time", "sleep")
     while True:
-        time.sleep(_PARENT_POLL_SECONDS)
+        sleep(_PARENT_POLL_SECONDS)
         if os.getppid() != parent_pid:
             os._exit(0)
 
@@ -107,7 +108,7 @@ def worker_main(
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
     os.environ[IN_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="streamer-parent-watch", daemon=True).start()
+    _start_thread(_watch_parent, parent_pid)
 
     try:
         predict = _load_predict(spec, device)
@@ -120,11 +121,11 @@ def worker_main(
 
     # A reader thread takes batches off the pipe while the model runs, so the
     # parent can send the next batch ahead without blocking on a full pipe.
-    pool = BlockPool(shared_memory[0]) if shared_memory is not None else None
+    pool = BlockPool(shared_memory[0], lock=unpatched("_thread", "allocate_lock")()) if shared_memory else None
     min_bytes = shared_memory[1] if shared_memory is not None else 0
     peer = PeerBlocks()
-    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    threading.Thread(target=_read_pipe, args=(conn, inbox, pool), name="streamer-worker-read", daemon=True).start()
+    inbox: SimpleQueue[Any] = SimpleQueue()
+    _start_thread(_read_pipe, conn, inbox, pool)
     try:
         while True:
             message = inbox.get()
@@ -141,7 +142,18 @@ def worker_main(
             pool.close()
 
 
-def _read_pipe(conn: Any, inbox: queue.SimpleQueue[Any], pool: Optional[BlockPool]) -> None:
+def _start_thread(target: Callable[..., None], *args: Any) -> None:
+    """Run ``target(*args)`` on an OS thread of its own that does not keep the
+    process alive. A worker is spawned afresh, but it imports the parent's
+    ``__main__`` again (so a model defined there can be found), and a
+    ``monkey.patch_all()`` at the top of that script patches the worker too:
+    its threads would be greenlets then, and the pipe reader, blocked in a
+    read, would stop the model loop. The pipe reader, the parent watch and
+    the queue between the reader and the loop are gevent's originals."""
+    unpatched("_thread", "start_new_thread")(target, args)
+
+
+def _read_pipe(conn: Any, inbox: SimpleQueue[Any], pool: Optional[BlockPool]) -> None:
     while True:
         try:
             message = conn.recv()

@@ -107,13 +107,15 @@ class BlockPool:
 
     ``take`` and ``close`` run under a lock; ``give`` does not lock (it only
     appends to a deque), so a finalizer may call it from any thread, even one
-    inside ``take``."""
+    inside ``take``. ``lock`` replaces the default ``threading.Lock()``: an
+    OS lock where gevent has patched ``threading`` and real threads share
+    the pool."""
 
-    def __init__(self, prefix: str, idle_bytes: int = DEFAULT_IDLE_BYTES) -> None:
+    def __init__(self, prefix: str, idle_bytes: int = DEFAULT_IDLE_BYTES, lock: Optional[Any] = None) -> None:
         self.prefix = prefix
         self._idle_limit = idle_bytes
         self._names = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if lock is None else lock
         self._blocks: Dict[str, SharedMemory] = {}  # every block not unlinked yet
         self._idle: Dict[int, List[SharedMemory]] = {}  # by size
         self._idle_bytes = 0
