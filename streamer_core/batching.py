@@ -209,6 +209,11 @@ class Scheduler:
         # an item_cost: each input costs 1).
         self._shaper = CostShaper(config, costed=config.item_cost is not None)
         self._shaped = self._shaper.active
+        # What every queued input costs, given-up ones too, at most: a bound
+        # that tells most arrivals at once that a batch is not full yet
+        # (see _over_budget), kept as inputs arrive, made tight per batch.
+        self._bound_top = 0.0
+        self._bound_sum = 0.0
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
@@ -247,6 +252,12 @@ class Scheduler:
                     )
             was_empty = not queue
             queue.extend(items)
+            if costs is not None:
+                self._bound_top = max(self._bound_top, *costs)
+                self._bound_sum += sum(costs)
+            else:
+                self._bound_top = max(self._bound_top, 1.0)
+                self._bound_sum += n
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
             due = self._policy.arrived(n, now)
@@ -309,9 +320,18 @@ class Scheduler:
         is as full as it can be. Called only with fewer than ``batch_size``
         inputs queued, so it looks at fewer than ``batch_size``."""
         shaper = self._shaper
-        if math.isinf(shaper.budget()):
+        budget = shaper.budget()
+        if math.isinf(budget):
             return False
+        bound = len(self._queue) * self._bound_top if shaper.rule == "max" else self._bound_sum
+        if bound <= budget:
+            return False  # even counting every queued input at its most
         return shaper.over_budget([item.cost for item in self._queue if item.task.live()])
+
+    def _rebound(self) -> None:
+        """Make the bound on what the queued inputs cost tight again."""
+        costs = [item.cost for item in self._queue]
+        self._bound_top, self._bound_sum = max(costs, default=0.0), float(sum(costs))
 
     def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
         """With a free worker: the batch to run now, or when to look again."""
@@ -333,9 +353,10 @@ class Scheduler:
 
     def _take(self) -> List[_Item]:
         """The next batch: the oldest inputs, or shaped by cost."""
+        batch = self._pop_shaped() if self._shaped else self._pop(self._config.batch_size)
         if self._shaped:
-            return self._pop_shaped()
-        return self._pop(self._config.batch_size)
+            self._rebound()
+        return batch
 
     def _pop_shaped(self) -> List[_Item]:
         """A batch led by the oldest waiting input, shaped by
@@ -449,6 +470,7 @@ class Scheduler:
         handed to it (it died meanwhile): queue the items again, first."""
         with self._cond:
             self._queue.extendleft(reversed(items))
+            self._rebound()
             self._count(held + 1, -1)
             self._count(held, +1)
             self._in_flight -= 1
@@ -467,6 +489,7 @@ class Scheduler:
             self._count(len(batches) + len(unstarted), -1)
             self._in_flight -= len(unstarted)
             self._queue.extendleft(reversed([item for items in unstarted for item in items if item.task.live()]))
+            self._rebound()
             for items in batches:
                 self._in_flight -= 1
                 for item in items:
@@ -532,6 +555,7 @@ class Scheduler:
         self._deadlines.clear()
         self._queue.clear()
         self._alone.clear()
+        self._rebound()
         self._dead = 0
 
     def queued(self) -> int:

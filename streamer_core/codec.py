@@ -35,6 +35,7 @@ __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]
 
 _NUMPY_EXT = 1  # an array in the payload: [dtype, shape] then its bytes
 _NUMPY_OOB_EXT = 2  # an array out of band: [dtype, shape, index of its buffer]
+_HEADERS_KEPT = 256  # packed array headers kept by a codec
 #: Arrays (and pickle buffers) of at least this many bytes travel out of band.
 OUT_OF_BAND_BYTES = 64 * 1024
 
@@ -77,6 +78,7 @@ class MsgpackCodec(Codec):
                 "the msgpack codec needs the msgpack package: pip install 'streamer-core[redis]'"
             ) from None
         self._msgpack = msgpack
+        self._headers: Dict[Tuple[Any, ...], bytes] = {}
 
     def encode(self, value: Any) -> bytes:
         return self._pack(value, None)
@@ -116,13 +118,25 @@ class MsgpackCodec(Codec):
                 raise TypeError("numpy arrays of Python objects cannot be sent")
             if buffers is not None and value.nbytes >= OUT_OF_BAND_BYTES:
                 buffers.append(value.tobytes(order="C"))  # the one copy on this side
-                header = self._msgpack.packb([value.dtype.str, list(value.shape), len(buffers) - 1])
+                header = self._header((value.dtype.str, value.shape, len(buffers) - 1))
                 return self._msgpack.ExtType(_NUMPY_OOB_EXT, header)
-            header = self._msgpack.packb([value.dtype.str, list(value.shape)])
+            header = self._header((value.dtype.str, value.shape))
             return self._msgpack.ExtType(_NUMPY_EXT, header + value.tobytes(order="C"))
         if module == "numpy" and hasattr(value, "item"):  # a numpy scalar
             return value.item()
         raise TypeError(f"cannot encode {type(value).__name__}")
+
+    def _header(self, key: Tuple[Any, ...]) -> bytes:
+        """An array's header (its dtype, shape, and buffer's index), packed:
+        kept, since a model answers arrays of a few shapes. Packing it here,
+        inside the packing of the value it is part of, costs ten times what
+        it costs alone (msgpack makes a new packer, and its buffer, each time)."""
+        header = self._headers.get(key)
+        if header is None:
+            if len(self._headers) >= _HEADERS_KEPT:
+                self._headers.clear()
+            header = self._headers[key] = self._msgpack.packb([key[0], list(key[1]), *key[2:]])
+        return header
 
     def _decode_ext(self, code: int, data: bytes, buffers: Sequence[bytes]) -> Any:
         import numpy

@@ -141,6 +141,8 @@ def _seconds(*, allow_zero: bool = False, optional: bool = False) -> Check:
 def check_cost(value: Any) -> float:
     """A cost: a finite number > 0 (an int, a float, a NumPy scalar).
     Raises ``TypeError``/``ValueError`` saying so, without a name."""
+    if type(value) is float and 0 < value < math.inf:  # the common case, checked for every input
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"must be a finite number > 0, got {value!r} ({type(value).__name__})")
     cost = float(value)
@@ -504,4 +506,6 @@ class BatchingConfig:
         """The timeout of one call: its own, validated, or the configured one."""
         if timeout is None:
             return self.timeout
+        if type(timeout) is float and 0.0 < timeout <= MAX_SECONDS:
+            return timeout  # the common case, checked without a call
         return float(OPTIONS["timeout"].checked(timeout))

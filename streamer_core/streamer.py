@@ -119,9 +119,9 @@ def item_cost_of(item_cost: Callable[[Any], float], value: Any, index: int = 0) 
             f"item_cost {callable_name(item_cost)} raised {type(exc).__name__} for input {index}: {exc}"
         ) from exc
     try:
-        return float(checked(f"item_cost {callable_name(item_cost)} of input {index}", check_cost, cost))
-    except (TypeError, ValueError) as exc:
-        raise ItemCostError(str(exc)) from None
+        return check_cost(cost)
+    except (TypeError, ValueError) as exc:  # named only then: it runs for every input
+        raise ItemCostError(f"item_cost {callable_name(item_cost)} of input {index} {exc}") from None
 
 
 class _Engine:
@@ -300,8 +300,11 @@ class BaseStreamer:
         :class:`SerializationError` for an input that cannot reach a worker
         process, :class:`WorkerStartError` when no worker can start.
         """
+        return self._submit(batch, self._config.call_timeout(timeout))
+
+    def _submit(self, batch: Iterable[Any], call_timeout: float) -> BatchFuture:
+        """:meth:`submit` with its timeout checked already."""
         engine = self._engine
-        call_timeout = self._config.timeout if timeout is None else self._config.call_timeout(timeout)
         if isinstance(batch, (str, bytes)):
             raise TypeError(
                 f"submit() and predict() take a list of inputs, got a {type(batch).__name__}; "
@@ -339,7 +342,7 @@ class BaseStreamer:
         seconds (default: the streamer's ``timeout``), and the errors of
         :meth:`submit`."""
         call_timeout = self._config.call_timeout(timeout)
-        return self.submit(batch, call_timeout).result(call_timeout)
+        return self._submit(batch, call_timeout).result(call_timeout)
 
     async def apredict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
         """:meth:`predict` for ``async`` code: awaits the result without
