@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from .config import DeviceId
 
-__all__ = ["ManagedModel", "ModelFacts", "check_model", "load_predict", "model_facts", "ready_line"]
+__all__ = ["ManagedModel", "ModelFacts", "check_model", "freeze_loaded", "load_predict", "model_facts", "ready_line"]
 
 
 class ManagedModel:
@@ -71,6 +72,16 @@ def load_predict(
         return instance.predict
     predict: Callable[[List[Any]], Any] = model
     return predict
+
+
+def freeze_loaded() -> None:
+    """In a worker process whose model has just loaded: keep every object
+    alive now (the model's, and the modules of torch and its kin, often some
+    hundreds of thousands) out of the cyclic garbage collector's sight
+    (``gc.freeze()``). They live as long as the worker, and a full collection
+    that walked them all took about 350 ms with all-MiniLM-L6-v2 loaded,
+    stalling every batch in hand; frozen, it takes milliseconds."""
+    gc.freeze()
 
 
 class ModelFacts(NamedTuple):

@@ -122,6 +122,9 @@ class _ProcessBackend(Backend):
         self._prefix = new_prefix("")
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
+        # The cores workers run on, as now: a web process pinned later
+        # (streamer_core.web.affinity) does not hand its one core down.
+        self._cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         self._slots = [Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)]
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot changed state
@@ -167,9 +170,11 @@ class _ProcessBackend(Backend):
             slot.free, slot.gone = [], []
             min_bytes = self._min_bytes
             shared = (slot.block_prefix(self._prefix), min_bytes) if min_bytes is not None else None
+        config = self._config
+        args = (child_conn, self._spec, slot.device, os.getpid(), self._isolate, config.oom_errors, shared, self._cpus)
         process = _ctx.Process(
             target=worker_main,
-            args=(child_conn, self._spec, slot.device, os.getpid(), self._isolate, self._config.oom_errors, shared),
+            args=args,
             name=f"streamer-worker-{slot.index}",
             daemon=True,
         )

@@ -14,7 +14,7 @@ import signal
 import time
 import traceback
 from _queue import SimpleQueue  # C's, which gevent never patches (it replaces queue.SimpleQueue)
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
 from ..green import unpatched
@@ -99,13 +99,21 @@ def worker_main(
     isolate_errors: bool,
     oom_errors: Any = None,
     shared_memory: Optional[Tuple[str, int]] = None,
+    cpus: Optional[FrozenSet[int]] = None,
 ) -> None:
     """Body of a worker process: load the model, then run batches until told
     to stop or until the parent goes away. ``shared_memory`` is the prefix
     of this worker's block names and the least bytes a buffer of a result
-    needs to go through shared memory (``None``: results go through the pipe)."""
+    needs to go through shared memory (``None``: results go through the pipe).
+    ``cpus``: the cores to run on, the parent's when its streamer was made
+    (a web process pinned to one core since would hand that core down)."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
+    if cpus and hasattr(os, "sched_setaffinity") and os.sched_getaffinity(0) != cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass  # a core taken away since (a container's cpuset changed): keep what was inherited
     os.environ[IN_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _start_thread(_watch_parent, parent_pid)
@@ -115,8 +123,9 @@ def worker_main(
     except BaseException as exc:
         conn.send(("init_error", encode_exception(exc)))
         return
-    from ..managed_model import model_facts
+    from ..managed_model import freeze_loaded, model_facts
 
+    freeze_loaded()
     conn.send(("ready", os.getpid(), model_facts(predict, device)))
 
     # A reader thread takes batches off the pipe while the model runs, so the

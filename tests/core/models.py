@@ -215,3 +215,15 @@ def double_arrays(batch: List[Any]) -> List[Any]:
     if any(x.flat[0] == -1 for x in batch):
         os.kill(os.getpid(), signal.SIGKILL)
     return [x * 2 for x in batch]
+
+
+def cores(batch: List[Any]) -> List[Any]:
+    """The CPU cores this worker may run on, for each input."""
+    return [sorted(os.sched_getaffinity(0)) for _ in batch]
+
+
+def frozen_objects(batch: List[Any]) -> List[Any]:
+    """How many objects this worker keeps out of the cyclic collector's sight, for each input."""
+    import gc
+
+    return [gc.get_freeze_count() for _ in batch]

@@ -334,3 +334,11 @@ def test_close_right_after_a_worker_dies_leaves_no_worker_behind(tmp_path):
             streamer.close(timeout=10)
         assert worker_children(os.getpid()) == [], f"a worker outlived close() (attempt {attempt})"
         marker.unlink()
+
+
+def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(closing):
+    """gc.freeze() once the model is loaded: the collector's full passes no
+    longer walk the model and its libraries' objects with a batch in hand."""
+    streamer = closing(Streamer(models.frozen_objects, batch_size=2, max_latency=0.01, worker_num=1))
+    [frozen] = streamer.predict([0])
+    assert frozen > 0

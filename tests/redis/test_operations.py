@@ -177,3 +177,14 @@ def test_a_worker_loading_its_model_is_told_apart_from_no_worker(
     assert client.get("/readyz").status_code == 200
     assert broker.conn.zcard(f"streamer:{broker.prefix}:loading") == 0, "a loaded worker leaves the loading set"
     assert worker.alive()
+
+
+def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(
+    broker: Broker, procs: Processes, make_streamer: Callable[..., Any]
+) -> None:
+    """gc.freeze() once the model is loaded, as in a process-backend worker."""
+    cli = procs.cli(broker, "tests.core.models:frozen_objects")
+    assert wait_for(lambda: len(worker_children(cli.pid)) == 1, 30)
+    wait_serving(procs, cli, worker_children(cli.pid))
+    [frozen] = make_streamer(broker).predict([0])
+    assert frozen > 0

@@ -39,7 +39,7 @@ from ...codec import Codec, get_codec
 from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
 from ...errors import WorkerStartError
 from ...hold import HoldPolicy
-from ...managed_model import check_model, load_predict, model_facts, ready_line
+from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...runner import run_batch
 from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
@@ -197,6 +197,7 @@ class RedisWorker:
         about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
         with Loading(self._broker, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
+        freeze_loaded()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         info = json.dumps(about)

@@ -1,0 +1,181 @@
+"""One core per web process: the examples' ``gunicorn.conf.py`` pin each
+process to a core of its own once it has loaded its models (a process that
+replaces a dead one takes its core), ``PIN_WORKERS=0`` leaves them free,
+and the process backend's workers keep the cores their web process had
+when its streamer was made, not the one it was pinned to since. Real
+gunicorn, real spawned workers, the affinity read back from ``/proc``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+from streamer_core.web.affinity import free_core_index
+from tests.helpers import wait_for
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two cores and os.sched_setaffinity")
+
+
+def test_a_new_process_takes_the_first_core_index_no_live_process_holds() -> None:
+    assert free_core_index([]) == 0
+    assert free_core_index([0, 1, 2]) == 3
+    assert free_core_index([0, 2, None]) == 1  # the process on core 1 died
+    assert free_core_index([None, None]) == 0
+
+
+@needs_two_cores
+def test_pin_to_core_pins_this_process_to_one_of_its_cores() -> None:
+    script = (
+        "from streamer_core.web.affinity import pin_to_core; import os; "
+        "print(pin_to_core(3), sorted(os.sched_getaffinity(0)))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    core, allowed = done.stdout.split(" ", 1)
+    assert int(core) == CORES[3 % len(CORES)]
+    assert allowed.strip() == f"[{core}]"
+
+
+def test_one_core_cannot_be_pinned() -> None:
+    script = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from streamer_core.web.affinity import pin_to_core; print(pin_to_core(1))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+
+
+def _allowed(pid: int) -> List[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            allowed: List[int] = []
+            for part in line.split(":", 1)[1].strip().split(","):
+                low, _, high = part.partition("-")
+                allowed.extend(range(int(low), int(high or low) + 1))
+            return allowed
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def _children(parent: int) -> List[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == parent:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+@pytest.fixture
+def gunicorn(tmp_path: Path) -> Iterator:
+    started: List[subprocess.Popen] = []
+
+    def start(env: Dict[str, str]) -> subprocess.Popen:
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "-w", "2",
+            "--bind", f"127.0.0.1:{port}", "tests.flask.warm_app:create_app()",
+        ]  # fmt: skip
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_FOLDER": str(tmp_path), **env}
+        with open(tmp_path / f"gunicorn-{len(started)}.log", "wb") as log:
+            process = subprocess.Popen(
+                argv, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(10)
+
+
+def _booted(folder: Path, count: int) -> bool:
+    return len(list(folder.glob("built-*"))) >= count
+
+
+@needs_two_cores
+def test_the_examples_pin_each_web_process_to_a_core_of_its_own(gunicorn, tmp_path: Path) -> None:
+    master = gunicorn({})
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(master.pid)) == 2, 90), (
+        tmp_path / "gunicorn-0.log"
+    ).read_text()
+    workers = _children(master.pid)
+    assert wait_for(lambda: all(len(_allowed(pid)) == 1 for pid in workers), 30), [_allowed(p) for p in workers]
+    cores = {pid: _allowed(pid)[0] for pid in workers}
+    assert sorted(cores.values()) == CORES[:2], "two processes, the first two cores"
+
+    gone = workers[0]
+    os.kill(gone, signal.SIGKILL)
+    assert wait_for(
+        lambda: gone not in _children(master.pid) and len(_children(master.pid)) == 2 and _booted(tmp_path, 3), 90
+    )
+    [new] = set(_children(master.pid)) - set(workers)
+    assert wait_for(lambda: len(_allowed(new)) == 1, 30)
+    assert _allowed(new) == [cores[gone]], "the new process takes the core of the one it replaced"
+
+
+@needs_two_cores
+def test_pin_workers_0_leaves_every_core_to_them(gunicorn, tmp_path: Path) -> None:
+    master = gunicorn({"PIN_WORKERS": "0"})
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(master.pid)) == 2, 90)
+    for pid in _children(master.pid):
+        assert _allowed(pid) == CORES
+
+
+@needs_two_cores
+def test_process_backend_workers_keep_the_cores_their_web_process_had_when_its_streamer_was_made() -> None:
+    """The web process pins itself after its streamer started its worker;
+    the worker, and the one that replaces it when it is killed, still run
+    on every core."""
+    script = textwrap.dedent(
+        """
+        import json, os, signal, time
+        from streamer_core import Streamer
+        from streamer_core.web.affinity import pin_to_core
+        from tests.core.models import cores
+
+        if __name__ == "__main__":
+            streamer = Streamer(cores, batch_size=1, worker_num=1)
+            assert streamer.wait_ready(30)
+            pin_to_core(0)
+            first = streamer.predict([1])[0]
+            [pid] = streamer.worker_pids()
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while streamer.worker_pids() in ([], [pid]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert streamer.wait_ready(30)
+            again = streamer.predict([1])[0]
+            print(json.dumps({"parent": sorted(os.sched_getaffinity(0)), "first": first, "again": again}))
+            streamer.close()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    import json
+
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["parent"] == [CORES[0]]
+    assert report["first"] == CORES
+    assert report["again"] == CORES, "the respawned worker took its web process's one core"
