@@ -73,6 +73,20 @@ def test_json_and_form_requests_get_a_unit_384_float_embedding(app, path):
     assert cosine(as_json, as_form) > 0.9999, "the same sentence as JSON or as a form field"
 
 
+def test_embed_gives_what_the_models_own_encode_gives():
+    """embed() skips what ``model.encode`` redoes on every call (finding the
+    device, setting eval mode, telling texts from image paths): the same
+    numbers, padding and truncation at 256 tokens included."""
+    from example_flask.embedding import embed, load_sentence_model
+
+    model = load_sentence_model()
+    texts = [*SENTENCES, "a much longer sentence " * 80, "x"]
+    expected = model.encode(texts, batch_size=len(texts), normalize_embeddings=True, show_progress_bar=False)
+    got = embed(model, texts)
+    assert got.dtype == np.float32 and got.shape == (len(texts), 384)
+    assert np.abs(got - expected).max() < 1e-5
+
+
 @pytest.mark.parametrize("path", ["/stream", "/naive"])
 def test_paraphrases_are_closer_than_unrelated_sentences(app, path):
     first, second = (embedding(app, s, path) for s in PARAPHRASES)
