@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import threading
 import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
@@ -33,6 +32,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from .future import BatchFuture, settle
+from .green import Condition
 from .hold import HoldPolicy
 from .shaping import CostShaper
 from .stats import ModelStats
@@ -192,7 +192,7 @@ class Scheduler:
         #: Where calls and batches are counted; backends record model calls here.
         self.stats = stats
         self._max_item_crashes = max_item_crashes
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = Condition()
         self._queue: Deque[_Item] = deque()
         self._alone: Deque[_Item] = deque()  # items to run one at a time after a worker crash
         self._dead = 0  # items in _queue whose task is done, roughly: triggers compaction

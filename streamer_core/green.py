@@ -26,7 +26,7 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable, Deque, Optional, Tuple
 
-__all__ = ["in_unpatched_greenlet", "green_waiter", "wait_green", "unpatched"]
+__all__ = ["Condition", "in_unpatched_greenlet", "green_waiter", "wait_green", "unpatched"]
 
 
 def in_unpatched_greenlet() -> bool:
@@ -55,6 +55,30 @@ def unpatched(module: str, name: str) -> Any:
     if monkey is not None:
         return monkey.get_original(module, name)
     return getattr(importlib.import_module(module), name)
+
+
+class Condition(threading.Condition):
+    """``threading.Condition`` over a plain lock (made here when none is
+    given) whose ``notify()`` never yields while the lock is held.
+
+    The standard one asks whether the caller holds a plain lock by trying to
+    take it without blocking. Under gevent's ``monkey.patch_all()`` the lock
+    is gevent's, which yields to the hub when such a try fails, so every
+    ``notify()`` let other greenlets run while the notifier still held the
+    lock: they found it taken, queued on it, and lost it again to the
+    notifier's next turn (gevent's locks are not fair). A dispatcher that
+    notified in a loop kept a web process's collector off its lock for
+    seconds at a time, at 100% CPU. Here the check is that the lock is held,
+    which is what ``notify()`` and ``wait()`` require of a caller (and all
+    the standard check can tell of a plain lock, which has no owner)."""
+
+    def __init__(self, lock: Optional[Any] = None) -> None:
+        lock = threading.Lock() if lock is None else lock
+        super().__init__(lock)
+        self._held = lock.locked
+
+    def _is_owned(self) -> bool:
+        return bool(self._held())
 
 
 def _hub_if_exists() -> Optional[object]:

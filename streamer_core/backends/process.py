@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, ca
 from ..batching import Scheduler, _Item, deliver
 from ..config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default, shown_device
 from ..errors import StreamerError, WorkerStartError
+from ..green import Condition
 from ..managed_model import check_model, ready_line
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from .process_slots import Sent, Slot, describe_exit
@@ -127,7 +128,7 @@ class _ProcessBackend(Backend):
         self._cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         self._slots = [Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)]
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # a slot changed state
+        self._changed = Condition(self._lock)  # a slot changed state
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
         self._batch_ids = itertools.count()
         self._stopping = False
@@ -311,6 +312,7 @@ class _ProcessBackend(Backend):
         model_seconds: float,
         oom_splits: int,
     ) -> None:
+        scheduler = self._scheduler
         with self._lock:
             now = time.monotonic()
             answered = slot.answered(batch_id, now)
@@ -318,10 +320,13 @@ class _ProcessBackend(Backend):
                 logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
                 return
             sent, elapsed = answered
-            held_after = len(slot.batches)
-        scheduler = self._scheduler
-        scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
-        scheduler.batch_done(len(sent.items), elapsed, held_after)
+            # Counted done under the lock that run() picks a worker under:
+            # the dispatcher never sees this worker holding a batch it has
+            # answered, which it would hand a batch run() finds no worker
+            # for, again and again until this thread got to count it (under
+            # gevent, whose locks are not fair, for seconds on end).
+            scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
+            scheduler.batch_done(len(sent.items), elapsed, len(slot.batches))
         if scheduler.stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
             scheduler.stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items])
         outcomes = [decode_outcome(ok, payload, self._peer) for ok, payload in wire]
@@ -345,11 +350,13 @@ class _ProcessBackend(Backend):
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
                 return
-        reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
+            reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
+            if state == "ready":
+                # A worker runs its batches in turn: only the first can have
+                # reached the model. Counted lost under the lock run() picks
+                # a worker under, as _on_done counts a batch done.
+                self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
-        if state == "ready":
-            # A worker runs its batches in turn: only the first can have reached the model.
-            self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
         self._check_broken()
 
     def _kill_hung(self) -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ...codec import Codec, get_codec
 from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
 from ...errors import WorkerStartError
+from ...green import Condition
 from ...hold import HoldPolicy
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...runner import run_batch
@@ -138,7 +139,7 @@ class RedisWorker:
         self._hands = Hands()
         # The batch the reader fills while the model runs, and the rule that
         # says when the main thread takes it; both under _cond.
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = Condition()
         self._next: List[Input] = []
         self._next_first_seen = 0.0
         self._next_alone = False  # a request taken over from a dead worker: it runs alone
