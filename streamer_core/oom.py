@@ -18,7 +18,9 @@ import logging
 import sys
 from typing import Any, Optional, Tuple, Type
 
-__all__ = ["OomErrors", "check_oom_errors", "is_out_of_memory", "free_cached_memory"]
+from .errors import WorkerStartError
+
+__all__ = ["OomErrors", "check_oom_errors", "is_out_of_memory", "free_cached_memory", "load_failure"]
 
 logger = logging.getLogger("streamer_core")
 
@@ -51,6 +53,23 @@ def is_out_of_memory(exc: BaseException, oom_errors: OomErrors) -> bool:
     """Whether ``exc`` is one of ``oom_errors`` (``None``: torch's, if loaded)."""
     kinds = _torch_oom() if oom_errors is None else oom_errors
     return bool(kinds) and isinstance(exc, kinds)
+
+
+def load_failure(exc: BaseException, oom_errors: OomErrors, device: Any) -> BaseException:
+    """What a worker reports when its model could not load: ``exc`` itself,
+    or, where it ran out of memory, a :class:`WorkerStartError` that says
+    what to look at. A GPU that another process holds fails a model's load
+    this way, and torch's message names the bytes, not the cause."""
+    if not is_out_of_memory(exc, oom_errors):
+        return exc
+    where = "its device" if device is None else f"device {device}"
+    error = WorkerStartError(
+        f"the model ran out of memory on {where} while it loaded: another process may hold that "
+        "memory (nvidia-smi lists the processes on each GPU), or the model does not fit there; "
+        f"{type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    return error
 
 
 def free_cached_memory() -> None:

@@ -121,7 +121,9 @@ def worker_main(
     try:
         predict = _load_predict(spec, device)
     except BaseException as exc:
-        conn.send(("init_error", encode_exception(exc)))
+        from ..oom import load_failure
+
+        conn.send(("init_error", encode_exception(load_failure(exc, oom_errors, device))))
         return
     from ..managed_model import freeze_loaded, model_facts
 

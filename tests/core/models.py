@@ -162,6 +162,17 @@ class MemoryBoundModel(ManagedModel):
         return [(x * 2, self.ran_out) for x in batch]
 
 
+class NoRoomToLoad(ManagedModel):
+    """Runs out of memory (:class:`FakeOutOfMemory`) while it loads, as a
+    model does on a GPU that another process holds."""
+
+    def init_model(self) -> None:
+        raise FakeOutOfMemory("tried to allocate 90 MiB; 0 bytes free")
+
+    def predict(self, batch: List[Any]) -> List[Any]:  # pragma: no cover - never reached
+        return batch
+
+
 def _in_shared_memory(array: Any) -> bool:
     """Whether ``array``'s bytes lie in a mapping of a file under /dev/shm."""
     address = array.__array_interface__["data"][0]

@@ -14,7 +14,7 @@ from typing import Any, List
 
 import pytest
 
-from streamer_core import Streamer, ThreadedStreamer
+from streamer_core import Streamer, ThreadedStreamer, WorkerStartError
 from streamer_core.shaping import GOOD_RUN
 from tests.core import models
 from tests.core.models import FakeOutOfMemory
@@ -234,3 +234,16 @@ def test_the_cost_cap_grows_by_its_rule():
         for _ in range(GOOD_RUN):
             cap.ran(before)
         assert cap.limit > before or math.isinf(cap.limit)
+
+
+def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(closing):
+    """A worker whose device another process holds: the error names the
+    device, says what to check, and keeps the model's own message."""
+    streamer = closing(
+        Streamer(models.NoRoomToLoad, batch_size=4, worker_num=1, cuda_devices=[3], oom_errors=(FakeOutOfMemory,))
+    )
+    with pytest.raises(WorkerStartError) as info:
+        streamer.wait_ready(60)
+    message = str(info.value)
+    assert "ran out of memory on device 3 while it loaded" in message
+    assert "nvidia-smi" in message and "0 bytes free" in message

@@ -41,6 +41,7 @@ from ...errors import WorkerStartError
 from ...green import Condition
 from ...hold import HoldPolicy
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
+from ...oom import load_failure
 from ...runner import run_batch
 from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
@@ -274,6 +275,9 @@ class RedisWorker:
         try:
             return load_predict(self._model_class, gpu_id, self._init_args, self._init_kwargs)
         except Exception as exc:
+            failure = load_failure(exc, self._config.oom_errors, gpu_id)
+            if failure is not exc:
+                raise failure from exc
             raise WorkerStartError(f"could not load {callable_name(self._model_class)}: {exc!r}") from exc
 
     # the main thread: take a batch when the model is free, run it
