@@ -1,0 +1,143 @@
+"""Both examples on CUDA, as users run them (gunicorn with the examples'
+configs, the thread backend, which loads the model on CUDA where there is
+one): the embeddings are the CPU's within 1e-3 cosine distance, and the
+image classifier names the test photos as it does on the CPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A GPU runs a batch of sentences in a few milliseconds.",
+    "Happy birthday to you.",
+]
+
+
+def post(url: str, body: bytes, content_type: str, timeout: float = 60.0) -> Any:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def serve(command: List[str], port: int, env: Dict[str, str], log: Path) -> Iterator[str]:
+    """A server started by ``command``, until it answers /stream (its models
+    loaded); its base URL. What it prints goes to ``log``."""
+    with open(log, "wb") as output:
+        server = subprocess.Popen(
+            command, cwd=ROOT, env={**os.environ, **env, "BIND": f"127.0.0.1:{port}", "PIN_WORKERS": "0"},
+            stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"the server exited:\n{log.read_text(errors='replace')[-3000:]}"
+            try:
+                post(base + "/stream", json.dumps({"s": "warm up"}).encode(), "application/json", timeout=30)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert time.monotonic() < deadline, "the server did not answer within 300 s"
+                time.sleep(1)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def flask_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    command = [sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "example_flask:create_app()"]
+    log = tmp_path_factory.mktemp("flask") / "server.log"
+    yield from serve(command, free_port(), {"FLASK_STREAMER_BACKEND": "thread"}, log)
+
+
+@pytest.fixture(scope="module")
+def django_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    command = [sys.executable, "-m", "gunicorn", "-c", "example_django/gunicorn.conf.py", "example_django.wsgi"]
+    log = tmp_path_factory.mktemp("django") / "server.log"
+    yield from serve(command, free_port(), {"STREAMER_BACKEND": "thread"}, log)
+
+
+@pytest.fixture(scope="module")
+def cpu_embeddings() -> Any:
+    from example_flask.embedding import embed, load_sentence_model
+
+    return embed(load_sentence_model(device="cpu"), SENTENCES)
+
+
+@pytest.mark.parametrize("example", ["flask_example", "django_example"])
+def test_embeddings_on_cuda_are_the_cpus(example: str, cpu_embeddings: Any, request: pytest.FixtureRequest) -> None:
+    import numpy as np
+
+    base = request.getfixturevalue(example)
+    for sentence, expected in zip(SENTENCES, cpu_embeddings):
+        got = np.asarray(post(base + "/stream", json.dumps({"s": sentence}).encode(), "application/json"))
+        assert got.shape == (384,)
+        distance = 1.0 - float(np.dot(got, expected) / (np.linalg.norm(got) * np.linalg.norm(expected)))
+        assert distance < 1e-3, f"{example}: {sentence!r} is {distance:.2e} away from the CPU's embedding"
+
+
+def test_the_model_is_on_cuda() -> None:
+    from example_flask.embedding import load_sentence_model
+    from example_flask.vision import load_image_model
+
+    assert next(load_sentence_model().parameters()).device.type == "cuda"
+    assert next(load_image_model().parameters()).device.type == "cuda"
+
+
+def photo(name: str, kind: str = "JPEG") -> bytes:
+    import skimage.data
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(getattr(skimage.data, name)()).save(buffer, kind)
+    return buffer.getvalue()
+
+
+def upload(data: bytes) -> Dict[str, Any]:
+    boundary = "streamer-gpu-test"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="photo"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return {"body": body, "content_type": f"multipart/form-data; boundary={boundary}"}
+
+
+@pytest.mark.parametrize("example", ["flask_example", "django_example"])
+@pytest.mark.parametrize("name, kind", [("chelsea", "JPEG"), ("coffee", "PNG")])
+def test_photos_are_named_on_cuda_as_on_the_cpu(
+    example: str, name: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    from example_flask.vision import classify, decode_image, load_image_model
+
+    data = photo(name, kind)
+    [expected] = classify(load_image_model(device="cpu"), [decode_image(data)])
+    base = request.getfixturevalue(example)
+    got = post(base + "/classify", **upload(data))
+    assert got["class_index"] == expected["class_index"], (got, expected)
+    top5 = {entry["class_index"] for entry in got["top5"]}
+    assert len(top5 & {entry["class_index"] for entry in expected["top5"]}) >= 4, (got["top5"], expected["top5"])
