@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Dict, Iterator, List
 
@@ -84,10 +85,10 @@ def _children(parent: int) -> List[int]:
 def gunicorn(tmp_path: Path) -> Iterator:
     started: List[subprocess.Popen] = []
 
-    def start(env: Dict[str, str]) -> subprocess.Popen:
+    def start(env: Dict[str, str], workers: int = 2) -> subprocess.Popen:
         port = free_port()
         argv = [
-            sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "-w", "2",
+            sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "-w", str(workers),
             "--bind", f"127.0.0.1:{port}", "tests.flask.warm_app:create_app()",
         ]  # fmt: skip
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_FOLDER": str(tmp_path), **env}
@@ -113,7 +114,8 @@ def _booted(folder: Path, count: int) -> bool:
 
 @needs_two_cores
 def test_the_examples_pin_each_web_process_to_a_core_of_its_own(gunicorn, tmp_path: Path) -> None:
-    master = gunicorn({})
+    """As many web processes as cores: each would have one anyway."""
+    master = gunicorn({}, workers=len(CORES)) if len(CORES) == 2 else gunicorn({"PIN_WORKERS": "1"})
     assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(master.pid)) == 2, 90), (
         tmp_path / "gunicorn-0.log"
     ).read_text()
@@ -130,6 +132,37 @@ def test_the_examples_pin_each_web_process_to_a_core_of_its_own(gunicorn, tmp_pa
     [new] = set(_children(master.pid)) - set(workers)
     assert wait_for(lambda: len(_allowed(new)) == 1, 30)
     assert _allowed(new) == [cores[gone]], "the new process takes the core of the one it replaced"
+
+
+@needs_two_cores
+def test_a_model_computing_on_this_cpu_keeps_every_core_while_cores_are_to_spare(gunicorn, tmp_path: Path) -> None:
+    """One web process on the thread backend, no GPU: pinned, the model's
+    threads would share one core; on the process backend its model
+    computes in a worker, and the web process is pinned."""
+    thread = gunicorn({}, workers=1)
+    assert wait_for(lambda: _booted(tmp_path, 1) and len(_children(thread.pid)) == 1, 90)
+    [web] = _children(thread.pid)
+    time.sleep(1.0)  # post_worker_init, which would pin it, ran before the app was built: time enough to have pinned
+    assert _allowed(web) == CORES
+    os.killpg(thread.pid, signal.SIGKILL)
+    thread.wait(10)
+
+    process = gunicorn({"FLASK_STREAMER_BACKEND": "process", "FLASK_STREAMER_WORKER_NUM": "1"}, workers=1)
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(process.pid)) == 1, 90)
+    [web] = _children(process.pid)
+    assert wait_for(lambda: len(_allowed(web)) == 1, 30), _allowed(web)
+
+
+def test_pin_workers_must_say_1_0_or_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamer_core.web.affinity import pin_wanted
+
+    monkeypatch.setenv("PIN_WORKERS", "yes")
+    with pytest.raises(ValueError, match="PIN_WORKERS must be 1 .pin., 0 .do not. or auto"):
+        pin_wanted(1, True)
+    monkeypatch.setenv("PIN_WORKERS", "1")
+    assert pin_wanted(1, True)
+    monkeypatch.setenv("PIN_WORKERS", "0")
+    assert not pin_wanted(64, False)
 
 
 @needs_two_cores
