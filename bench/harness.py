@@ -45,9 +45,21 @@ def machine_busy_ticks() -> int:
     return sum(fields) - fields[3] - fields[4]
 
 
+#: Clock ticks a second, the unit of /proc's CPU times.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def cpu_ticks(root_pid: int) -> int:
     """utime + stime, in clock ticks, of ``root_pid`` and every descendant
     (gunicorn's worker is a child of its arbiter)."""
+    return sum(cpu_ticks_by_depth(root_pid))
+
+
+def cpu_ticks_by_depth(root_pid: int, deepest: int = 2) -> List[int]:
+    """utime + stime, in clock ticks, of ``root_pid``'s process tree, by
+    depth: ``[the root, its children, ..., deepest and below]``. Under
+    gunicorn: the arbiter, the web workers, what they spawned (the process
+    backend's model workers). Only live processes count."""
     children: Dict[int, List[int]] = {}
     ticks: Dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -62,12 +74,13 @@ def cpu_ticks(root_pid: int) -> int:
         pid = int(entry)
         children.setdefault(int(fields[1]), []).append(pid)
         ticks[pid] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [root_pid]
+    totals = [0] * (deepest + 1)
+    todo = [(root_pid, 0)]
     while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
+        pid, depth = todo.pop()
+        totals[min(depth, deepest)] += ticks.get(pid, 0)
+        todo.extend((child, depth + 1) for child in children.get(pid, []))
+    return totals
 
 
 def group_members(pgid: int) -> List[int]:

@@ -20,3 +20,13 @@ class LegacySentenceEmbedder(service_streamer.ManagedModel):  # type: ignore[mis
 
     def predict(self, batch: List[str]) -> List[List[float]]:
         return embed(self.model, batch)
+
+
+class LegacyListEmbedder(LegacySentenceEmbedder):
+    """The same, answering lists of floats: what a service_streamer view
+    that hands its output to ``jsonify`` needs (``bench/scale_bench.py``'s
+    ``ss-process`` and ``ss-redis``)."""
+
+    def predict(self, batch: List[str]) -> List[List[float]]:
+        result: List[List[float]] = embed(self.model, batch).tolist()
+        return result

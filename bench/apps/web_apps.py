@@ -13,6 +13,14 @@ The model is the examples' all-MiniLM-L6-v2, answering lists of floats
 (``tolist()``: what a view that hands the output to ``jsonify`` or
 ``JsonResponse`` needs). ``BENCH_WEB_STREAMER=core`` puts streamer_core's
 ``ThreadedStreamer`` in the same view instead of service_streamer's.
+
+For ``bench/scale_bench.py``, ``BENCH_WEB_KIND`` picks service_streamer's
+counterpart of each of our backends in the Flask view: ``thread`` (the
+default, its ``ThreadedStreamer``), ``process`` (its ``Streamer``:
+``BENCH_WEB_WORKERS`` spawned workers per web process, on
+``BENCH_WEB_DEVICES``), ``redis`` (its ``RedisStreamer`` on
+``BENCH_WEB_REDIS``, host:port, prefix ``BENCH_WEB_PREFIX``; its workers
+run by ``python -m bench.apps.ss_workers``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,19 @@ MAX_LATENCY = 0.1
 
 
 def _streamer() -> Any:
+    kind = os.environ.get("BENCH_WEB_KIND", "thread")
+    if kind == "process":
+        from service_streamer import Streamer  # type: ignore[import-untyped]
+
+        from bench.apps.cost_models import LegacyListEmbedder
+
+        devices = [int(d) for d in os.environ.get("BENCH_WEB_DEVICES", "").split(",") if d.strip()] or None
+        workers = int(os.environ.get("BENCH_WEB_WORKERS", "1"))
+        return Streamer(LegacyListEmbedder, BATCH_SIZE, MAX_LATENCY, worker_num=workers, cuda_devices=devices)
+    if kind == "redis":
+        from service_streamer import RedisStreamer
+
+        return RedisStreamer(os.environ["BENCH_WEB_REDIS"], prefix=os.environ.get("BENCH_WEB_PREFIX", ""))
     from example_flask.embedding import embed, load_sentence_model
 
     model = load_sentence_model()

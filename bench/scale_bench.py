@@ -1,0 +1,391 @@
+"""The whole deployment on one box, as users deploy it, and the CPU a
+request costs in each of its processes.
+
+    apt-get install -y wrk
+    .venv/bin/pip install -e '.[example,bench]'
+    .venv/bin/python -m bench.scale_bench                        # every deployment, 1 run: 4-5 minutes on 2 cores
+    .venv/bin/python -m bench.scale_bench --stub-forward --repeat 3 --variants ours-thread,ours-redis
+    .venv/bin/python -m bench.scale_bench --web-workers 8 --model-workers 1 --devices 0   # a 16-core GPU box
+
+Each deployment serves the examples' sentence model (all-MiniLM-L6-v2)
+under gunicorn, ``--web-workers`` processes (default: half the cores),
+gevent workers as the examples' ``gunicorn.conf.py`` sets (service_streamer's
+views: ``gthread``, threads enough for every connection), and wrk sends
+``{"s": "<a 15-word sentence>"}`` from ``--connections`` connections for
+``--duration`` seconds after ``--warmup``; the deployments run one after another, ``--repeat`` times,
+interleaved:
+
+==================  ==========================================================
+``ours-thread``     example_flask, the thread backend (a model per web process)
+``ours-process``    example_flask, the process backend (``--model-workers`` spawned per web process)
+``ours-redis``      example_flask on Redis, ``--model-workers`` workers of ``flask streamer run-workers``
+``ss-thread``       service_streamer's ThreadedStreamer in a plain Flask view
+``ss-process``      service_streamer's Streamer (spawned workers) in that view
+``ss-redis``        service_streamer's RedisStreamer in that view, its own Redis workers
+``naive``           example_flask's ``/naive``: the model called once per request
+``django-thread``   example_django, the thread backend, gunicorn (named with ``--variants`` only)
+``django-asgi``     example_django, the thread backend, uvicorn, async views (``/astream``)
+==================  ==========================================================
+
+For each: requests/s, p50 and p99, and the CPU each request cost, in ms, by
+where it was spent, from /proc: the web processes, the model workers (the
+process backend's spawned ones, or the Redis workers), redis-server, and
+wrk. ``--stub-forward`` replaces the transformer's forward pass by one that
+answers right-shaped outputs at once (the tokenizer and everything around
+the model still run): what a request costs outside the model, on any
+machine, which is what a GPU box is bound by. The floors of issue #29 are
+printed, PASS or MISS, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from bench import harness
+from bench.apps.http_app import SENTENCE
+
+#: Issue #29's floor for one H100 and 16 cores, the real model, Redis backend.
+GPU_BOX_RPS = 6000
+GPU_BOX_P99_MS = 150.0
+VARIANTS = ("ours-thread", "ours-process", "ours-redis", "ss-thread", "ss-process", "ss-redis", "naive")
+#: Not run unless named: the Django example on the thread backend, under
+#: gunicorn (/stream) and under uvicorn (async views, /astream).
+DJANGO_VARIANTS = ("django-thread", "django-asgi")
+ROLES = ("web", "workers", "redis", "wrk")
+STUB_PATH = os.path.join(harness.REPO_ROOT, "bench", "apps", "stub_forward")
+READY_LIMIT_S = 300.0  # a model per process, loaded on a busy machine
+BODY = json.dumps({"s": SENTENCE})
+# The floors of issue #29: CPU ms per request outside the forward pass (web +
+# workers + Redis, wrk excluded), measured with --stub-forward.
+FLOORS_MS = {"ours-redis": 1.0, "ours-thread": 0.8}
+
+
+@dataclass
+class Result:
+    """One measured run of one deployment."""
+
+    variant: str
+    rps: float = 0.0
+    p50_ms: Optional[float] = None
+    p99_ms: Optional[float] = None
+    errors: int = 0
+    cpu_ms: Dict[str, float] = field(default_factory=dict)  # by role, per request
+    failure: Optional[str] = None
+
+    @property
+    def server_cpu_ms(self) -> float:
+        """The deployment's own CPU per request: everything but wrk."""
+        return sum(ms for role, ms in self.cpu_ms.items() if role != "wrk")
+
+
+class Deployment:
+    """One variant's processes: redis-server, workers, gunicorn, each in a
+    process group of its own, all killed on the way out."""
+
+    def __init__(self, variant: str, args: argparse.Namespace, folder: str) -> None:
+        self.variant = variant
+        self.args = args
+        self.folder = folder
+        self.port = harness.free_port()
+        self.redis: Optional[harness.PrivateRedis] = None
+        self.workers: Optional[subprocess.Popen] = None
+        self.web: Optional[subprocess.Popen] = None
+        self.route = {"naive": "/naive", "django-asgi": "/astream"}.get(variant, "/stream")
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("FLASK_", "BENCH_WEB_"))}
+        paths = [harness.REPO_ROOT] + ([STUB_PATH] if self.args.stub_forward else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **extra)
+        if self.args.stub_forward:
+            # The forward pass computes nothing on this CPU, as on a GPU box,
+            # where the examples pin each web process to a core: the same here.
+            env.setdefault("PIN_WORKERS", "1")
+        return env
+
+    def start(self) -> None:
+        args, variant = self.args, self.variant
+        prefix = f"scale-{variant}"
+        env: Dict[str, str] = {}
+        if variant.endswith("redis"):
+            self.redis = harness.PrivateRedis(shutil.which("redis-server") or "redis-server", self.folder)
+            self.redis.start()
+        if variant.startswith("django"):
+            env = {"STREAMER_BACKEND": "thread", "DJANGO_SETTINGS_MODULE": "example_django.settings"}
+            if variant == "django-asgi":
+                self.web = self._group(
+                    [sys.executable, "-m", "uvicorn", "example_django.asgi:application", "--workers",
+                     str(args.web_workers), "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
+                    env, "web",
+                )  # fmt: skip
+                return
+            app = ["-c", "example_django/gunicorn.conf.py", "example_django.wsgi"]
+        elif variant.startswith("ours") or variant == "naive":
+            backend = variant.split("-")[1] if variant != "naive" else "thread"
+            env = dict(FLASK_STREAMER_BACKEND=backend, FLASK_STREAMER_WORKER_NUM=str(args.model_workers))
+            if args.devices:
+                env["FLASK_STREAMER_CUDA_DEVICES"] = json.dumps(args.devices)
+            if self.redis is not None:
+                env.update(
+                    FLASK_STREAMER_REDIS_URL=f"redis://127.0.0.1:{self.redis.port}/0", FLASK_STREAMER_PREFIX=prefix
+                )
+                command = [sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers"]
+                command += ["--workers", str(args.model_workers), "--log-level", "WARNING"]
+                if args.devices:
+                    command += ["--devices", args.devices]
+                self.workers = self._group(command, env, "workers")
+            app = ["-c", "example_flask/gunicorn.conf.py", "example_flask:create_app()"]
+        else:
+            env = dict(BENCH_WEB_KIND=variant.split("-")[1], BENCH_WEB_WORKERS=str(args.model_workers))
+            env["BENCH_WEB_DEVICES"] = args.devices or ""
+            if self.redis is not None:
+                broker = f"127.0.0.1:{self.redis.port}"  # service_streamer takes host:port
+                env.update(BENCH_WEB_REDIS=broker, BENCH_WEB_PREFIX=prefix)
+                command = [sys.executable, "-m", "bench.apps.ss_workers", broker, prefix, str(args.model_workers)]
+                self.workers = self._group(command + [args.devices or ""], env, "workers")
+            app = ["bench.apps.web_apps:flask_app()"]
+        worker_class = self.worker_class()
+        gunicorn = [sys.executable, "-m", "gunicorn", "-w", str(args.web_workers), "-k", worker_class]
+        if worker_class == "gthread":
+            gunicorn += ["--threads", str(args.threads or math.ceil(args.connections / args.web_workers) + 8)]
+        gunicorn += ["-b", f"127.0.0.1:{self.port}", "--timeout", "600"]
+        gunicorn += ["--log-level", "warning", *app]
+        self.web = self._group(gunicorn, env, "web")
+
+    def worker_class(self) -> str:
+        """gunicorn's worker class for this deployment: service_streamer's
+        plain views under ``--ss-worker-class``, the rest under
+        ``--worker-class``."""
+        return self.args.ss_worker_class if self.variant.startswith("ss-") else self.args.worker_class
+
+    def _group(self, command: List[str], env: Dict[str, str], name: str) -> subprocess.Popen:
+        log = open(os.path.join(self.folder, f"{self.variant}-{name}.log"), "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(
+            command, cwd=harness.REPO_ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        harness.LIVE.add(process)
+        return process
+
+    def wait_ready(self) -> None:
+        """Until the route answers 200 from every web process, about: a
+        burst of requests all answered (each process loads its model)."""
+        deadline = time.monotonic() + READY_LIMIT_S
+        url = f"http://127.0.0.1:{self.port}{self.route}"
+        ok = 0
+        while time.monotonic() < deadline:
+            for process in (self.web, self.workers):
+                if process is not None and process.poll() is not None:
+                    raise RuntimeError(f"{self.variant}: a process exited:\n{self.log_tail()}")
+            try:
+                request = urllib.request.Request(url, BODY.encode(), {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    ok = ok + 1 if response.status == 200 else 0
+            except OSError:
+                ok = 0
+                time.sleep(0.5)
+            if ok >= 4 * self.args.web_workers:
+                return
+        raise RuntimeError(f"{self.variant}: not ready within {READY_LIMIT_S:.0f} s:\n{self.log_tail()}")
+
+    def ticks(self) -> Dict[str, int]:
+        """CPU clock ticks so far, by role."""
+        assert self.web is not None
+        master, web, spawned = harness.cpu_ticks_by_depth(self.web.pid)
+        ticks = {"web": master + web, "workers": spawned, "redis": 0}
+        if self.workers is not None:
+            ticks["workers"] += harness.cpu_ticks(self.workers.pid)
+        if self.redis is not None and self.redis.proc is not None:
+            ticks["redis"] = harness.cpu_ticks(self.redis.proc.pid)
+        return ticks
+
+    def log_tail(self) -> str:
+        parts = []
+        for name in ("web", "workers"):
+            path = os.path.join(self.folder, f"{self.variant}-{name}.log")
+            if os.path.exists(path):
+                parts.append(f"--- {name} ---\n{harness.tail(path, 1500)}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for process in (self.web, self.workers):
+            if process is not None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(15)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+                harness.kill(process)
+        if self.redis is not None:
+            self.redis.stop()
+
+
+def measure(variant: str, args: argparse.Namespace, folder: str) -> Result:
+    deployment = Deployment(variant, args, folder)
+    try:
+        deployment.start()
+        deployment.wait_ready()
+        url = f"http://127.0.0.1:{deployment.port}{deployment.route}"
+        harness.run_wrk(url, args.connections, args.warmup, 30, BODY)
+        before = deployment.ticks()
+        summary, wrk_cpu_s = harness.run_wrk(url, args.connections, args.duration, 30, BODY)
+        after = deployment.ticks()
+    except Exception as exc:
+        return Result(variant, failure=f"{type(exc).__name__}: {exc}"[:2000])
+    finally:
+        deployment.stop()
+    requests = max(1, summary["requests"])
+    result = Result(variant, rps=summary["requests"] / (summary["duration_us"] / 1e6))
+    result.p50_ms, result.p99_ms = summary["lat_p50_us"] / 1000, summary["lat_p99_us"] / 1000
+    result.errors = sum(summary[kind] for kind in ("connect", "read", "write", "status", "timeout"))
+    result.cpu_ms = {role: (after[role] - before[role]) / harness.CLOCK_TICKS * 1000 / requests for role in after}
+    result.cpu_ms["wrk"] = wrk_cpu_s * 1000 / requests
+    return result
+
+
+def median_result(runs: List[Result]) -> Result:
+    ok = sorted((run for run in runs if run.failure is None), key=lambda run: run.rps)
+    return ok[len(ok) // 2] if ok else runs[0]
+
+
+def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
+    lines = [
+        f"scale_bench: {args.web_workers} web process(es) ({args.worker_class}; service_streamer's "
+        f"{args.ss_worker_class}), {args.model_workers} model worker(s), "
+        f"{args.connections} connections, {args.duration:g} s runs, {args.repeat} repeat(s)"
+        + (", forward pass stubbed" if args.stub_forward else "")
+        + (f", devices {args.devices}" if args.devices else ""),
+        "",
+        "| deployment | req/s (range) | p50 ms | p99 ms | errors "
+        "| CPU ms/req: web | workers | redis | wrk | server total |",
+        "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
+    ]
+    for variant, runs in results.items():
+        run = median_result(runs)
+        if run.failure is not None:
+            lines.append(f"| {variant} | failed: {run.failure.splitlines()[0][:100]} | | | | | | | | |")
+            continue
+        rates = [r.rps for r in runs if r.failure is None]
+        spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
+        cpu = [f"{run.cpu_ms.get(role, 0.0):.2f}" for role in ROLES]
+        lines.append(
+            f"| {variant} | {run.rps:.0f}{spread} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
+            + " | ".join(cpu)
+            + f" | {run.server_cpu_ms:.2f} |"
+        )
+    lines += ["", "| floor | measured | verdict |", "| --- | --: | --- |"]
+    for variant, floor in FLOORS_MS.items():
+        run = median_result(results[variant]) if variant in results else None
+        if run is None or run.failure is not None or not args.stub_forward:
+            why = "needs --stub-forward" if not args.stub_forward else "not run"
+            lines.append(f"| {variant}: server CPU per request outside the forward pass <= {floor} ms | - | {why} |")
+            continue
+        verdict = "PASS" if run.server_cpu_ms <= floor else "MISS"
+        lines.append(
+            f"| {variant}: server CPU per request outside the forward pass <= {floor} ms "
+            f"| {run.server_cpu_ms:.2f} ms | {verdict} |"
+        )
+    if "ours-redis" in results and args.devices and not args.stub_forward:
+        run = median_result(results["ours-redis"])
+        if run.failure is None:
+            ok = run.rps >= GPU_BOX_RPS and run.p99_ms <= GPU_BOX_P99_MS
+            lines.append(
+                f"| ours-redis on the GPU box: >= {GPU_BOX_RPS:,} req/s at p99 <= {GPU_BOX_P99_MS:g} ms "
+                f"(one H100, 16 cores) | {run.rps:,.0f} req/s, p99 {run.p99_ms:.0f} ms | {'PASS' if ok else 'MISS'} |"
+            )
+    best_ss = max((median_result(results[v]).rps for v in results if v.startswith("ss-")), default=0.0)
+    if "ours-redis" in results and best_ss:
+        ours = median_result(results["ours-redis"])
+        ratio = ours.rps / best_ss
+        lines.append(f"| ours-redis / service_streamer's best deployment (>= 2x on the GPU box) | {ratio:.2f}x | - |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale_bench", description=__doc__.split("\n\n")[0])
+    cores = os.cpu_count() or 2
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--web-workers", type=int, default=max(1, cores // 2), help="gunicorn processes (half the cores)"
+    )
+    parser.add_argument("--model-workers", type=int, default=1, help="Redis workers; per web process for 'process'")
+    parser.add_argument("--devices", default="", help="CUDA devices of the model workers, e.g. 0 or 0,1")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="gthread threads per process (default: fit the connections)"
+    )
+    parser.add_argument(
+        "--worker-class",
+        default="gevent",
+        choices=["gthread", "gevent"],
+        help="gunicorn's worker class for the examples (default gevent, as their gunicorn.conf.py)",
+    )
+    parser.add_argument(
+        "--ss-worker-class",
+        default="gthread",
+        choices=["gthread", "gevent"],
+        help="for service_streamer's views (default gthread: under gevent its model thread is a greenlet "
+        "that holds the loop while the model runs)",
+    )
+    parser.add_argument("--connections", type=int, default=128, help="wrk connections (default 128)")
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
+    parser.add_argument(
+        "--warmup", type=float, default=4.0, help="seconds of load before each measured run (default 4)"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each deployment, interleaved (default 1)")
+    parser.add_argument("--stub-forward", action="store_true", help="the model's forward pass answers at once")
+    parser.add_argument("--json", default="", help="also write every run here")
+    args = parser.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(args.variants) - set(VARIANTS) - set(DJANGO_VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS + DJANGO_VARIANTS)}")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("scale_bench: wrk is not installed: apt-get install -y wrk", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    results: Dict[str, List[Result]] = {variant: [] for variant in args.variants}
+    try:
+        with tempfile.TemporaryDirectory(prefix="scale-bench-") as folder:
+            for round_ in range(args.repeat):
+                for variant in args.variants:
+                    result = measure(variant, args, folder)
+                    results[variant].append(result)
+                    if result.failure:
+                        print(f"[{round_ + 1}/{args.repeat}] {variant}: failed: {result.failure}", flush=True)
+                    else:
+                        cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in result.cpu_ms.items())
+                        print(
+                            f"[{round_ + 1}/{args.repeat}] {variant}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} "
+                            f"ms, p99 {result.p99_ms:.1f} ms, errors {result.errors}; CPU ms/req: {cpu}",
+                            flush=True,
+                        )
+    finally:
+        harness.kill_everything_left()
+    print()
+    print(report(results, args))
+    print(f"\n(total {time.monotonic() - started:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({v: [r.__dict__ for r in runs] for v, runs in results.items()}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
