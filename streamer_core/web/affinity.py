@@ -9,7 +9,9 @@ cores, costs caches that were warm. Pinned to one core each, the examples'
 web processes spent 0.62 ms of CPU per request instead of 0.89 on the
 thread backend, and 0.59 instead of 0.77 on the Redis backend, serving 30%
 more requests per second (2-core machine, ``bench/scale_bench.py``; the
-README's Deploy section).
+README's Deploy section). Where the process's own model computes on the
+CPU with cores to spare, pinning would take them from it: :func:`pin_wanted`
+tells the two apart.
 
 The process backend's workers are spawned with the CPU affinity their web
 process had when its streamer was made, not the one pinned later: see
