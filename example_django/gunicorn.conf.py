@@ -22,9 +22,8 @@ for that long.
 
 import gc
 import os
-import sys
 
-from streamer_core.web.affinity import free_core_index, pin_to_core, pin_wanted
+from streamer_core.web.affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 
 bind = os.environ.get("BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
@@ -32,14 +31,6 @@ worker_class = "gevent"
 worker_connections = 1000
 threads = 64  # with -k gthread
 timeout = 120
-
-
-def model_computes_here():
-    """Whether this process's model runs on its own CPU: the thread backend
-    without a GPU."""
-    torch = sys.modules.get("torch")
-    on_gpu = torch is not None and torch.cuda.is_available()
-    return os.environ.get("STREAMER_BACKEND", "thread") == "thread" and not on_gpu
 
 
 def pre_fork(server, worker):
@@ -55,7 +46,7 @@ def post_worker_init(worker):
     from django_streamer import start_streamers
 
     start_streamers()
-    if pin_wanted(worker.cfg.workers, model_computes_here()):
+    if pin_wanted(worker.cfg.workers, model_computes_here(os.environ.get("STREAMER_BACKEND", "thread"))):
         pin_to_core(worker.core_index)  # workers the process backend spawns keep every core
     # The objects alive now (the model, torch's and the framework's modules:
     # some 450,000) are never garbage: kept out of the cyclic collector's

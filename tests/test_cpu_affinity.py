@@ -212,3 +212,12 @@ def test_process_backend_workers_keep_the_cores_their_web_process_had_when_its_s
     assert report["parent"] == [CORES[0]]
     assert report["first"] == CORES
     assert report["again"] == CORES, "the respawned worker took its web process's one core"
+
+
+def test_only_the_thread_backend_computes_its_model_in_the_web_process_without_a_gpu() -> None:
+    from streamer_core.web.affinity import model_computes_here
+
+    assert not model_computes_here("process") and not model_computes_here("redis")
+    torch = sys.modules.get("torch")
+    on_gpu = torch is not None and torch.cuda.is_available()
+    assert model_computes_here("thread") is (not on_gpu)

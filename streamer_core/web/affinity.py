@@ -22,9 +22,10 @@ process had when its streamer was made, not the one pinned later: see
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterable, Optional
 
-__all__ = ["free_core_index", "pin_to_core", "pin_wanted"]
+__all__ = ["free_core_index", "model_computes_here", "pin_to_core", "pin_wanted"]
 
 
 def free_core_index(taken: Iterable[Optional[int]]) -> int:
@@ -36,6 +37,15 @@ def free_core_index(taken: Iterable[Optional[int]]) -> int:
     while index in used:
         index += 1
     return index
+
+
+def model_computes_here(backend: str) -> bool:
+    """Whether a web process whose streamers run on ``backend`` computes
+    their model on its own CPU: the thread backend, without a GPU that
+    torch (imported by then, if the model uses it) can see."""
+    torch = sys.modules.get("torch")
+    on_gpu = torch is not None and bool(torch.cuda.is_available())
+    return backend == "thread" and not on_gpu
 
 
 def pin_wanted(web_processes: int, model_computes_here: bool) -> bool:
