@@ -350,13 +350,13 @@ class _ProcessBackend(Backend):
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
                 return
-            reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
-            if state == "ready":
-                # A worker runs its batches in turn: only the first can have
-                # reached the model. Counted lost under the lock run() picks
-                # a worker under, as _on_done counts a batch done.
-                self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
+        reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
+        if state == "ready":
+            # A worker runs its batches in turn: only the first can have
+            # reached the model. Outside this backend's lock: it may fail
+            # calls, whose done-callbacks may ask this backend for its workers.
+            self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
         self._check_broken()
 
     def _kill_hung(self) -> None:
