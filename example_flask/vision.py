@@ -39,6 +39,8 @@ RESIZE_TO = 256
 # with ImageNet's per-channel mean and deviation.
 _MEAN, _STD = 127.0, 128.0
 TOP_K = 5
+#: What a file gets that is no image this service reads, by its first bytes or its decoder.
+NOT_AN_IMAGE = "the file is not an image this service reads (JPEG, PNG, WebP, GIF, BMP)"
 
 
 @lru_cache(maxsize=1)
@@ -68,7 +70,7 @@ def decode_image(data: bytes) -> Any:
             image.draft("RGB", (RESIZE_TO, RESIZE_TO))
             image = image.convert("RGB")
     except UnidentifiedImageError:
-        raise InvalidInput("the file is not an image this service reads (JPEG, PNG, WebP, GIF, BMP)") from None
+        raise InvalidInput(NOT_AN_IMAGE) from None
     except Image.DecompressionBombError:
         raise InvalidInput("the image has more pixels than this service decodes") from None
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt
@@ -98,7 +100,7 @@ def image_upload(data: Any) -> bytes:
         raise InvalidInput('send the image as the file "file" of a multipart form: curl -F "file=@cat.jpg"')
     webp = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
     if not (webp or data.startswith(_SIGNATURES)):
-        raise InvalidInput("the file is not an image this service reads (JPEG, PNG, WebP, GIF, BMP)")
+        raise InvalidInput(NOT_AN_IMAGE)
     return data
 
 

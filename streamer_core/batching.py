@@ -253,7 +253,7 @@ class Scheduler:
             was_empty = not queue
             queue.extend(items)
             if costs is not None:
-                self._bound_top = max(self._bound_top, *costs)
+                self._bound_top = max(self._bound_top, max(costs, default=0.0))
                 self._bound_sum += sum(costs)
             else:
                 self._bound_top = max(self._bound_top, 1.0)

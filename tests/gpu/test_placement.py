@@ -56,14 +56,20 @@ def _try(predict: Callable[[int], Any], i: int) -> Any:
         return None
 
 
-def test_two_process_workers_share_device_0() -> None:
-    """The one-GPU box: ``cuda_devices=[0, 0]``, two workers on device 0."""
-    streamer = Streamer(WhereAmI, batch_size=1, max_latency=0.001, worker_num=2, cuda_devices=[0, 0])
+def process_workers_on(devices: List[int]) -> Dict[int, Any]:
+    """Where each of ``len(devices)`` process-backend workers, placed by
+    ``cuda_devices=devices``, computes, by pid."""
+    streamer = Streamer(WhereAmI, batch_size=1, max_latency=0.001, worker_num=len(devices), cuda_devices=devices)
     try:
         assert streamer.wait_ready(180)
-        workers = facts_of_every_worker(lambda i: streamer.predict([i], timeout=60)[0], 2)
+        return facts_of_every_worker(lambda i: streamer.predict([i], timeout=60)[0], len(devices))
     finally:
         streamer.close()
+
+
+def test_two_process_workers_share_device_0() -> None:
+    """The one-GPU box: ``cuda_devices=[0, 0]``, two workers on device 0."""
+    workers = process_workers_on([0, 0])
     for facts in workers.values():
         assert facts["visible"] == "0" and facts["current"] == 0, facts
         assert facts["parameters"] == ["cuda:0"], facts
@@ -72,12 +78,7 @@ def test_two_process_workers_share_device_0() -> None:
 
 @pytest.mark.skipif("device_count() < 2", reason="needs two CUDA devices")
 def test_each_process_worker_computes_on_the_device_it_was_given() -> None:
-    streamer = Streamer(WhereAmI, batch_size=1, max_latency=0.001, worker_num=2, cuda_devices=[0, 1])
-    try:
-        assert streamer.wait_ready(180)
-        workers = facts_of_every_worker(lambda i: streamer.predict([i], timeout=60)[0], 2)
-    finally:
-        streamer.close()
+    workers = process_workers_on([0, 1])
     by_device = {facts["visible"]: facts for facts in workers.values()}
     assert set(by_device) == {"0", "1"}, workers
     for index, facts in by_device.items():
