@@ -207,10 +207,13 @@ def item_from_request(
 
 def read_upload(upload: Any, field: str, max_bytes: Optional[int]) -> bytes:
     """The bytes of an uploaded file (Flask's ``FileStorage``, Django's
-    ``UploadedFile``: anything with ``read(n)``), reading no more than one
+    ``UploadedFile``: anything with ``read(n)``; or its bytes), reading no more than one
     byte past ``max_bytes``. Raises :class:`PayloadTooLarge` past it and
     :class:`InvalidInput` for an empty file."""
-    data = upload.read() if max_bytes is None else upload.read(max_bytes + 1)
+    if isinstance(upload, bytes):  # read already (streamer_core.web.multipart)
+        data = upload
+    else:
+        data = upload.read() if max_bytes is None else upload.read(max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
         raise PayloadTooLarge(f'the file "{field}" is larger than {max_bytes} bytes, the most this endpoint takes')
     if not data:

@@ -4,6 +4,7 @@ form field or a file, and a file arrives as bytes; a body over
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -91,3 +92,39 @@ def test_a_body_sent_in_chunks_is_read_whole_or_refused_under_gunicorn_and_411_u
         assert body["error"]["type"] == "PayloadTooLarge" and "20000" in body["error"]["message"], body
     status, headers, body = post_chunked(runserver_port, "/double", b'{"x": 1}', "application/json")
     assert status == 411 and body["error"]["type"] == "LengthRequired", (status, body)
+
+
+def test_the_fast_path_reads_what_djangos_parser_reads() -> None:
+    """``streamer_core.web.multipart`` on a body of Django's test client,
+    against Django's own parser (a file holding CRLFs and what looks like
+    the boundary, a non-ASCII field)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.core.files.uploadhandler import MemoryFileUploadHandler
+    from django.http.multipartparser import MultiPartParser
+    from django.test.client import BOUNDARY, encode_multipart
+
+    from streamer_core.web.multipart import Form, parse_form
+
+    payload = b"\xff\xd8\r\n--" + BOUNDARY.encode()[:-1] + b"\r\n"  # nearly the boundary
+    body = encode_multipart(BOUNDARY, {"s": "héllo", "file": SimpleUploadedFile("cat.jpg", payload)})
+    meta = {"CONTENT_TYPE": f"multipart/form-data; boundary={BOUNDARY}", "CONTENT_LENGTH": str(len(body))}
+    fields, files = MultiPartParser(meta, io.BytesIO(body), [MemoryFileUploadHandler()]).parse()
+    expected = Form({k: fields[k] for k in fields}, {k: files[k].read() for k in files})
+    assert parse_form(body, BOUNDARY) == expected == Form({"s": "héllo"}, {"file": payload})
+
+
+def test_bodies_the_fast_path_declines_are_read_by_django(client: Client, settings: Any) -> None:
+    """A body of another shape (a preamble), one over
+    DATA_UPLOAD_MAX_MEMORY_SIZE (which ``request.body`` would refuse but the
+    form parser takes: files do not count), and one whose fields Django's
+    limits refuse: each answered as Django's parser answers it."""
+    kwargs = upload(PAYLOAD[:1000])
+    kwargs["data"] = b"a preamble\r\n" + kwargs["data"]
+    response = client.post("/upload", **kwargs)
+    assert response.status_code == 200 and response.json()["length"] == 1000, response.content
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    response = client.post("/upload", **upload(PAYLOAD[:200_000]))
+    assert response.status_code == 200 and response.json()["length"] == 200_000, response.content
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 2
+    response = client.post("/upload", {"a": "1", "b": "2", "c": "3", "file": "x"})
+    assert response.status_code == 400, response.content

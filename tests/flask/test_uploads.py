@@ -119,3 +119,24 @@ def test_a_body_sent_in_chunks_is_read_whole_or_refused_never_cut(server):
             status, headers, body = post_chunked(port, "/predict", data, content_type, chunk=4096)
             assert status == 413 and headers["content-type"] == "application/json", (status, body)
             assert body["error"]["type"] == "PayloadTooLarge" and "20000" in body["error"]["message"], body
+
+
+def test_bodies_the_fast_path_declines_are_read_by_werkzeug(app):
+    """A multipart body of the common shape is cut in C
+    (``streamer_core.web.multipart``, tested against werkzeug's parser in
+    tests/core/test_multipart.py); one of another shape (a preamble, bare LF
+    line ends) is read by werkzeug, and werkzeug's limits still refuse."""
+    client = app.test_client()
+    for mend in (lambda body: b"a preamble\r\n" + body, lambda body: body.replace(b"\r\n", b"\n")):
+        kwargs = upload(PAYLOAD[:1000].replace(b"\r", b"").replace(b"\n", b""))
+        kwargs["data"] = mend(kwargs["data"])
+        response = client.post("/upload", **kwargs)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        assert response.get_json()["length"] == len(PAYLOAD[:1000].replace(b"\r", b"").replace(b"\n", b""))
+    app.config["MAX_FORM_PARTS"] = 2
+    response = client.post("/upload", data={"a": "1", "b": "2", "file": (io.BytesIO(b"x"), "x.bin")})
+    assert response.status_code == 413, response.get_data(as_text=True)
+    app.config["MAX_FORM_MEMORY_SIZE"] = 10
+    for size, status in ((11, 413), (10, 200)):  # a text field of a multipart form
+        response = client.post("/upload", data={"file": "x" * size, "other": (io.BytesIO(b"y"), "y.bin")})
+        assert response.status_code == status, response.get_data(as_text=True)
