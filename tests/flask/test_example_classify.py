@@ -128,3 +128,30 @@ def test_the_web_process_checks_an_upload_by_its_first_bytes_and_leaves_decoding
     assert image_upload(data[:64]) == data[:64]  # a cut file passes here: the batch's decoder says what is wrong
     with pytest.raises(InvalidInput, match="not an image this service reads"):
         image_upload(b"%PDF-1.7" + data)
+
+
+def test_the_tensor_preprocessing_of_the_cuda_path_names_the_photos_as_pillows_does():
+    """On CUDA, nvJPEG decodes JPEGs at full size on the GPU and
+    ``to_model_input`` resizes and normalises them there as tensors. The
+    same function, run here on the CPU on the photos decoded at full size,
+    gives the classes of the Pillow path (draft-mode decoding, Pillow's
+    resize): the same top-1 and at least 4 of the top 5."""
+    import numpy
+    import torch
+    from PIL import Image
+
+    from example_flask.vision import classify, decode_image, load_image_model, to_model_input
+
+    model = load_image_model(device="cpu")
+    for name, kind in (("chelsea", "JPEG"), ("coffee", "PNG"), ("astronaut", "JPEG")):
+        data = photo(name, kind)
+        with Image.open(io.BytesIO(data)) as image:
+            pixels = torch.from_numpy(numpy.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
+        tensor = to_model_input(pixels)
+        assert tensor.shape == (3, 224, 224) and tensor.dtype == torch.float32
+        difference = (tensor - torch.from_numpy(decode_image(data))).abs().mean().item()
+        assert difference < 0.05, (name, difference)  # of a range of 2: the two resizes differ a little
+        [got], [expected] = classify(model, [tensor.numpy()]), classify(model, [data])
+        assert got["class_index"] == expected["class_index"], (name, got, expected)
+        overlap = {e["class_index"] for e in got["top5"]} & {e["class_index"] for e in expected["top5"]}
+        assert len(overlap) >= 4, (name, got["top5"], expected["top5"])

@@ -141,3 +141,41 @@ def test_photos_are_named_on_cuda_as_on_the_cpu(
     assert got["class_index"] == expected["class_index"], (got, expected)
     top5 = {entry["class_index"] for entry in got["top5"]}
     assert len(top5 & {entry["class_index"] for entry in expected["top5"]}) >= 4, (got["top5"], expected["top5"])
+
+
+def test_jpegs_are_decoded_by_the_gpu_and_named_as_on_the_cpu() -> None:
+    """On CUDA with torchvision, ``decode_batch`` decodes whole JPEGs with
+    nvJPEG and preprocesses them on the GPU; the classes are the Pillow
+    path's. A cut JPEG goes to Pillow, whose error names it; a PNG too."""
+    import torch
+
+    from example_flask.vision import (
+        classify,
+        decode_batch,
+        decode_image,
+        gpu_jpeg_decoder,
+        load_image_model,
+        to_model_input,
+    )
+    from streamer_core.errors import InvalidInput
+
+    decode_jpeg = gpu_jpeg_decoder()
+    if decode_jpeg is None:
+        pytest.skip("torchvision is not installed (or not built for this torch): JPEGs decode with Pillow on CUDA too")
+    from torchvision.io import ImageReadMode
+
+    cuda = torch.device("cuda")
+    cat, coffee, png = photo("chelsea"), photo("coffee"), photo("coffee", "PNG")
+    batch = decode_batch([cat, coffee, png], cuda)
+    assert batch.device.type == "cuda" and batch.shape == (3, 3, 224, 224)
+    # The JPEGs took nvJPEG's way: what decode_jpeg and to_model_input give.
+    [direct] = decode_jpeg([torch.frombuffer(bytearray(cat), dtype=torch.uint8)], mode=ImageReadMode.RGB, device=cuda)
+    assert torch.allclose(batch[0], to_model_input(direct), atol=1e-5)
+    assert torch.allclose(batch[2].cpu(), torch.from_numpy(decode_image(png)))  # the PNG, Pillow's
+    got = classify(load_image_model(device="cuda"), [cat, coffee])
+    expected = classify(load_image_model(device="cpu"), [decode_image(cat), decode_image(coffee)])
+    for g, e in zip(got, expected):
+        assert g["class_index"] == e["class_index"], (g, e)
+        assert len({x["class_index"] for x in g["top5"]} & {x["class_index"] for x in e["top5"]}) >= 4
+    with pytest.raises(InvalidInput, match="could not be decoded"):
+        decode_batch([cat, cat[:2000]], cuda)
