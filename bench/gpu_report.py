@@ -1,7 +1,7 @@
 """One command for a GPU box: the GPU tests, the scale benchmark sized to the
 box, and a short markdown report of both.
 
-    .venv/bin/python -m bench.gpu_report                 # tests/gpu, then scale_bench: about 15 minutes
+    .venv/bin/python -m bench.gpu_report                 # tests/gpu, then scale_bench: about 20 minutes
     .venv/bin/python -m bench.gpu_report --tests-only    # tests/gpu alone: a few minutes
     .venv/bin/python -m bench.gpu_report --out report.md --repeat 2
 
@@ -10,9 +10,10 @@ What it writes (``--out``, default ``bench/results/gpu-report-<date>.md``;
 driver, from ``nvidia-smi`` where it is on ``PATH``, else from torch), the
 versions of Python, torch and its CUDA, the cores; each test of
 ``tests/gpu`` with its outcome (and why it failed or was skipped); and
-``bench/scale_bench.py``'s table for the real model and for the stubbed
-forward pass, with the command that made each, sized to the box: half the
-cores as web processes, one model worker per GPU on the Redis backend
+``bench/scale_bench.py``'s tables for the real model, for the stubbed
+forward pass and for ``/classify`` (``--images``, at most eight web
+processes, issue #30's floors), with the command that made each, sized to
+the box: half the cores as web processes, one model worker per GPU on the Redis backend
 (``--devices`` every GPU). It exits 1 if a GPU test failed, 2 if the
 machine has no CUDA device torch can use.
 
@@ -144,7 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         web = args.web_workers or max(1, (os.cpu_count() or 2) // 2)
         sized = ["--web-workers", str(web), "--model-workers", str(gpus), "--devices", ",".join(map(str, range(gpus)))]
         sized += ["--repeat", str(args.repeat), "--duration", f"{args.duration:g}"]
-        for extra in (sized, [*sized, "--stub-forward", "--variants", "ours-thread,ours-redis"]):
+        # /classify at issue #30's eight web processes (fewer on a smaller box).
+        images = [*sized, "--images", "--web-workers", str(min(8, web))]
+        for extra in (sized, [*sized, "--stub-forward", "--variants", "ours-thread,ours-redis"], images):
             print(f"gpu_report: scale_bench {' '.join(extra)} ...", file=sys.stderr, flush=True)
             benches.append(run_scale_bench(extra))
     text = render(when, about, tests, test_command, benches)

@@ -66,6 +66,10 @@ IMAGE_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "ss-thread")
 #: Issue #29's floor for one H100 and 16 cores, the real model, Redis backend.
 GPU_BOX_RPS = 6000
 GPU_BOX_P99_MS = 150.0
+#: Issue #30's floors: /classify on the same box, eight web processes, and
+#: the web process's CPU per upload anywhere.
+GPU_BOX_IMAGES_PER_S = 2500
+IMAGE_WEB_FLOOR_MS = 1.0
 VARIANTS = ("ours-thread", "ours-process", "ours-redis", "ss-thread", "ss-process", "ss-redis", "naive")
 #: Not run unless named: the Django example on the thread backend, under
 #: gunicorn (/stream) and under uvicorn (async views, /astream).
@@ -304,6 +308,8 @@ def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
             + f" | {run.server_cpu_ms:.2f} |"
         )
     lines += ["", "| floor | measured | verdict |", "| --- | --: | --- |"]
+    if args.images:
+        return "\n".join(lines + image_floors(results, args))
     for variant, floor in FLOORS_MS.items():
         run = median_result(results[variant]) if variant in results else None
         if run is None or run.failure is not None or not args.stub_forward:
@@ -329,6 +335,40 @@ def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
         ratio = ours.rps / best_ss
         lines.append(f"| ours-redis / service_streamer's best deployment (>= 2x on the GPU box) | {ratio:.2f}x | - |")
     return "\n".join(lines)
+
+
+def image_floors(results: Dict[str, List[Result]], args: argparse.Namespace) -> List[str]:
+    """Issue #30's floors, as rows: the web process's CPU per upload, and on
+    the GPU box (``--devices``, the real model) images/s against the floor
+    and against service_streamer's tutorial view in the same run."""
+    lines = []
+    for variant in ("ours-process", "ours-redis"):
+        run = median_result(results[variant]) if variant in results else None
+        if run is None or run.failure is not None:
+            lines.append(f"| {variant}: web-process CPU per upload <= {IMAGE_WEB_FLOOR_MS} ms | - | not run |")
+            continue
+        verdict = "PASS" if run.cpu_ms.get("web", 0.0) <= IMAGE_WEB_FLOOR_MS else "MISS"
+        lines.append(
+            f"| {variant}: web-process CPU per upload <= {IMAGE_WEB_FLOOR_MS} ms "
+            f"| {run.cpu_ms.get('web', 0.0):.2f} ms | {verdict} |"
+        )
+    ss = median_result(results["ss-thread"]) if "ss-thread" in results else None
+    for variant in ("ours-thread", "ours-process", "ours-redis"):
+        run = median_result(results[variant]) if variant in results else None
+        if run is None or run.failure is not None:
+            continue
+        if args.devices and not args.stub_forward:
+            ok = run.rps >= GPU_BOX_IMAGES_PER_S
+            lines.append(
+                f"| {variant} on the GPU box: >= {GPU_BOX_IMAGES_PER_S:,} images/s "
+                f"({args.web_workers} web processes; the issue's is 8) | {run.rps:,.0f} | {'PASS' if ok else 'MISS'} |"
+            )
+        if ss is not None and ss.failure is None and ss.rps:
+            ratio = run.rps / ss.rps
+            verdict = ("PASS" if ratio >= 4 else "MISS") if args.devices and not args.stub_forward else "-"
+            row = f"| {variant} / service_streamer's tutorial view (>= 4x on the GPU box) | {ratio:.2f}x | {verdict} |"
+            lines.append(row)
+    return lines
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
