@@ -56,7 +56,8 @@ HINTS: Dict[str, str] = {
         "Give seconds as a number of at most 86400 (a day): MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."
     ),
     "django_streamer.E006": "Use a list such as [0, 1] or the string '0,1', or None to leave the devices alone.",
-    "django_streamer.E007": "Set REDIS_URL, e.g. 'redis://127.0.0.1:6379/0', at the top level or in the model's entry.",
+    "django_streamer.E007": "Set REDIS_URL, e.g. 'redis://127.0.0.1:6379/0' (or Sentinels: "
+    "'redis+sentinel://host:26379,host:26380/mymaster/0'), at the top level or in the model's entry.",
     "django_streamer.E008": "Remove the key or correct its spelling; see django_streamer.conf for every key.",
     "django_streamer.E009": "See django_streamer.conf for what each key takes.",
     "django_streamer.E010": "Add the model to STREAMER['MODELS'] or correct the name given to the view.",

@@ -235,8 +235,11 @@ def _function(value: Any) -> Optional[Callable[[Any], float]]:
 def _redis_url(value: Any) -> Optional[str]:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or ("://" not in value and ":" not in value):
-        raise ValueError(f"must be a redis:// URL or host:port, got {value!r}")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a redis:// URL, a redis+sentinel:// URL or host:port, got {value!r}")
+    from .backends.redis.connection import check_address  # no redis import: parsing only
+
+    check_address(value)
     return value
 
 
@@ -367,7 +370,13 @@ _TABLE = (
         "seconds",
         "seconds a Redis request may go without its worker's heartbeat before another worker takes it over",
     ),
-    Option("redis_url", None, _redis_url, "redis_url", "the Redis server, e.g. 'redis://127.0.0.1:6379/0'"),
+    Option(
+        "redis_url",
+        None,
+        _redis_url,
+        "redis_url",
+        "the Redis server, e.g. 'redis://127.0.0.1:6379/0', or its Sentinels, 'redis+sentinel://host:26379,host:26380/mymaster/0'",
+    ),
     Option("prefix", "", _string, "option", "names the model's Redis keys: web processes and workers agree on it"),
     Option(
         "codec",

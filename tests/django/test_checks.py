@@ -144,6 +144,10 @@ def test_e007_redis_backend_without_url(streamer_settings):
     [error] = errors(streamer_settings, BACKEND="redis", REDIS_URL="nonsense")
     assert error.id == "django_streamer.E007"
     assert errors(streamer_settings, BACKEND="redis", REDIS_URL="redis://127.0.0.1:6379/0") == []
+    sentinels = "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
+    assert errors(streamer_settings, BACKEND="redis", REDIS_URL=sentinels) == []
+    [error] = errors(streamer_settings, BACKEND="redis", REDIS_URL="redis+sentinel://127.0.0.1:26379/mymaster/zero")
+    assert error.id == "django_streamer.E007" and "the database must be a number" in error.msg
 
 
 def test_e008_unknown_keys_with_did_you_mean(streamer_settings):

@@ -446,7 +446,7 @@ class _RedisClientBackend(Backend):
         so, send them again (a restarted server has lost them)."""
         if not self._server.changed(self._read_conn):
             return False
-        self._send_again("the Redis server restarted")
+        self._send_again("another Redis server answers now (a restart, or a failover to a replica)")
         return True
 
     def _send_again(self, reason: str) -> None:

@@ -6,11 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Type
+import urllib.parse
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type
 
 __all__ = [
+    "SENTINEL_SCHEME",
+    "SentinelAddress",
     "ServerIdentity",
+    "check_address",
     "connect",
+    "parse_sentinel_url",
     "redact_url",
     "setup_refused",
     "wait_for_broker",
@@ -26,10 +31,98 @@ logger = logging.getLogger("streamer_core.redis")
 MAX_BACKOFF_S = 2.0
 
 
+#: The scheme of a Redis address that names Sentinels and a service.
+SENTINEL_SCHEME = "redis+sentinel"
+#: Sentinel's port when the URL gives none.
+SENTINEL_PORT = 26379
+
+
+class SentinelAddress(NamedTuple):
+    """Where a Sentinel-watched Redis is: the Sentinels to ask, the name of
+    the service they watch (its master), the database, and the passwords."""
+
+    sentinels: Tuple[Tuple[str, int], ...]
+    service: str
+    db: int
+    username: Optional[str]
+    password: Optional[str]
+    sentinel_password: Optional[str]
+
+
+def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
+    """``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]
+    [?sentinel_password=...]`` as a :class:`SentinelAddress`; ``None`` for an
+    address of another scheme. The password is the master's (and its
+    replicas'); ``sentinel_password`` the Sentinels' own, where they have one.
+    Raises ``ValueError`` saying what is missing or wrong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != SENTINEL_SCHEME:
+        if sep and scheme.lower() == "rediss+sentinel":
+            raise ValueError("rediss+sentinel:// (TLS through Sentinel) is not supported; use redis+sentinel://")
+        return None
+    example = f"{SENTINEL_SCHEME}://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    username = password = None
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, has_password, secret = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(secret) if has_password else None
+    sentinels = []
+    for host_port in filter(None, netloc.split(",")):
+        host, port = _host_and_port(host_port, url, example)
+        sentinels.append((host, port))
+    if not sentinels:
+        raise ValueError(f"{redact_url(url)} names no Sentinel: write it as {example}")
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path or len(path) > 2:
+        raise ValueError(f"{redact_url(url)} must name the service (the master's name) and maybe a db: {example}")
+    db = 0
+    if len(path) == 2:
+        if not path[1].isdigit():
+            raise ValueError(f"{redact_url(url)}: the database must be a number, as in {example}")
+        db = int(path[1])
+    query = urllib.parse.parse_qs(parts.query)
+    unknown = set(query) - {"sentinel_password"}
+    if unknown:
+        raise ValueError(
+            f"{redact_url(url)}: unknown parameter {sorted(unknown)[0]!r}; the one taken is sentinel_password"
+        )
+    sentinel_password = query["sentinel_password"][-1] if "sentinel_password" in query else None
+    return SentinelAddress(tuple(sentinels), urllib.parse.unquote(path[0]), db, username, password, sentinel_password)
+
+
+def _host_and_port(host_port: str, url: str, example: str) -> Tuple[str, int]:
+    if host_port.startswith("["):  # [IPv6]:port
+        host, _, after = host_port[1:].partition("]")
+        port_text = after[1:] if after.startswith(":") else ""
+    else:
+        host, _, port_text = host_port.partition(":")
+    if not host or (port_text and not port_text.isdigit()):
+        raise ValueError(f"{redact_url(url)}: {host_port!r} is not host:port; write it as {example}")
+    return host, int(port_text) if port_text else SENTINEL_PORT
+
+
+def check_address(redis_broker: str) -> None:
+    """Raise ``ValueError`` saying how to write ``redis_broker`` when it is
+    none of the forms :func:`connect` takes (nothing is connected)."""
+    if parse_sentinel_url(redis_broker) is not None:
+        return
+    if "://" not in redis_broker:
+        host, _, port = redis_broker.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"must be 'host:port', a redis:// URL or a {SENTINEL_SCHEME}:// URL, got {redact_url(redis_broker)!r}"
+            )
+
+
 def connect(redis_broker: str) -> Any:
     """A client for ``redis_broker``: ``"host:port"`` (service_streamer's
     form) or a URL, ``redis://[:password@]host:port/db``, ``rediss://`` for
-    TLS, ``unix:///path``."""
+    TLS, ``unix:///path``, or ``redis+sentinel://host:port,.../service/db``
+    (:func:`parse_sentinel_url`), whose client asks the Sentinels for the
+    service's master on every new connection, and so follows a failover."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -45,10 +138,24 @@ def connect(redis_broker: str) -> Any:
     packer = _large_value_packer()
     if packer is not None:
         options["command_packer"] = packer
+    sentinel = parse_sentinel_url(redis_broker)
+    if sentinel is not None:
+        import redis.sentinel
+
+        sentinels: Any = redis.sentinel  # untyped
+        asking = {
+            "socket_connect_timeout": 1.0,
+            "socket_timeout": 2.0,
+            "password": sentinel.sentinel_password,
+            "retry": Retry(NoBackoff(), 0),  # the next Sentinel is the retry
+        }
+        manager = sentinels.Sentinel(list(sentinel.sentinels), sentinel_kwargs=asking)
+        return manager.master_for(
+            sentinel.service, db=sentinel.db, username=sentinel.username, password=sentinel.password, **options
+        )
+    check_address(redis_broker)
     if "://" not in redis_broker:
         host, _, port = redis_broker.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"redis_broker must be 'host:port' or a redis:// URL, got {redis_broker!r}")
         redis_broker = f"redis://[{host}]:{port}" if ":" in host else f"redis://{host}:{port}"
     return redis.Redis.from_url(redis_broker, **options)
 
@@ -119,6 +226,15 @@ def broker_problem(exc: BaseException) -> str:
         return f"Redis refused the credentials ({exc}): check the password (and user) in the Redis URL"
     if isinstance(exc, redis.ResponseError):  # it answered, with an error: out of memory, read-only, ...
         return f"Redis refused the command ({exc})"
+    import redis.sentinel
+
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # Its message holds the repr of a whole client: say it in words.
+        service = str(exc).partition("No master found for ")[2].partition(" :")[0] or "the service"
+        return (
+            f"no Sentinel knows a master for {service} now (none answers, or a failover is under way): "
+            "check the Sentinels' addresses and the service name in the URL"
+        )
     return f"Redis cannot be reached ({exc})"
 
 
