@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--redis",
         default=os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        help="Redis URL (redis://, rediss://, or redis+sentinel://host:26379,.../service/db) or host:port "
+        help="Redis URL (redis://, rediss://, redis+sentinel://host:26379,.../service/db, "
+        "redis+cluster://host:port,...) or host:port "
         "(default: $STREAMER_REDIS_URL or redis://127.0.0.1:6379/0)",
     )
     parser.add_argument("--prefix", default="", help="keeps models apart on one Redis; the web side uses the same")

@@ -2,8 +2,9 @@
 
 For each model: its backend and batch settings and, for the Redis backend,
 what Redis says now: the live workers (host, pid, device, last beat), the
-requests waiting for a worker and those a worker holds (pending), and the
-age of the oldest waiting request. A model is well when, for Redis, the
+requests waiting for a worker and those a worker holds (pending), the
+age of the oldest waiting request, and on a Redis Cluster the node that
+holds the model's keys. A model is well when, for Redis, the
 broker answers and at least one worker is live (its settings were checked
 when its spec was made); the commands exit non-zero otherwise, so they serve
 as a container's health check. Thread and process backends run inside each
@@ -54,6 +55,9 @@ class ModelStatus:
     pending: Optional[int] = None
     #: Seconds the oldest waiting request has waited (Redis backend; None: none waits).
     oldest_waiting_s: Optional[float] = None
+    #: On a Redis Cluster, the node that holds this model's keys (host:port) and their slot.
+    node: Optional[str] = None
+    slot: Optional[int] = None
 
     @property
     def ok(self) -> bool:
@@ -82,14 +86,22 @@ def model_status(spec: ModelSpec) -> ModelStatus:
 
 
 def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
-    from ..backends.redis.connection import broker_errors, broker_problem, connect
+    from ..backends.redis.connection import (
+        broker_errors,
+        broker_problem,
+        connect,
+        is_cluster_address,
+        server_time_ms,
+    )
     from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys, loading_workers
 
-    keys = Keys(spec.prefix)
+    keys = Keys(spec.prefix, is_cluster_address(spec.redis_url or ""))
     conn = connect(spec.redis_url or "")
     try:
-        seconds, micros = conn.time()
-        now_ms = seconds * 1000 + micros / 1000
+        node_of = getattr(conn, "get_node_from_key", None)
+        if node_of is not None:  # a Cluster: every key of the model is in one slot (Keys)
+            status.node, status.slot = str(node_of(keys.requests).name), int(conn.keyslot(keys.requests))
+        now_ms = server_time_ms(conn, keys.workers)
         beats = conn.zrangebyscore(keys.workers, now_ms - PRESENCE_MS, "+inf", withscores=True)
         info = conn.hgetall(keys.worker_info) if conn.type(keys.worker_info) == b"hash" else {}
         for member, beat_ms in beats:
@@ -163,6 +175,8 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
         lines.append(f"{status.name} [{status.backend}] {mark}: {settings}")
         if status.backend == "redis" and status.waiting is not None:
             oldest = "" if status.oldest_waiting_s is None else f", oldest waiting {status.oldest_waiting_s:.3g}s"
+            if status.node is not None:
+                lines.append(f"  cluster node: {status.node} (slot {status.slot})")
             lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
             lines.append(f"  live workers: {len(status.workers)}")
             for worker in status.workers:

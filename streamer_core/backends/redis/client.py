@@ -21,6 +21,7 @@ from .connection import (
     broker_errors,
     broker_problem,
     connect,
+    is_cluster_address,
     setup_refused,
 )
 from .roster import NO_WORKER_S, Roster
@@ -82,7 +83,7 @@ class _RedisClientBackend(Backend):
         self._item_cost = item_cost
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
-        self._keys = Keys(prefix)
+        self._keys = Keys(prefix, is_cluster_address(redis_broker))
         #: The workers as this process sees them (checked every _CHECK_SERVER_S).
         self.roster = Roster(self._keys, require_workers)
         self._dead = DeadLetters(self._keys)
@@ -110,7 +111,7 @@ class _RedisClientBackend(Backend):
 
         self._scheduler = scheduler
         try:
-            self._server.changed(self._send_conn)  # the first: nothing to send again
+            self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
             if self.roster.require_workers:
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
@@ -444,7 +445,7 @@ class _RedisClientBackend(Backend):
     def _server_restarted(self) -> bool:
         """Whether the server is not the one the pending items were sent to; if
         so, send them again (a restarted server has lost them)."""
-        if not self._server.changed(self._read_conn):
+        if not self._server.changed(self._read_conn, self._keys.requests):
             return False
         self._send_again("another Redis server answers now (a restart, or a failover to a replica)")
         return True

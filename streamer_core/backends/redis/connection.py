@@ -10,6 +10,12 @@ import urllib.parse
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type
 
 __all__ = [
+    "CLUSTER_SCHEME",
+    "ClusterAddress",
+    "is_cluster_address",
+    "on_node_of",
+    "parse_cluster_url",
+    "server_time_ms",
     "SENTINEL_SCHEME",
     "SentinelAddress",
     "ServerIdentity",
@@ -62,13 +68,7 @@ def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
         return None
     example = f"{SENTINEL_SCHEME}://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
     parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    username = password = None
-    if "@" in netloc:
-        userinfo, _, netloc = netloc.rpartition("@")
-        user, has_password, secret = userinfo.partition(":")
-        username = urllib.parse.unquote(user) or None
-        password = urllib.parse.unquote(secret) if has_password else None
+    netloc, username, password = _userinfo(parts.netloc)
     sentinels = []
     for host_port in filter(None, netloc.split(",")):
         host, port = _host_and_port(host_port, url, example)
@@ -93,7 +93,60 @@ def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
     return SentinelAddress(tuple(sentinels), urllib.parse.unquote(path[0]), db, username, password, sentinel_password)
 
 
-def _host_and_port(host_port: str, url: str, example: str) -> Tuple[str, int]:
+#: The scheme of a Redis address that names nodes of a Redis Cluster.
+CLUSTER_SCHEME = "redis+cluster"
+
+
+class ClusterAddress(NamedTuple):
+    """Where a Redis Cluster is: nodes to start from (the client learns the
+    rest from them) and the password of its nodes."""
+
+    nodes: Tuple[Tuple[str, int], ...]
+    username: Optional[str]
+    password: Optional[str]
+
+
+def parse_cluster_url(url: str) -> Optional[ClusterAddress]:
+    """``redis+cluster://[[user]:password@]host:port[,host:port...][/0]`` as a
+    :class:`ClusterAddress`; ``None`` for an address of another scheme. A
+    cluster has one database, 0. Raises ``ValueError`` saying what is wrong."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() != CLUSTER_SCHEME:
+        if sep and scheme.lower() == "rediss+cluster":
+            raise ValueError("rediss+cluster:// (TLS to a Cluster) is not supported; use redis+cluster://")
+        return None
+    example = f"{CLUSTER_SCHEME}://127.0.0.1:7000,127.0.0.1:7001"
+    parts = urllib.parse.urlsplit(url)
+    netloc, username, password = _userinfo(parts.netloc)
+    nodes = []
+    for host_port in filter(None, netloc.split(",")):
+        host, port = _host_and_port(host_port, url, example, default_port=6379)
+        nodes.append((host, port))
+    if not nodes:
+        raise ValueError(f"{redact_url(url)} names no node: write it as {example}")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"{redact_url(url)}: a Redis Cluster has database 0 only; write it as {example}")
+    if parts.query:
+        raise ValueError(f"{redact_url(url)} takes no parameters; write it as {example}")
+    return ClusterAddress(tuple(nodes), username, password)
+
+
+def _userinfo(netloc: str) -> Tuple[str, Optional[str], Optional[str]]:
+    """``netloc`` without its user and password, and those (unquoted)."""
+    if "@" not in netloc:
+        return netloc, None, None
+    userinfo, _, netloc = netloc.rpartition("@")
+    user, has_password, secret = userinfo.partition(":")
+    return netloc, urllib.parse.unquote(user) or None, urllib.parse.unquote(secret) if has_password else None
+
+
+def is_cluster_address(redis_broker: str) -> bool:
+    """Whether ``redis_broker`` names a Redis Cluster (its keys then carry a
+    hash tag: see :class:`~streamer_core.backends.redis.wire.Keys`)."""
+    return redis_broker.partition("://")[0].lower() == CLUSTER_SCHEME
+
+
+def _host_and_port(host_port: str, url: str, example: str, default_port: int = SENTINEL_PORT) -> Tuple[str, int]:
     if host_port.startswith("["):  # [IPv6]:port
         host, _, after = host_port[1:].partition("]")
         port_text = after[1:] if after.startswith(":") else ""
@@ -101,19 +154,20 @@ def _host_and_port(host_port: str, url: str, example: str) -> Tuple[str, int]:
         host, _, port_text = host_port.partition(":")
     if not host or (port_text and not port_text.isdigit()):
         raise ValueError(f"{redact_url(url)}: {host_port!r} is not host:port; write it as {example}")
-    return host, int(port_text) if port_text else SENTINEL_PORT
+    return host, int(port_text) if port_text else default_port
 
 
 def check_address(redis_broker: str) -> None:
     """Raise ``ValueError`` saying how to write ``redis_broker`` when it is
     none of the forms :func:`connect` takes (nothing is connected)."""
-    if parse_sentinel_url(redis_broker) is not None:
+    if parse_sentinel_url(redis_broker) is not None or parse_cluster_url(redis_broker) is not None:
         return
     if "://" not in redis_broker:
         host, _, port = redis_broker.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(
-                f"must be 'host:port', a redis:// URL or a {SENTINEL_SCHEME}:// URL, got {redact_url(redis_broker)!r}"
+                f"must be 'host:port', a redis:// URL, a {SENTINEL_SCHEME}:// URL or a {CLUSTER_SCHEME}:// URL, "
+                f"got {redact_url(redis_broker)!r}"
             )
 
 
@@ -122,7 +176,9 @@ def connect(redis_broker: str) -> Any:
     form) or a URL, ``redis://[:password@]host:port/db``, ``rediss://`` for
     TLS, ``unix:///path``, or ``redis+sentinel://host:port,.../service/db``
     (:func:`parse_sentinel_url`), whose client asks the Sentinels for the
-    service's master on every new connection, and so follows a failover."""
+    service's master on every new connection, and so follows a failover, or
+    ``redis+cluster://host:port,...`` (:func:`parse_cluster_url`): a
+    ``RedisCluster``, which sends each command to the node of its key."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -152,6 +208,19 @@ def connect(redis_broker: str) -> Any:
         manager = sentinels.Sentinel(list(sentinel.sentinels), sentinel_kwargs=asking)
         return manager.master_for(
             sentinel.service, db=sentinel.db, username=sentinel.username, password=sentinel.password, **options
+        )
+    cluster = parse_cluster_url(redis_broker)
+    if cluster is not None:
+        import redis.cluster
+
+        clusters: Any = redis.cluster  # untyped
+        options.pop("command_packer", None)  # not passed to a cluster's nodes
+        options.pop("health_check_interval")
+        return clusters.RedisCluster(
+            startup_nodes=[clusters.ClusterNode(host, port) for host, port in cluster.nodes],
+            username=cluster.username,
+            password=cluster.password,
+            **options,
         )
     check_address(redis_broker)
     if "://" not in redis_broker:
@@ -215,6 +284,20 @@ def _large_value_packer() -> Any:
                 raise data_error(str(exc)) from exc
 
     return _Packer()
+
+
+def on_node_of(conn: Any, key: str) -> Dict[str, Any]:
+    """The keywords that send a keyless command (TIME, INFO) to the node
+    that holds ``key`` on a Redis Cluster; none on a single server."""
+    node_of = getattr(conn, "get_node_from_key", None)
+    return {} if node_of is None else {"target_nodes": node_of(key)}
+
+
+def server_time_ms(conn: Any, key: str) -> float:
+    """The Redis server's clock now, in ms: that of the node holding ``key``
+    on a Cluster, the clock its scripts read."""
+    seconds, micros = conn.time(**on_node_of(conn, key))
+    return float(seconds) * 1000 + float(micros) / 1000
 
 
 def broker_problem(exc: BaseException) -> str:
@@ -335,23 +418,24 @@ class ServerIdentity:
         self.run_id: Optional[str] = None
         self._refused = False
 
-    def changed(self, conn: Any) -> bool:
-        """Ask the server its run id; whether it is another server than the
-        one asked before (the first answer is no change)."""
-        run_id = self._ask(conn)
+    def changed(self, conn: Any, key: str = "") -> bool:
+        """Ask the server (on a Cluster, the node holding ``key``) its run
+        id; whether it is another server than the one asked before (the
+        first answer is no change)."""
+        run_id = self._ask(conn, key)
         if run_id is None or run_id == self.run_id:
             return False
         first = self.run_id is None
         self.run_id = run_id
         return not first
 
-    def _ask(self, conn: Any) -> Optional[str]:
+    def _ask(self, conn: Any, key: str) -> Optional[str]:
         import redis
 
         if self._refused:
             return None
         try:
-            return str(conn.info("server")["run_id"])
+            return str(conn.info("server", **on_node_of(conn, key))["run_id"])
         except redis.ResponseError as exc:
             if not isinstance(exc, redis.exceptions.NoPermissionError) and "unknown command" not in str(exc).lower():
                 raise

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from ...codec import Codec
 from ...errors import ItemCostError, SerializationError, WorkerDiedError
 from ...streamer import item_cost_of
+from .connection import server_time_ms
 from .wire import GROUP, WIRE_VERSION, DeadLetters, Keys, MalformedEntry, Request, parse_request
 
 __all__ = ["Input", "Hands", "ServerClock", "Intake"]
@@ -74,8 +75,9 @@ class ServerClock:
     from an offset refreshed now and then over ``conn``, so the clocks of
     other machines do not matter."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, key: str = "") -> None:
         self._conn = conn
+        self._key = key  # on a Cluster, the clock of the node holding it
         self._offset_ms = 0.0
         self._checked = float("-inf")
 
@@ -84,8 +86,7 @@ class ServerClock:
         ``conn`` only) asks the server again when the offset is 30 s old."""
         now = time.monotonic()
         if refresh and now - self._checked > 30.0:
-            seconds, micros = self._conn.time()
-            self._offset_ms = seconds * 1000 + micros / 1000 - now * 1000
+            self._offset_ms = server_time_ms(self._conn, self._key) - now * 1000
             self._checked = now
         return now * 1000 + self._offset_ms
 

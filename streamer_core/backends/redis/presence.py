@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from .connection import connect
+from .connection import connect, server_time_ms
 from .intake import Hands
 from .wire import BEAT_S, BEAT_SCRIPT, GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, PRESENCE_TTL_MS, Keys
 
@@ -83,8 +83,8 @@ class Loading:
             while True:
                 try:
                     if info is None:
-                        seconds, micros = conn.time()
-                        info = json.dumps(dict(self._info, loading_since=seconds * 1000 + micros // 1000))
+                        since_ms = int(server_time_ms(conn, self._keys.loading))
+                        info = json.dumps(dict(self._info, loading_since=since_ms))
                     conn.eval(BEAT_SCRIPT, 1, self._keys.loading, self._consumer, PRESENCE_TTL_MS)
                     pipe = conn.pipeline(transaction=False)
                     pipe.hset(self._keys.worker_info, self._consumer, info)

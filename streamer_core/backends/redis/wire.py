@@ -55,6 +55,7 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...config import MAX_SECONDS
+from .connection import server_time_ms
 
 __all__ = [
     "Keys",
@@ -188,12 +189,20 @@ return false
 
 
 class Keys:
-    """The Redis keys of one prefix; ``prefix`` keeps models apart."""
+    """The Redis keys of one prefix; ``prefix`` keeps models apart.
 
-    def __init__(self, prefix: str) -> None:
+    On a Redis Cluster (``hash_tag``) the prefix is a hash tag,
+    ``streamer:{<prefix>}:...``, so that every key of one model is in one
+    hash slot, on one node: the scripts and transactions that touch several
+    of them work, and models spread over the nodes by their prefixes."""
+
+    def __init__(self, prefix: str, hash_tag: bool = False) -> None:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {prefix!r}")
-        self.namespace = f"streamer:{prefix}" if prefix else "streamer"
+        if hash_tag:
+            self.namespace = f"streamer:{{{prefix}}}" if prefix else "streamer:{streamer}"
+        else:
+            self.namespace = f"streamer:{prefix}" if prefix else "streamer"
         self.requests = f"{self.namespace}:requests"
         self.workers = f"{self.namespace}:workers"  # a sorted set: worker -> its last beat, server ms
         # A sorted set of the workers loading their model: worker -> its last beat, server ms.
@@ -220,8 +229,7 @@ def loading_workers(conn: Any, keys: Keys) -> List[LoadingWorker]:
     Redis may have written anything there: what does not parse is left out."""
     if not int(conn.eval(LIVE_WORKERS_SCRIPT, 1, keys.loading, PRESENCE_MS)):
         return []
-    seconds, micros = conn.time()
-    now_ms = seconds * 1000 + micros / 1000
+    now_ms = server_time_ms(conn, keys.loading)
     members = conn.zrangebyscore(keys.loading, now_ms - PRESENCE_MS, "+inf")
     infos = conn.hmget(keys.worker_info, members) if members and conn.type(keys.worker_info) == b"hash" else []
     found = []

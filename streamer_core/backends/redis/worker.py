@@ -47,7 +47,15 @@ from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name
 from .answers import AnswerWriter, Outcome
-from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem, connect, setup_refused
+from .connection import (
+    MAX_BACKOFF_S,
+    LoopErrors,
+    broker_errors,
+    broker_problem,
+    connect,
+    is_cluster_address,
+    setup_refused,
+)
 from .intake import Hands, Input, Intake, ServerClock
 from .presence import Loading, ModelWatch, Presence
 from .wire import GROUP, Keys, is_wrong_type, repair_key
@@ -132,7 +140,7 @@ class RedisWorker:
         # Set by the supervisor's worker processes: exit when hung, to be started again.
         self._exit_when_hung = False
         self._broker = redis_broker
-        self._keys = Keys(prefix)
+        self._keys = Keys(prefix, is_cluster_address(redis_broker))
         connect(redis_broker)  # validates the address now; connects lazily
         self._stopping = threading.Event()
         # Requests this worker holds (read ahead, running, being answered):
@@ -205,7 +213,7 @@ class RedisWorker:
         info = json.dumps(about)
         self._conn = connect(self._broker)
         self._main_conn = connect(self._broker)
-        hands, clock = self._hands, ServerClock(self._conn)
+        hands, clock = self._hands, ServerClock(self._conn, self._keys.requests)
         self._clock = clock
         self._intake = Intake(
             self._conn,
