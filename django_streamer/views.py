@@ -120,8 +120,8 @@ _READ_WHOLE_BYTES = 1 << 20
 
 def _small_form(request: HttpRequest, length: Optional[int]) -> Optional[Form]:
     """A small multipart body of the common shape, read whole and cut at its
-    boundaries in C (:mod:`streamer_core.web.multipart`: an upload's CPU in
-    the web process, a third less); ``None`` where Django's own parser must
+    boundaries in C (:mod:`streamer_core.web.multipart`, as flask_streamer
+    does); ``None`` where Django's own parser must
     read it, so that its settings and errors apply: a body over
     ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (``request.body`` would refuse what the
     form parser takes), a non-UTF-8 request, a stream already being read."""

@@ -236,7 +236,9 @@ def _redis_url(value: Any) -> Optional[str]:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ValueError(f"must be a redis:// URL, a redis+sentinel:// URL or host:port, got {value!r}")
+        raise ValueError(
+            f"must be a Redis URL (redis://, redis+sentinel://, redis+cluster://) or host:port, got {value!r}"
+        )
     from .backends.redis.connection import check_address  # no redis import: parsing only
 
     check_address(value)
@@ -375,7 +377,8 @@ _TABLE = (
         None,
         _redis_url,
         "redis_url",
-        "the Redis server, e.g. 'redis://127.0.0.1:6379/0', or its Sentinels, 'redis+sentinel://host:26379,host:26380/mymaster/0'",
+        "the Redis server, e.g. 'redis://127.0.0.1:6379/0'; its Sentinels, "
+        "'redis+sentinel://host:26379,host:26380/mymaster/0'; or a Cluster, 'redis+cluster://host:7000,host:7001'",
     ),
     Option("prefix", "", _string, "option", "names the model's Redis keys: web processes and workers agree on it"),
     Option(

@@ -69,12 +69,7 @@ def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
     example = f"{SENTINEL_SCHEME}://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
     parts = urllib.parse.urlsplit(url)
     netloc, username, password = _userinfo(parts.netloc)
-    sentinels = []
-    for host_port in filter(None, netloc.split(",")):
-        host, port = _host_and_port(host_port, url, example)
-        sentinels.append((host, port))
-    if not sentinels:
-        raise ValueError(f"{redact_url(url)} names no Sentinel: write it as {example}")
+    sentinels = _hosts(netloc, url, example, "Sentinel", SENTINEL_PORT)
     path = [segment for segment in parts.path.split("/") if segment]
     if not path or len(path) > 2:
         raise ValueError(f"{redact_url(url)} must name the service (the master's name) and maybe a db: {example}")
@@ -90,7 +85,7 @@ def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
             f"{redact_url(url)}: unknown parameter {sorted(unknown)[0]!r}; the one taken is sentinel_password"
         )
     sentinel_password = query["sentinel_password"][-1] if "sentinel_password" in query else None
-    return SentinelAddress(tuple(sentinels), urllib.parse.unquote(path[0]), db, username, password, sentinel_password)
+    return SentinelAddress(sentinels, urllib.parse.unquote(path[0]), db, username, password, sentinel_password)
 
 
 #: The scheme of a Redis address that names nodes of a Redis Cluster.
@@ -118,17 +113,12 @@ def parse_cluster_url(url: str) -> Optional[ClusterAddress]:
     example = f"{CLUSTER_SCHEME}://127.0.0.1:7000,127.0.0.1:7001"
     parts = urllib.parse.urlsplit(url)
     netloc, username, password = _userinfo(parts.netloc)
-    nodes = []
-    for host_port in filter(None, netloc.split(",")):
-        host, port = _host_and_port(host_port, url, example, default_port=6379)
-        nodes.append((host, port))
-    if not nodes:
-        raise ValueError(f"{redact_url(url)} names no node: write it as {example}")
+    nodes = _hosts(netloc, url, example, "node", 6379)
     if parts.path.strip("/") not in ("", "0"):
         raise ValueError(f"{redact_url(url)}: a Redis Cluster has database 0 only; write it as {example}")
     if parts.query:
         raise ValueError(f"{redact_url(url)} takes no parameters; write it as {example}")
-    return ClusterAddress(tuple(nodes), username, password)
+    return ClusterAddress(nodes, username, password)
 
 
 def _userinfo(netloc: str) -> Tuple[str, Optional[str], Optional[str]]:
@@ -146,15 +136,22 @@ def is_cluster_address(redis_broker: str) -> bool:
     return redis_broker.partition("://")[0].lower() == CLUSTER_SCHEME
 
 
-def _host_and_port(host_port: str, url: str, example: str, default_port: int = SENTINEL_PORT) -> Tuple[str, int]:
-    if host_port.startswith("["):  # [IPv6]:port
-        host, _, after = host_port[1:].partition("]")
-        port_text = after[1:] if after.startswith(":") else ""
-    else:
-        host, _, port_text = host_port.partition(":")
-    if not host or (port_text and not port_text.isdigit()):
-        raise ValueError(f"{redact_url(url)}: {host_port!r} is not host:port; write it as {example}")
-    return host, int(port_text) if port_text else default_port
+def _hosts(netloc: str, url: str, example: str, what: str, default_port: int) -> Tuple[Tuple[str, int], ...]:
+    """The ``host[:port]`` list of a URL's ``netloc`` (``[IPv6]:port`` too),
+    ``default_port`` where a host has none; at least one."""
+    hosts = []
+    for host_port in filter(None, netloc.split(",")):
+        if host_port.startswith("["):  # [IPv6]:port
+            host, _, after = host_port[1:].partition("]")
+            port_text = after[1:] if after.startswith(":") else ""
+        else:
+            host, _, port_text = host_port.partition(":")
+        if not host or (port_text and not port_text.isdigit()):
+            raise ValueError(f"{redact_url(url)}: {host_port!r} is not host:port; write it as {example}")
+        hosts.append((host, int(port_text) if port_text else default_port))
+    if not hosts:
+        raise ValueError(f"{redact_url(url)} names no {what}: write it as {example}")
+    return tuple(hosts)
 
 
 def check_address(redis_broker: str) -> None:
