@@ -3,6 +3,7 @@ spawned worker processes of a parent."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -45,6 +46,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` free ports, all different (held open together while chosen):
+    for a test that starts several servers at once."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 class RedisServer:

@@ -25,7 +25,7 @@ from tests.core.models import double
 from tests.helpers import wait_for
 from tests.redis.conftest import ThreadWorker
 from tests.redis.models import with_pid
-from tests.servers import RedisServer, free_port, unavailable
+from tests.servers import RedisServer, free_ports, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,11 +36,18 @@ class Cluster:
     def __init__(self, folder: Path) -> None:
         # Each node's cluster bus on a free port of its own (not port + 10000,
         # which a free port above 55535 cannot have), its state in a file of its own.
+        ports = free_ports(6)
         self.nodes = []
-        for _ in range(3):
-            bus, config = str(free_port()), f"nodes-{len(self.nodes)}.conf"
-            args = ["--cluster-enabled", "yes", "--cluster-port", bus, "--cluster-config-file", config]
-            self.nodes.append(RedisServer(folder, extra_args=args))
+        for port, bus in zip(ports[:3], ports[3:]):
+            args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(bus),
+                "--cluster-config-file",
+                f"nodes-{port}.conf",
+            ]
+            self.nodes.append(RedisServer(folder, port, extra_args=args))
 
     @property
     def url(self) -> str:

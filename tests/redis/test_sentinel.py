@@ -33,7 +33,7 @@ from streamer_core.errors import BrokerUnavailableError
 from tests.core.models import double
 from tests.helpers import wait_for
 from tests.redis.conftest import ThreadWorker
-from tests.servers import RedisServer, free_port, unavailable
+from tests.servers import RedisServer, free_port, free_ports, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "mymaster"
@@ -45,9 +45,9 @@ class SentinelSet:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.master = RedisServer(folder)
+        master_port, self.replica_port, *self.sentinel_ports = free_ports(5)
+        self.master = RedisServer(folder, master_port)
         self.replica: Optional[RedisServer] = None
-        self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: List[subprocess.Popen] = []
 
     @property
@@ -59,7 +59,8 @@ class SentinelSet:
         exe = shutil.which("redis-server")
         assert exe is not None
         self.master.start()
-        self.replica = RedisServer(self.folder, extra_args=["--replicaof", "127.0.0.1", str(self.master.port)])
+        replica_of = ["--replicaof", "127.0.0.1", str(self.master.port)]
+        self.replica = RedisServer(self.folder, self.replica_port, extra_args=replica_of)
         self.replica.start()
         for port in self.sentinel_ports:
             conf = self.folder / f"sentinel-{port}.conf"
@@ -79,7 +80,7 @@ class SentinelSet:
                 )
         # Ready when every Sentinel knows the replica, the two other
         # Sentinels, and the replica is in sync.
-        assert wait_for(self._agreed, 30, interval=0.2), "the Sentinels did not agree on the master and its replica"
+        assert wait_for(self._agreed, 60, interval=0.2), "the Sentinels did not agree on the master and its replica"
 
     def _agreed(self) -> bool:
         assert self.replica is not None
