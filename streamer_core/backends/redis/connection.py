@@ -61,10 +61,7 @@ def parse_sentinel_url(url: str) -> Optional[SentinelAddress]:
     address of another scheme. The password is the master's (and its
     replicas'); ``sentinel_password`` the Sentinels' own, where they have one.
     Raises ``ValueError`` saying what is missing or wrong."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != SENTINEL_SCHEME:
-        if sep and scheme.lower() == "rediss+sentinel":
-            raise ValueError("rediss+sentinel:// (TLS through Sentinel) is not supported; use redis+sentinel://")
+    if not _of_scheme(url, SENTINEL_SCHEME):
         return None
     example = f"{SENTINEL_SCHEME}://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"
     parts = urllib.parse.urlsplit(url)
@@ -105,10 +102,7 @@ def parse_cluster_url(url: str) -> Optional[ClusterAddress]:
     """``redis+cluster://[[user]:password@]host:port[,host:port...][/0]`` as a
     :class:`ClusterAddress`; ``None`` for an address of another scheme. A
     cluster has one database, 0. Raises ``ValueError`` saying what is wrong."""
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme.lower() != CLUSTER_SCHEME:
-        if sep and scheme.lower() == "rediss+cluster":
-            raise ValueError("rediss+cluster:// (TLS to a Cluster) is not supported; use redis+cluster://")
+    if not _of_scheme(url, CLUSTER_SCHEME):
         return None
     example = f"{CLUSTER_SCHEME}://127.0.0.1:7000,127.0.0.1:7001"
     parts = urllib.parse.urlsplit(url)
@@ -119,6 +113,15 @@ def parse_cluster_url(url: str) -> Optional[ClusterAddress]:
     if parts.query:
         raise ValueError(f"{redact_url(url)} takes no parameters; write it as {example}")
     return ClusterAddress(nodes, username, password)
+
+
+def _of_scheme(url: str, scheme: str) -> bool:
+    """Whether ``url`` is of ``scheme`` (``redis+...``); raises ``ValueError``
+    for its TLS form, ``rediss+...``, which is not supported."""
+    name = url.partition("://")[0].lower() if "://" in url else ""
+    if name == "rediss" + scheme[len("redis") :]:
+        raise ValueError(f"{name}:// (TLS) is not supported; use {scheme}:// on a network you trust")
+    return name == scheme
 
 
 def _userinfo(netloc: str) -> Tuple[str, Optional[str], Optional[str]]:
@@ -133,7 +136,7 @@ def _userinfo(netloc: str) -> Tuple[str, Optional[str], Optional[str]]:
 def is_cluster_address(redis_broker: str) -> bool:
     """Whether ``redis_broker`` names a Redis Cluster (its keys then carry a
     hash tag: see :class:`~streamer_core.backends.redis.wire.Keys`)."""
-    return redis_broker.partition("://")[0].lower() == CLUSTER_SCHEME
+    return _of_scheme(redis_broker, CLUSTER_SCHEME)
 
 
 def _hosts(netloc: str, url: str, example: str, what: str, default_port: int) -> Tuple[Tuple[str, int], ...]:
