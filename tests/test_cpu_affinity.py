@@ -34,27 +34,30 @@ def test_a_new_process_takes_the_first_core_index_no_live_process_holds() -> Non
     assert free_core_index([None, None]) == 0
 
 
+def run_python(script: str) -> str:
+    """What ``script`` prints, run by a fresh interpreter (pinning changes the process it runs in)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @needs_two_cores
 def test_pin_to_core_pins_this_process_to_one_of_its_cores() -> None:
-    script = (
+    out = run_python(
         "from streamer_core.web.affinity import pin_to_core; import os; "
         "print(pin_to_core(3), sorted(os.sched_getaffinity(0)))"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    core, allowed = done.stdout.split(" ", 1)
+    core, allowed = out.split(" ", 1)
     assert int(core) == CORES[3 % len(CORES)]
     assert allowed.strip() == f"[{core}]"
 
 
 def test_one_core_cannot_be_pinned() -> None:
-    script = (
+    out = run_python(
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
         "from streamer_core.web.affinity import pin_to_core; print(pin_to_core(1))"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "None"
+    assert out.strip() == "None"
 
 
 def _allowed(pid: int) -> List[int]:

@@ -10,10 +10,10 @@ data with a regular expression that is tried at every byte). Here a body
 already in memory is cut at its boundaries with ``bytes.find``, which runs
 at memory speed, and the part headers are read by a strict pattern.
 
-Anything out of the common shape (a preamble with text in it, bare LF line ends, a header
-other than those two, a quoted name with escapes, an RFC 2231 ``filename*``,
-a text field that is not UTF-8, too many parts, a text field over the
-limit) is *not* read here: :func:`parse_form` returns ``None`` and the
+Anything out of the common shape (a preamble with text in it, bare LF line
+ends, a header other than those two, a quoted name with escapes, an RFC 2231
+``filename*``, a text field that is not UTF-8, too many parts, a text field
+over the limit) is *not* read here: :func:`parse_form` returns ``None`` and the
 framework's own parser reads the body, so that its rules and its errors
 apply as before. The fast path only ever answers what that parser would.
 """

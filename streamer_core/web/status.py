@@ -91,6 +91,7 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         broker_problem,
         connect,
         is_cluster_address,
+        on_node_of,
         server_time_ms,
     )
     from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys, loading_workers
@@ -98,9 +99,9 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
     keys = Keys(spec.prefix, is_cluster_address(spec.redis_url or ""))
     conn = connect(spec.redis_url or "")
     try:
-        node_of = getattr(conn, "get_node_from_key", None)
-        if node_of is not None:  # a Cluster: every key of the model is in one slot (Keys)
-            status.node, status.slot = str(node_of(keys.requests).name), int(conn.keyslot(keys.requests))
+        node = on_node_of(conn, keys.requests).get("target_nodes")
+        if node is not None:  # a Cluster: every key of the model is in one slot (Keys)
+            status.node, status.slot = str(node.name), int(conn.keyslot(keys.requests))
         now_ms = server_time_ms(conn, keys.workers)
         beats = conn.zrangebyscore(keys.workers, now_ms - PRESENCE_MS, "+inf", withscores=True)
         info = conn.hgetall(keys.worker_info) if conn.type(keys.worker_info) == b"hash" else {}
