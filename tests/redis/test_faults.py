@@ -11,7 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from streamer_core import BrokerUnavailableError, RedisStreamer, RedisWorker, StreamerError
+from streamer_core import (
+    BrokerUnavailableError,
+    NoWorkerError,
+    RedisStreamer,
+    RedisWorker,
+    StreamerError,
+    UnavailableError,
+)
+from streamer_core.backends.redis.client import SEND_RETRY_S
+from streamer_core.backends.redis.roster import NO_WORKER_S
 from tests.redis import models
 from tests.redis.conftest import ThreadWorker, wait_for
 
@@ -163,6 +172,66 @@ def test_a_call_redis_refuses_half_way_fails_fast_and_the_streamer_goes_on(fault
     start_worker(fault_broker, models.double, batch_size=8)
     assert streamer.predict([1, 2, 3], timeout=10) == [2, 4, 6]
     streamer.close(timeout=5)
+
+
+def test_a_send_redis_refuses_for_a_moment_is_retried_and_answered(fault_broker, make_streamer, start_worker):
+    """A blip shorter than SEND_RETRY_S (here Redis refusing every write,
+    out of memory, for 0.3 s) costs a call nothing: its send is tried again
+    until Redis takes it, and it is answered."""
+    conn = fault_broker.conn
+    start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=15)
+    assert streamer.predict([1]) == [2]
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    lifted = threading.Timer(0.3, conn.config_set, ("maxmemory", 0))
+    lifted.start()
+    try:
+        assert streamer.predict([21, 22]) == [42, 44]
+    finally:
+        lifted.join()
+
+
+def test_a_send_redis_keeps_refusing_fails_after_send_retry_s(fault_broker, make_streamer):
+    """Redis refusing writes for good: a call fails with
+    BrokerUnavailableError once its send has been tried for SEND_RETRY_S
+    from its arrival (not at the first refusal, and not after its timeout)."""
+    conn = fault_broker.conn
+    streamer = make_streamer(fault_broker, timeout=30)
+    assert streamer.predict([]) == []
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match="not queued"):
+        streamer.predict([1])
+    took = time.monotonic() - started
+    conn.config_set("maxmemory", 0)
+    assert SEND_RETRY_S - 0.05 <= took < SEND_RETRY_S + 5, f"refused after {took:.2f}s"
+
+
+def test_while_redis_is_down_calls_blame_redis_not_missing_workers(fault_broker, make_streamer, start_worker):
+    """With ``require_workers`` (as the web layers make it), Redis down for
+    longer than NO_WORKER_S: every call refused meanwhile is refused with
+    BrokerUnavailableError, never with a NoWorkerError telling the user to
+    start workers that are running; once Redis is back, calls are answered
+    (the workers are given NO_WORKER_S to be seen again)."""
+    start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=10, require_workers=True)
+    assert streamer.wait_ready(10)
+    assert streamer.predict([1]) == [2]
+    fault_broker.server.kill()
+    refusals = []
+    down_until = time.monotonic() + NO_WORKER_S + 1.5
+    while time.monotonic() < down_until:
+        with pytest.raises(UnavailableError) as raised:
+            streamer.predict([2])
+        refusals.append(raised.value)
+    fault_broker.server.start()
+    assert len(refusals) >= 2
+    assert all(type(error) is BrokerUnavailableError for error in refusals), [repr(e) for e in refusals]
+    errors: list = []
+    assert wait_for(lambda: _answers(streamer, errors), 15), errors
+    assert not [e for e in errors if isinstance(e, NoWorkerError)], errors
 
 
 def test_answers_redis_refuses_for_a_while_are_written_once_it_takes_them(

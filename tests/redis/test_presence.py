@@ -12,10 +12,14 @@ import time
 from typing import Any, List
 
 import pytest
+import redis
 
 from streamer_core import NoWorkerError, StreamerTimeoutError, UnavailableError
+from streamer_core.backends.redis.roster import NO_WORKER_S, Roster
+from streamer_core.backends.redis.wire import BEAT_SCRIPT, PRESENCE_TTL_MS, Keys
 from tests.core import models
 from tests.helpers import wait_for
+from tests.servers import free_port
 
 
 def test_without_a_worker_calls_are_refused_at_once(broker, make_streamer):
@@ -163,3 +167,28 @@ def test_a_worker_whose_model_hangs_stops_showing_itself_alive_until_it_returns(
     release.set()
     assert wait_for(lambda: streamer.live_workers() == 1, 10), "the worker did not come back when its model returned"
     assert streamer.predict(["b"]) == ["B"]
+
+
+def test_the_time_redis_cannot_be_asked_does_not_count_as_time_without_workers(broker):
+    """The roster (what a web process knows of its workers) takes no
+    answer from Redis for no news: while Redis cannot be asked, calls are
+    not refused for want of workers, and once it answers again (a restart
+    or a failover may have left no beat there yet) the workers have
+    NO_WORKER_S to be seen before they are."""
+    keys = Keys(broker.prefix)
+    roster = Roster(keys, require_workers=True)
+    with redis.Redis.from_url(broker.url) as conn:
+        conn.eval(BEAT_SCRIPT, 1, keys.workers, "w1", PRESENCE_TTL_MS)
+        assert roster.check(conn) == 1
+        assert not roster.missing()
+        conn.delete(keys.workers)  # a worker that beat long ago, as a restarted server shows it: never
+        with redis.Redis(port=free_port(), socket_connect_timeout=1) as nobody:
+            with pytest.raises(redis.ConnectionError):
+                roster.check(nobody)
+        roster._seen -= 60  # a minute without an answer
+        assert not roster.missing(), "Redis not answering is no sign that no worker runs"
+        assert roster.check(conn) == 0
+        assert not roster.missing(), "the workers must be given NO_WORKER_S to be seen again"
+        roster._seen -= NO_WORKER_S + 0.1
+        assert roster.missing()
+        assert "start workers" in str(roster.error())

@@ -63,6 +63,13 @@ _SEND_HOLD_S = 0.01
 # callers of the batch it answered just before come back (seconds): see
 # _let_callers_return. Long enough for 64 callers on a busy 2-core machine.
 _STAGGER_S = 0.003
+#: How long a web process tries to send a call to Redis, from the call's
+#: arrival, before it fails with BrokerUnavailableError (seconds). The last
+#: try may take longer: a connection to a host that does not answer is given
+#: up after connect()'s socket_connect_timeout.
+SEND_RETRY_S = 1.5
+# The first pause between two tries of a send; each next one is twice as long.
+_FIRST_RETRY_S = 0.1
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
@@ -147,14 +154,19 @@ class _RedisClientBackend(Backend):
                     self._pending[request_id] = item
                     sent.append((request_id, item))
         try:
-            failure = self._send(sent) if sent else None
+            # Each call is refused within SEND_RETRY_S of its arrival, however
+            # long sends before it retried (they went one after another).
+            give_up_at = min(item.arrival for _, item in sent) + SEND_RETRY_S if sent else 0.0
+            failure = self._send(sent, give_up_at) if sent else None
         except BaseException:  # the dispatcher fails the batch and frees the slot
             self._unsent(sent)
             raise
         # The items are Redis's now: this side only waits for their answers.
         scheduler.batch_done(0, 0.0, held)
         if failure is not None:
-            error = BrokerUnavailableError(f"{broker_problem(failure)}: the call was not queued; retry later")
+            error = BrokerUnavailableError(
+                f"{broker_problem(failure, self._broker)}: the call was not queued; retry later"
+            )
             self._unsent(sent)
             # Not under the lock: a call whose other inputs went in an earlier
             # send withdraws them as it fails (_calls_ended takes the lock).
@@ -210,14 +222,16 @@ class _RedisClientBackend(Backend):
                 except Exception as exc:  # e.g. the key holds another type: workers skip them too
                     errors.log(exc)
 
-    def _send(self, entries: Sequence[Tuple[bytes, _Item]]) -> Optional[BaseException]:
-        """XADD the entries, retrying briefly through a blip (a lost
-        connection, or Redis refusing writes: out of memory, a read-only
-        replica); ``None`` once sent, else the last error."""
+    def _send(self, entries: Sequence[Tuple[bytes, _Item]], give_up_at: float) -> Optional[BaseException]:
+        """XADD the entries, retrying through a blip (a lost connection, or
+        Redis refusing writes: out of memory, a read-only replica) with a
+        doubling pause, the last try at ``give_up_at`` (a ``time.monotonic()``
+        value); ``None`` once sent, else the last error."""
         import redis
 
         failure: Optional[BaseException] = None
-        for attempt in range(4):
+        pause = _FIRST_RETRY_S
+        while True:
             try:
                 now = time.monotonic()
                 sent, requests, large = [], [], False
@@ -244,8 +258,11 @@ class _RedisClientBackend(Backend):
                     repair_key(self._send_conn, self._keys.requests, "stream")
                 else:
                     logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
-            time.sleep(0.1 * 2**attempt)
-        return failure
+            left = give_up_at - time.monotonic()
+            if left <= 0:
+                return failure
+            time.sleep(min(pause, left))
+            pause *= 2
 
     def _add(self, requests: Sequence[Tuple[bytes, int, bytes, Buffers, Optional[float]]], large: bool) -> List[Any]:
         """Add one request entry each to the stream, in one round trip;
@@ -321,9 +338,10 @@ class _RedisClientBackend(Backend):
                     pipe.xtrim(self._results_key, minid=next_id(last_id))  # everything read, that one too
             except broker_errors() as exc:
                 pipe.reset()
+                self.roster.unreachable()
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc))
+                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc, self._broker))
                 next_check = 0.0
                 self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
             except redis.ResponseError as exc:
@@ -456,7 +474,7 @@ class _RedisClientBackend(Backend):
         with self._lock:
             unanswered = [(request_id, item) for request_id, item in self._pending.items() if item.task.live()]
         logger.warning("%s; sending %d unanswered requests again", reason, len(unanswered))
-        if unanswered and self._send(unanswered) is not None:
+        if unanswered and self._send(unanswered, time.monotonic() + SEND_RETRY_S) is not None:
             raise ConnectionError(f"could not send again after {reason}")
 
     # closing

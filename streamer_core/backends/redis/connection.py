@@ -300,9 +300,11 @@ def server_time_ms(conn: Any, key: str) -> float:
     return float(seconds) * 1000 + float(micros) / 1000
 
 
-def broker_problem(exc: BaseException) -> str:
-    """What went wrong talking to Redis, in words for a log line or an
-    error: a refused password is not an unreachable server."""
+def broker_problem(exc: BaseException, redis_broker: str = "") -> str:
+    """What went wrong talking to Redis at ``redis_broker`` (when given), in
+    words for a log line or an error: a refused password is not an
+    unreachable server, and a master behind Sentinels that does not answer
+    may be failing over."""
     import redis
 
     if is_auth_error(exc):
@@ -315,8 +317,14 @@ def broker_problem(exc: BaseException) -> str:
         # Its message holds the repr of a whole client: say it in words.
         service = str(exc).partition("No master found for ")[2].partition(" :")[0] or "the service"
         return (
-            f"no Sentinel knows a master for {service} now (none answers, or a failover is under way): "
-            "check the Sentinels' addresses and the service name in the URL"
+            f"no Sentinel names a master for {service} now: a failover may be under way, and calls are served "
+            "again once the Sentinels promote a replica; if this lasts, check that the Sentinels answer at the "
+            "addresses in the URL, take its sentinel_password (if they have one) and monitor a service of that name"
+        )
+    if _of_scheme(redis_broker, SENTINEL_SCHEME):
+        return (
+            f"the Redis master cannot be reached ({exc}): if it has just failed, a failover may be under way, "
+            "and calls are served again once the Sentinels promote a replica"
         )
     return f"Redis cannot be reached ({exc})"
 

@@ -11,6 +11,12 @@ announced themselves and are loading their model (a worker says so as it
 starts, see :class:`~.presence.Loading`): the model is loading, try again in
 as long as it has loaded so far (the ``Retry-After``), at most
 :data:`LONGEST_RETRY_AFTER_S`.
+
+Only the time Redis could be asked counts: while it cannot be reached (a
+restart, a failover) nothing is known of the workers, who lose it too, and
+calls fail with :class:`~streamer_core.BrokerUnavailableError` instead (the
+sends say so). Once Redis answers again, the workers have
+:data:`NO_WORKER_S` to be seen there before calls are refused for want of them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from typing import Any, List, Optional
 
 from ...errors import NoWorkerError
+from .connection import broker_errors
 from .wire import LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
 
 __all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
@@ -38,6 +45,7 @@ class Roster:
         self.require_workers = require_workers
         self._seen = float("-inf")  # monotonic time a live worker was last seen
         self._checked = False
+        self._unreachable = False  # the last question to Redis went unanswered
         self._loading: List[LoadingWorker] = []
 
     def live(self, conn: Any) -> int:
@@ -49,16 +57,32 @@ class Roster:
 
     def check(self, conn: Any) -> int:
         """Ask Redis which workers are live, and, while none is, which are
-        loading their model; return how many are live."""
-        live = self.live(conn)
-        self._loading = [] if live else loading_workers(conn, self._keys)
+        loading their model; return how many are live. Raises what the
+        client raises when Redis does not answer (see :meth:`unreachable`)."""
+        try:
+            live = self.live(conn)
+            loading = [] if live else loading_workers(conn, self._keys)
+        except broker_errors():
+            self.unreachable()
+            raise
+        if self._unreachable:
+            # The time it could not be asked is no sign that no worker runs:
+            # from now on they have NO_WORKER_S to be seen again.
+            self._unreachable = False
+            self._seen = max(self._seen, time.monotonic())
+        self._loading = loading
         self._checked = True
         return live
 
+    def unreachable(self) -> None:
+        """Redis did not answer: nothing is known of the workers until it does."""
+        self._unreachable = True
+
     def missing(self) -> bool:
         """With ``require_workers``: whether no worker has been live for
-        :data:`NO_WORKER_S` seconds (or at all since this process started)."""
-        if not (self.require_workers and self._checked):
+        :data:`NO_WORKER_S` seconds of the time Redis answered (or at all
+        since this process started). Never while Redis does not answer."""
+        if not (self.require_workers and self._checked) or self._unreachable:
             return False
         return time.monotonic() - self._seen > NO_WORKER_S
 
