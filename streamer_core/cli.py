@@ -91,6 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         model = import_target(args.model)
         options = {name: OPTIONS[name].checked(getattr(args, name), flag) for flag, name, *_ in OPTION_FLAGS}
+        OPTIONS["redis_url"].checked(args.redis, "--redis")
         return run_redis_workers_forever(
             model,
             options.pop("batch_size"),

@@ -66,16 +66,39 @@ def test_the_streamer_worker_help_gives_an_example_that_names_a_real_model():
         (["--batch-cost", "mean"], "--batch-cost must be 'max' (length times the costliest input"),
         (["--item-cost", "tests.redis.models:nothing_here"], "--item-cost is 'tests.redis.models:nothing_here', which"),
         (["--max-latency", "-1"], "--max-latency is in seconds and must be a finite number >= 0"),
+        (["--redis", "rdis://127.0.0.1:6379/0"], "--redis must be 'host:port', a redis://"),
+        (["--redis", "redis+sentinal://127.0.0.1:26379/mymaster"], "--redis must be 'host:port', a redis://"),
     ],
 )
 def test_streamer_worker_refuses_a_bad_option_by_its_flag_before_reaching_for_redis(flags, message):
     """Each option is checked by the option table's one check, its message
     naming the flag as typed; nothing starts, nothing waits for Redis."""
-    command = _command("streamer-worker", "streamer_core.cli") + ["tests.redis.models:double", *flags]
-    result = _run(command + ["--redis", "redis://127.0.0.1:1/0"])
+    command = _command("streamer-worker", "streamer_core.cli") + ["tests.redis.models:double"]
+    result = _run(command + ["--redis", "redis://127.0.0.1:1/0", *flags])
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"streamer-worker: error: {message}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "run-workers"])
+def test_a_redis_url_with_a_typo_in_its_scheme_is_said_in_one_line(command):
+    """``rdis://`` passed every check: the example died with redis-py's
+    traceback, the status command printed 44 lines. It is a wrong setting
+    like any other, named, with the forms that are taken."""
+    env_settings = {"FLASK_STREAMER_BACKEND": "redis", "FLASK_STREAMER_REDIS_URL": "rdis://127.0.0.1:6379/0"}
+    args = _command("flask", "flask") + ["--app", "example_flask", "streamer", command]
+    result = subprocess.run(
+        args,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("Error: FLASK_STREAMER_REDIS_URL must be 'host:port', a redis://"), line
+    assert "redis+sentinel://" in line and "redis+cluster://" in line and "rdis:// is none of them" in line, line
 
 
 @pytest.mark.parametrize("command", ["status", "run-workers"])

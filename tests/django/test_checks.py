@@ -148,6 +148,11 @@ def test_e007_redis_backend_without_url(streamer_settings):
     assert errors(streamer_settings, BACKEND="redis", REDIS_URL=sentinels) == []
     [error] = errors(streamer_settings, BACKEND="redis", REDIS_URL="redis+sentinel://127.0.0.1:26379/mymaster/zero")
     assert error.id == "django_streamer.E007" and "the database must be a number" in error.msg
+    for typo in ("rdis://127.0.0.1:6379/0", "redis+sentinal://127.0.0.1:26379/mymaster/0", "http://127.0.0.1:6379"):
+        [error] = errors(streamer_settings, BACKEND="redis", REDIS_URL=typo)
+        scheme = typo.partition("://")[0]
+        assert error.id == "django_streamer.E007" and f"{scheme}:// is none of them" in error.msg, error.msg
+        assert "redis+sentinel://" in error.msg and "redis+cluster://" in error.msg
 
 
 def test_e008_unknown_keys_with_did_you_mean(streamer_settings):

@@ -157,18 +157,28 @@ def _hosts(netloc: str, url: str, example: str, what: str, default_port: int) ->
     return tuple(hosts)
 
 
+#: The schemes of the Redis URLs redis-py reads itself.
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+#: The forms of a Redis address, as messages name them.
+ADDRESS_FORMS = (
+    f"'host:port', a redis://, rediss:// or unix:// URL, a {SENTINEL_SCHEME}:// URL (Sentinels) "
+    f"or a {CLUSTER_SCHEME}:// URL (a Redis Cluster)"
+)
+
+
 def check_address(redis_broker: str) -> None:
     """Raise ``ValueError`` saying how to write ``redis_broker`` when it is
     none of the forms :func:`connect` takes (nothing is connected)."""
     if parse_sentinel_url(redis_broker) is not None or parse_cluster_url(redis_broker) is not None:
         return
-    if "://" not in redis_broker:
-        host, _, port = redis_broker.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(
-                f"must be 'host:port', a redis:// URL, a {SENTINEL_SCHEME}:// URL or a {CLUSTER_SCHEME}:// URL, "
-                f"got {redact_url(redis_broker)!r}"
-            )
+    if "://" in redis_broker:
+        scheme = redis_broker.partition("://")[0].lower()
+        if scheme not in PLAIN_SCHEMES:
+            raise ValueError(f"must be {ADDRESS_FORMS}; {scheme}:// is none of them: got {redact_url(redis_broker)!r}")
+        return
+    host, _, port = redis_broker.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"must be {ADDRESS_FORMS}, got {redact_url(redis_broker)!r}")
 
 
 def connect(redis_broker: str) -> Any:
