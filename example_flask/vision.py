@@ -142,6 +142,21 @@ def _fits_the_gpu_decoder(data: bytes) -> bool:
     return mode in ("RGB", "L") and (limit is None or width * height <= limit)
 
 
+def gpu_decodable(items: List[Any], device: Any) -> List[int]:
+    """The indexes of the uploads in ``items`` that nvJPEG decodes on
+    ``device``: on CUDA only, the JPEGs that fit it (see
+    :func:`_fits_the_gpu_decoder`); every other goes to Pillow."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return []
+    return [
+        i
+        for i, item in enumerate(items)
+        if isinstance(item, bytes) and item.startswith(b"\xff\xd8\xff") and _fits_the_gpu_decoder(item)
+    ]
+
+
 def decode_batch(items: List[Any], device: Any) -> Any:
     """A batch of uploads (bytes; an array from :func:`decode_image` is taken
     as it is) as one float32 tensor of shape (N, 3, 224, 224) on ``device``
@@ -155,16 +170,11 @@ def decode_batch(items: List[Any], device: Any) -> Any:
 
     device = torch.device(device)
     inputs: List[Any] = [None] * len(items)
-    on_gpu = [
-        i
-        for i, item in enumerate(items)
-        if device.type == "cuda" and isinstance(item, bytes) and item.startswith(b"\xff\xd8\xff")
-    ]
-    decode_jpeg = gpu_jpeg_decoder() if on_gpu else None
+    decode_jpeg = gpu_jpeg_decoder() if device.type == "cuda" else None
     if decode_jpeg is not None:
         from torchvision.io import ImageReadMode
 
-        on_gpu = [i for i in on_gpu if _fits_the_gpu_decoder(items[i])]
+        on_gpu = gpu_decodable(items, device)
         encoded = [torch.frombuffer(bytearray(items[i]), dtype=torch.uint8) for i in on_gpu]
         try:
             decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device) if encoded else []

@@ -52,6 +52,39 @@ def test_pin_to_core_pins_this_process_to_one_of_its_cores() -> None:
     assert allowed.strip() == f"[{core}]"
 
 
+_PIN_WITH_THREADS = """
+import os, threading
+from streamer_core.web.affinity import pin_to_core
+started, done = threading.Event(), threading.Event()
+def wait():
+    started.set()
+    done.wait(30)
+threads = [threading.Thread(target=wait) for _ in range(3)]  # started before the pin, as a server's are
+for thread in threads:
+    thread.start()
+started.wait(10)
+core = pin_to_core(1)
+later = threading.Thread(target=lambda: print("later", sorted(os.sched_getaffinity(0))))
+later.start(); later.join()
+for tid in sorted(os.listdir("/proc/self/task")):
+    print(tid, sorted(os.sched_getaffinity(int(tid))))
+done.set()
+print("core", core)
+"""
+
+
+@needs_two_cores
+def test_pin_to_core_pins_every_thread_of_the_process() -> None:
+    """Linux pins a thread, not a process: the threads a server started
+    before pinning (its own, a streamer's) are pinned too, and so is one
+    started after."""
+    lines = run_python(_PIN_WITH_THREADS).split("\n")
+    core = int(lines[-2].split()[1])
+    allowed = [line.split(" ", 1)[1] for line in lines[:-2]]
+    assert len(allowed) >= 5, lines  # the main thread, three started before, one after
+    assert all(each == f"[{core}]" for each in allowed), lines
+
+
 def test_one_core_cannot_be_pinned() -> None:
     out = run_python(
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "

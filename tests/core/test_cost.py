@@ -227,3 +227,30 @@ def test_the_process_backend_honours_the_budget(closing):
         assert len(batch) <= 8 and (len(batch) == 1 or sum(batch) <= 12), f"over the budget: {batch}"
     assert (30,) in batches, "the input over the budget should run alone"
     assert any(len(batch) > 1 for batch in batches), "nothing was ever batched"
+
+
+@pytest.mark.parametrize("rule, costs", [("max", [10.0, 1.0]), ("sum", [10.0, 6.0])])
+def test_a_batch_full_by_its_budget_goes_at_once_to_a_busy_worker(rule, costs):
+    """Two calls, a costly input then a cheap one, together over the budget
+    (15): the batch is as full as it can be, so the worker busy with
+    another gets it next at once, as it would get a batch full by count.
+    The scheduler tells that from a bound on what the queued inputs cost,
+    kept as they arrive: it must stay an upper bound (the costliest so far,
+    or the sum), not become the last input's cost."""
+    config = BatchingConfig(64, 10.0, timeout=30, item_cost=len, max_batch_cost=15, batch_cost=rule)
+    scheduler = Scheduler(config)
+    scheduler.add_slot()
+    scheduler.put(["first"], 30, [1.0])
+    first = scheduler.next_batch()
+    assert first is not None and first[1] == 0  # the worker now runs it: busy
+    for cost in costs:
+        scheduler.put([cost], 30, [cost])
+    handed: List[Any] = []
+    taker = threading.Thread(target=lambda: handed.append(scheduler.next_batch()))
+    taker.start()
+    taker.join(10)  # without the bound, until the worker's first batch is done: never, here
+    scheduler.stop(lambda: RuntimeError("test over"))
+    taker.join(10)
+    assert handed and handed[0] is not None, "the full batch was held back from the busy worker"
+    batch, held = handed[0]
+    assert held == 1 and [item.cost for item in batch] == [costs[0]], (held, [item.cost for item in batch])

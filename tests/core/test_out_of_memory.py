@@ -236,14 +236,16 @@ def test_the_cost_cap_grows_by_its_rule():
         assert cap.limit > before or math.isinf(cap.limit)
 
 
-def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(closing):
+@pytest.mark.parametrize("device", [0, 3])
+def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(closing, device):
     """A worker whose device another process holds: the error names the
-    device, says what to check, and keeps the model's own message."""
+    device (device 0 too: the first GPU is a device, not none), says what
+    to check, and keeps the model's own message."""
     streamer = closing(
-        Streamer(models.NoRoomToLoad, batch_size=4, worker_num=1, cuda_devices=[3], oom_errors=(FakeOutOfMemory,))
+        Streamer(models.NoRoomToLoad, batch_size=4, worker_num=1, cuda_devices=[device], oom_errors=(FakeOutOfMemory,))
     )
     with pytest.raises(WorkerStartError) as info:
         streamer.wait_ready(60)
     message = str(info.value)
-    assert "ran out of memory on device 3 while it loaded" in message
+    assert f"ran out of memory on device {device} while it loaded" in message
     assert "nvidia-smi" in message and "0 bytes free" in message

@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, List
 
 import pytest
 
@@ -144,6 +144,31 @@ def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing
             assert future.result(20) == [text.upper()]
     assert wait_for(lambda: len(streamer.worker_pids()) == 2, 10), "dead workers should be replaced"
     assert streamer.predict(["still", "serving"]) == ["STILL", "SERVING"]
+
+
+def test_a_done_callback_may_ask_the_streamer_of_its_workers_as_a_worker_dies(closing):
+    """A call failed by a worker's death runs its done-callbacks on the
+    thread that saw the death; one that asks the streamer for its workers
+    (a health check, a log line) gets an answer, and the streamer goes on:
+    the backend fails the calls after letting go of its own lock."""
+    streamer = closing(
+        Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.01, worker_num=1, max_item_crashes=1)
+    )
+    assert streamer.wait_ready(60)
+    seen: List[Any] = []
+    answered = threading.Event()
+
+    def ask(future: Any) -> None:
+        seen.append((streamer.live_workers(), streamer.worker_pids()))
+        answered.set()
+
+    future = streamer.submit(["poison"])
+    future.add_done_callback(ask)
+    with pytest.raises(WorkerDiedError):
+        future.result(20)
+    assert answered.wait(10), "the done-callback never got its answer: the backend's lock was held"
+    assert seen and seen[0][0] in (0, 1)
+    assert streamer.predict(["still", "serving"], timeout=20) == ["STILL", "SERVING"]
 
 
 def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog):

@@ -128,3 +128,29 @@ def test_bodies_the_fast_path_declines_are_read_by_django(client: Client, settin
     settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 2
     response = client.post("/upload", {"a": "1", "b": "2", "c": "3", "file": "x"})
     assert response.status_code == 400, response.content
+
+
+def test_djangos_limit_on_files_holds_on_the_fast_path(client: Client, settings: Any) -> None:
+    """A small multipart body of the common shape is cut by the fast path,
+    and Django's own DATA_UPLOAD_MAX_NUMBER_FILES still holds for it: one
+    file more than it allows is refused as Django refuses it (400)."""
+    boundary = "streamer-test-boundary"
+
+    def files(count: int) -> Any:
+        parts = b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="f{n}"; filename="f{n}.bin"\r\n'.encode()
+            + b"Content-Type: application/octet-stream\r\n\r\n"
+            + PAYLOAD[:100]
+            + b"\r\n"
+            for n in range(count - 1)
+        )
+        last = upload(PAYLOAD[:1000])  # the view's own file, "file", last
+        body = parts + last["data"].replace(b"streamer-test-boundary", boundary.encode())
+        return {"data": body, "content_type": f"multipart/form-data; boundary={boundary}"}
+
+    settings.DATA_UPLOAD_MAX_NUMBER_FILES = 3
+    response = client.post("/upload", **files(3))
+    assert response.status_code == 200 and response.json()["length"] == 1000, response.content
+    response = client.post("/upload", **files(4))
+    assert response.status_code == 400, response.content
+    assert "files" in response.json()["error"]["message"].lower(), response.content

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator
 
@@ -92,7 +93,7 @@ def test_images_batched_together_get_their_own_answers(app):
         ({"json": {"file": "a JSON string is not a file"}}, 400, "multipart"),
         (upload(b"x", field="other"), 400, 'the file "file"'),
         (upload(b"x" * (10 * 1024 * 1024 + 1), "big.jpg"), 413, "10485760"),
-        ({"data": b"--b\r\nnot a form", "content_type": "multipart/form-data; boundary=b"}, 400, ""),
+        ({"data": b"--b\r\nnot a form", "content_type": "multipart/form-data; boundary=b"}, 400, 'file "file" of a'),
     ],
 )
 def test_what_is_not_an_image_gets_a_json_4xx(app, kwargs, status, message):
@@ -128,6 +129,39 @@ def test_the_web_process_checks_an_upload_by_its_first_bytes_and_leaves_decoding
     assert image_upload(data[:64]) == data[:64]  # a cut file passes here: the batch's decoder says what is wrong
     with pytest.raises(InvalidInput, match="not an image this service reads"):
         image_upload(b"%PDF-1.7" + data)
+
+
+def test_only_whole_rgb_or_grey_jpegs_within_pillows_pixel_limit_go_to_the_gpu_decoder(monkeypatch):
+    """The routing of the CUDA path, checked here on the CPU: nvJPEG gets
+    the whole JPEGs in colour or grey; a CMYK one (nvJPEG reads none), a cut
+    one, one over Pillow's pixel limit (a decompression bomb must not reach
+    GPU memory), another format or an array go to Pillow, which decodes
+    them or says what is wrong; off CUDA nothing goes to nvJPEG."""
+    from PIL import Image
+
+    from example_flask.vision import gpu_decodable
+
+    def jpeg(image: Any) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG")
+        return buffer.getvalue()
+
+    rgb = photo("chelsea")
+    grey = jpeg(Image.new("L", (64, 48), 128))
+    cmyk = jpeg(Image.new("CMYK", (64, 48), (0, 128, 255, 0)))
+    with Image.open(io.BytesIO(cmyk)) as opened:
+        assert opened.mode == "CMYK"  # what the upload really is
+    items = [rgb, grey, cmyk, rgb[:2000], photo("coffee", "PNG"), [[0.0]], rgb]
+    assert gpu_decodable(items, "cuda") == [0, 1, 6]
+    assert gpu_decodable(items, "cuda:1") == [0, 1, 6]
+    assert gpu_decodable(items, "cpu") == []
+    with Image.open(io.BytesIO(rgb)) as opened:
+        pixels = opened.size[0] * opened.size[1]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", pixels - 1)  # the photo is one pixel too many now
+    with warnings.catch_warnings():
+        # Pillow only warns below twice its limit: as in a server, where warnings are not errors.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        assert gpu_decodable(items, "cuda") == [1]
 
 
 def test_the_tensor_preprocessing_of_the_cuda_path_names_the_photos_as_pillows_does():

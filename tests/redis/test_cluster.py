@@ -133,6 +133,10 @@ def test_the_url_and_the_keys():
     assert keys.requests == "streamer:{embed}:requests" and keys.results("c1") == "streamer:{embed}:results:c1"
     assert Keys("embed").requests == "streamer:embed:requests"  # a single server: the names as before
     assert Keys("", hash_tag=True).workers == "streamer:{streamer}:workers"
+    # Every key of a model carries its tag on a cluster, those written only
+    # now and then too (the dead letters, the workers loading their model).
+    names = [value for value in vars(keys).values() if isinstance(value, str) and value != keys.namespace]
+    assert len(names) >= 5 and all(name.startswith("streamer:{embed}:") for name in names + [keys.results("c1")]), names
 
 
 def test_two_routes_are_served_each_from_one_node(cluster: Cluster):
@@ -157,6 +161,9 @@ def test_two_routes_are_served_each_from_one_node(cluster: Cluster):
         assert [r[0] for r in results[0::2]] == [2 * i for i in range(0, 200, 2)]
         assert [r[0][0] for r in results[1::2]] == list(range(1, 200, 2))
         by_port = cluster.keys_by_port()
+        tags = (f"{{{first}}}", f"{{{second}}}")
+        untagged = [key for keys in by_port.values() for key in keys if not any(tag in key for tag in tags)]
+        assert not untagged, f"keys without their model's hash tag: {untagged}"
         for prefix in (first, second):
             holders = {port for port, keys in by_port.items() if any(f"{{{prefix}}}" in key for key in keys)}
             assert holders == {cluster.node_of_slot(slot_of(prefix))}, (prefix, by_port)

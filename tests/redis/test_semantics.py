@@ -304,13 +304,14 @@ def test_a_model_that_cannot_load_raises_worker_start_error(broker):
         worker.run_forever()
 
 
-def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(broker, monkeypatch):
+@pytest.mark.parametrize("device", [0, 1])
+def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(broker, monkeypatch, device):
     from tests.core.models import FakeOutOfMemory, NoRoomToLoad
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # restored after the test; run_forever sets its own
     worker = RedisWorker(NoRoomToLoad, 4, redis_broker=broker.url, prefix=broker.prefix, oom_errors=(FakeOutOfMemory,))
-    with pytest.raises(WorkerStartError, match="ran out of memory on device 1 while it loaded.*nvidia-smi"):
-        worker.run_forever(gpu_id=1)
+    with pytest.raises(WorkerStartError, match=f"ran out of memory on device {device} while it loaded.*nvidia-smi"):
+        worker.run_forever(gpu_id=device)
 
 
 def test_model_init_args_reach_init_model_and_gpu_id_sets_the_device(broker, make_streamer, start_worker, monkeypatch):
