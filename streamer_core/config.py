@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict, Union
 
@@ -188,6 +189,36 @@ def parse_devices(value: Any) -> Any:
     return value
 
 
+#: How ``CUDA_VISIBLE_DEVICES`` names a device other than by index: its
+#: UUID as ``nvidia-smi -L`` lists it, a GPU's or a MIG instance's.
+_UUID_PREFIXES = ("GPU-", "MIG-")
+# torch's name of a device, "cuda:1": the index.
+_TORCH_DEVICE = re.compile(r"cuda:(\d+)\Z")
+
+
+def _device(device: Any) -> DeviceId:
+    """One device: an index, ``"cuda:N"`` (torch's name: the index ``N``)
+    or a UUID; refused with how to write it otherwise."""
+    if isinstance(device, bool) or not isinstance(device, (int, str)):
+        raise TypeError(f"holds {device!r}: each device must be an int index (0, 1, ...) or a GPU UUID string")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"holds {device!r}: device indexes start at 0")
+        return device
+    text = device.strip()
+    torch_name = _TORCH_DEVICE.match(text)
+    if torch_name:
+        return int(torch_name.group(1))
+    if text.isdigit():
+        return int(text)
+    if not text.startswith(_UUID_PREFIXES) or len(text) <= 4:
+        raise ValueError(
+            f"holds {device!r}: name a device by its index (0, 1, or 'cuda:1' as torch writes it) or by its UUID "
+            "('GPU-...' or 'MIG-...', as nvidia-smi -L lists them)"
+        )
+    return text
+
+
 def _devices(value: Any) -> Optional[Tuple[DeviceId, ...]]:
     """CUDA devices: a list of indexes or GPU UUIDs, ``"0,1"``, or one
     device alone (``0``, as a one-GPU box is set up, or ``FLASK_..._CUDA_DEVICES=0``
@@ -204,14 +235,7 @@ def _devices(value: Any) -> Optional[Tuple[DeviceId, ...]]:
         )
     if not devices:
         raise ValueError("must name at least one device, or be None to leave CUDA_VISIBLE_DEVICES alone")
-    for device in devices:
-        if isinstance(device, bool) or not isinstance(device, (int, str)):
-            raise TypeError(f"holds {device!r}: each device must be an int index (0, 1, ...) or a GPU UUID string")
-        if isinstance(device, int) and device < 0:
-            raise ValueError(f"holds {device!r}: device indexes start at 0")
-        if isinstance(device, str) and not device.strip():
-            raise ValueError("holds an empty string: name the device by index or GPU UUID")
-    return tuple(devices)
+    return tuple(_device(device) for device in devices)
 
 
 def _function(value: Any) -> Optional[Callable[[Any], float]]:

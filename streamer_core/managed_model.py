@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 from .config import DeviceId
 
-__all__ = ["ManagedModel", "ModelFacts", "check_model", "freeze_loaded", "load_predict", "model_facts", "ready_line"]
+__all__ = [
+    "ManagedModel",
+    "ModelFacts",
+    "check_model",
+    "freeze_loaded",
+    "load_predict",
+    "model_facts",
+    "ready_line",
+    "warn_without_cuda",
+]
+
+logger = logging.getLogger("streamer_core")
 
 
 class ManagedModel:
@@ -69,9 +82,33 @@ def load_predict(
         instance = model(gpu_id)
         instance.init_model(*args, **kwargs)
         instance.load_seconds = time.monotonic() - started
+        warn_without_cuda(gpu_id)
         return instance.predict
+    warn_without_cuda(gpu_id)
     predict: Callable[[List[Any]], Any] = model
     return predict
+
+
+def warn_without_cuda(gpu_id: Optional[Any]) -> None:
+    """Say so, once the model is loaded, where a device was asked for and
+    torch (loaded with the model) sees no CUDA device: the model computes
+    on the CPU, which nothing else would tell (the machine has no GPU, or
+    ``CUDA_VISIBLE_DEVICES`` names none that exists). Nothing is said of a
+    model that does not use torch."""
+    torch = sys.modules.get("torch")
+    if gpu_id is None or torch is None:
+        return
+    try:
+        available = bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up: the model says it when it runs
+        return
+    if not available:
+        logger.warning(
+            "device %s was asked for, but torch sees no CUDA device in this process (CUDA_VISIBLE_DEVICES=%s): "
+            "the model runs on the CPU; check the index or UUID (nvidia-smi -L lists them), or ask for no device",
+            gpu_id,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
 
 
 def freeze_loaded() -> None:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 from ..config import OPTIONS, BatchingConfig, DeviceId
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
-from ..streamer import BaseStreamer, callable_name
+from ..streamer import BaseStreamer, callable_name, logger
 
 __all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer"]
 
@@ -157,7 +157,21 @@ class ModelSpec:
             predict = self.model
             if isinstance(predict, type):
                 device = self.cuda_devices[0] if self.cuda_devices else None
+                if self.cuda_devices and len(self.cuda_devices) > 1:
+                    logger.warning(
+                        "%s: the thread backend runs one copy of the model, on device %s; the other devices of "
+                        "cuda_devices are not used (the process or redis backend runs a worker on each)",
+                        self.name or callable_name(self.model),
+                        device,
+                    )
                 predict = load_predict(predict, device, self.init_args, self.init_kwargs)
+            elif self.cuda_devices:
+                logger.warning(
+                    "%s: cuda_devices is not used by the thread backend for a function: it runs in this process "
+                    "as it is (put the model on its device yourself, make it a ManagedModel, or use the process "
+                    "or redis backend)",
+                    self.name or callable_name(self.model),
+                )
             return ThreadedStreamer(predict, config.batch_size, config.max_latency, name=name, **config.keywords())
         if self.backend == "process":
             return Streamer(

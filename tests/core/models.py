@@ -87,6 +87,18 @@ class EnvModel(ManagedModel):
         ]
 
 
+class TorchDoubler(ManagedModel):
+    """Doubles its inputs with torch, imported as it loads, as a real model's is."""
+
+    def init_model(self) -> None:
+        import torch
+
+        self.torch = torch
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return [float(self.torch.tensor(float(x)) * 2) for x in batch]
+
+
 class BrokenInitModel(ManagedModel):
     def init_model(self) -> None:
         raise FileNotFoundError("weights.bin not found")

@@ -57,6 +57,15 @@ def test_each_worker_gets_its_device_slot(closing):
     assert dict(devices) == {"0": 2, "1": 2}, "worker i should use cuda_devices[i % len(cuda_devices)]"
 
 
+def test_a_device_as_torch_names_it_is_its_index(closing):
+    """``cuda:1`` (torch's name) is the device 1: its worker gets
+    ``CUDA_VISIBLE_DEVICES=1``. It was taken for a GPU UUID, which hides
+    every GPU: the model ran on the CPU without a word."""
+    streamer = closing(Streamer(models.EnvModel, batch_size=2, cuda_devices="cuda:1"))
+    [answer] = streamer.predict([0])
+    assert answer["gpu_id"] == 1 and answer["cvd"] == "1"
+
+
 def test_without_cuda_devices_the_variable_is_left_alone(closing, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     streamer = closing(Streamer(models.EnvModel, batch_size=2))

@@ -127,13 +127,13 @@ def test_e005_bad_seconds(streamer_settings, key, value):
     assert error.id == "django_streamer.E005" and "seconds" in error.msg
 
 
-@pytest.mark.parametrize("value", [True, -1, [], [0.5], [-1], [True], {"gpu": 0}])
+@pytest.mark.parametrize("value", [True, -1, [], [0.5], [-1], [True], {"gpu": 0}, "gpu0", ["cuda:x"], "GPU-"])
 def test_e006_devices_of_the_wrong_type(streamer_settings, value):
     found = errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models.double", "CUDA_DEVICES": value}})
     assert ids(found) == ["django_streamer.E006"], found
 
 
-@pytest.mark.parametrize("value", [[0, 1], "0,1", ["GPU-5d0e7f9a"], None, 0, 1, "0"])
+@pytest.mark.parametrize("value", [[0, 1], "0,1", ["GPU-5d0e7f9a"], None, 0, 1, "0", "cuda:0", ["cuda:1", 0]])
 def test_good_devices_pass(streamer_settings, value):
     assert errors(streamer_settings, {"m": {"MODEL": "tests.django.batch_models.double", "CUDA_DEVICES": value}}) == []
 

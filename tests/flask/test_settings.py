@@ -466,6 +466,9 @@ def test_any_text_in_any_setting_variable_is_read_or_refused_by_name(make_app, m
     [
         ("FLASK_STREAMER_CUDA_DEVICES", "1", "cuda_devices", (1,)),
         ("FLASK_STREAMER_CUDA_DEVICES", "0,1", "cuda_devices", (0, 1)),
+        ("FLASK_STREAMER_CUDA_DEVICES", "cuda:0", "cuda_devices", (0,)),
+        ("FLASK_STREAMER_CUDA_DEVICES", "cuda:1,cuda:0", "cuda_devices", (1, 0)),
+        ("FLASK_STREAMER_CUDA_DEVICES", "GPU-5d0e7f9a", "cuda_devices", ("GPU-5d0e7f9a",)),
         ("FLASK_STREAMER_PREFIX", "2024", "prefix", "2024:double"),
     ],
 )
@@ -486,3 +489,35 @@ def test_routes_and_flags_read_as_false_are_off(make_app, monkeypatch):
     streamer.init_app(app)
     client = app.test_client()
     assert error_of(client.get("/metrics"), 404)["type"] == "NotFound", "no metrics route, and a JSON 404"
+
+
+@pytest.mark.parametrize("text", ["gpu0", "cuda:x", "cuda", "GPU-"])
+def test_a_device_that_is_neither_an_index_nor_a_uuid_is_refused(make_app, monkeypatch, text):
+    monkeypatch.setenv("FLASK_STREAMER_CUDA_DEVICES", text)
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    streamer.add_batched_route("/double", model=double)
+    with pytest.raises(ConfigurationError, match=f"STREAMER_CUDA_DEVICES holds '{text}': name a device by its index"):
+        streamer.init_app(app)
+
+
+def test_devices_the_model_cannot_use_are_said_in_the_log(make_app, caplog, monkeypatch):
+    """Devices asked for where they change nothing are said, not silently
+    ignored: a function on the thread backend (it runs here as it is), and
+    a model loaded on a device while torch sees no CUDA device (it runs on
+    the CPU)."""
+    from tests.core.models import TorchDoubler
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the thread backend sets it here: restored after the test
+
+    app, streamer = make_app({"STREAMER_CUDA_DEVICES": "cuda:0"}, init=False)
+    streamer.add_batched_route("/double", model=double)
+    streamer.add_batched_route("/torch", "torch", TorchDoubler)
+    with caplog.at_level("WARNING", logger="streamer_core"):
+        streamer.init_app(app)
+        assert app.test_client().post("/double", json=2).get_json() == 4
+        assert app.test_client().post("/torch", json=2).get_json() == 4.0
+    lines = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith("double: cuda_devices is not used by the thread backend") for line in lines), lines
+    [no_cuda] = [line for line in lines if "torch sees no CUDA device" in line]
+    assert no_cuda.startswith("device 0 was asked for") and "CUDA_VISIBLE_DEVICES=0" in no_cuda, no_cuda
