@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import io
 import logging
 from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence, Union, cast
 
-from django.conf import settings
+from django.conf import global_settings, settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.handlers.wsgi import WSGIRequest
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
@@ -85,13 +86,39 @@ Respond = Callable[[Any], Union[HttpResponse, Awaitable[HttpResponse]]]
 def json_body(request: HttpRequest) -> Any:
     """The request's JSON body, or :data:`~streamer_core.web.http.MISSING` when it
     is not a JSON request (``application/json`` or ``application/*+json``).
-    Raises :class:`InvalidInput` (400) for a body that is not valid JSON."""
+    Raises :class:`InvalidInput` (400) for a body that is not valid JSON,
+    :class:`PayloadTooLarge` (413) for one over ``STREAMER["MAX_BODY_BYTES"]``."""
     if not is_json_type((request.content_type or "").lower()):
         return MISSING
     try:
-        return loads_json(request.body)  # orjson where it is installed: see streamer_core.web.http
+        return loads_json(_whole_body(request))  # orjson where it is installed: see streamer_core.web.http
     except ValueError as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+
+
+def _whole_body(request: HttpRequest) -> bytes:
+    """The request's body, read once, up to ``STREAMER["MAX_BODY_BYTES"]``
+    (10 MiB by default; past it a :class:`PayloadTooLarge`, 413), the limit
+    flask_streamer reads by too. Django's ``request.body`` would also refuse
+    one over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, 2.5 MB by default: that one
+    holds only where the project set it (as it does for form fields, which
+    Django's parser reads, on every path)."""
+    if not hasattr(request, "_body"):
+        _body_length(request, max_body_bytes())  # refused past the limit; a body in chunks is read here
+    if (
+        hasattr(request, "_body")  # read already
+        or getattr(request, "_read_started", False)  # being read: Django says what is wrong
+        or settings.DATA_UPLOAD_MAX_MEMORY_SIZE != global_settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    ):
+        return request.body
+    try:
+        data = request.read()
+    except OSError as exc:
+        raise UnreadablePostError(*exc.args) from exc
+    # Where Django keeps a body it read: request.body, POST and FILES read from here.
+    request._body = data
+    request._stream = io.BytesIO(data)
+    return data
 
 
 def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
@@ -168,8 +195,9 @@ def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:
     """The JSON error response for ``exc`` (status by
     :func:`streamer_core.web.http.status_for`, ``Retry-After`` with a 503),
-    logged when it is the server's fault."""
-    return cast(JsonResponse, _CYCLE.error(model or "?", exc))
+    logged when it is the server's fault. What Django raised reading a body
+    is answered as the batched views answer it (a body too large: 413)."""
+    return cast(JsonResponse, _CYCLE.error(model or "?", _read_error(exc) or exc))
 
 
 def json_reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> JsonResponse:
