@@ -192,7 +192,11 @@ def test_classify_names_a_cat_and_an_espresso_and_refuses_what_is_no_image(examp
         (post_file(b"x", field="other"), 400, 'the file "file"'),
         (post(client, "/classify", {"file": "text"}), 400, "multipart"),
         (post_file(b"x" * (10 * 1024 * 1024 + 1)), 413, "10485760"),
-        (client.post("/classify", b"--b\r\nbroken", content_type="multipart/form-data; boundary=b"), 400, ""),
+        (
+            client.post("/classify", b"--b\r\nbroken", content_type="multipart/form-data; boundary=b"),
+            400,
+            'file "file" of a',
+        ),
     ):
         assert response.status_code == status and response["Content-Type"] == "application/json", response.content
         assert message in response.json()["error"]["message"]
