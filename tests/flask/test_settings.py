@@ -88,7 +88,11 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_CUDA_DEVICES": 1.0}, "STREAMER_CUDA_DEVICES", "a device index such as 0, a list of them"),
         ({"STREAMER_CUDA_DEVICES": [0.5]}, "STREAMER_CUDA_DEVICES", "int index"),
         ({"STREAMER_BACKEND": "redis"}, "STREAMER_REDIS_URL", "must be set for the redis backend"),
-        ({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "nowhere"}, "STREAMER_REDIS_URL", "redis:// URL"),
+        (
+            {"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "nowhere"},
+            "STREAMER_REDIS_URL",
+            "a redis://, rediss:// or unix:// URL",
+        ),
         (
             {"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis+sentinel://127.0.0.1:26379"},
             "STREAMER_REDIS_URL",
