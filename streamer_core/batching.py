@@ -286,7 +286,11 @@ class Scheduler:
                         self._handed(0)
                         return batch, 0
                     wake = min(wake, hold_until)
-                elif self._busy > 0 and self._full_batch_waiting():
+                elif self._busy > 0 and not self._alone_waiting() and self._full_batch_waiting():
+                    # Not while inputs of a crashed batch wait to run alone:
+                    # only a free worker takes those (_decide), and under
+                    # load a busy one always handed the next full batch
+                    # would never be free, leaving them to their timeout.
                     batch = self._take()
                     if batch:
                         self._handed(1)
@@ -310,6 +314,14 @@ class Scheduler:
         while queue and not queue[0].task.live():
             queue.popleft()
         return queue
+
+    def _alone_waiting(self) -> bool:
+        """Whether an input of a crashed batch waits to run alone (the
+        given-up ones at the head dropped)."""
+        alone = self._alone
+        while alone and not alone[0].task.live():
+            alone.popleft()
+        return bool(alone)
 
     def _full_batch_waiting(self) -> bool:
         queue = self._skip_given_up()

@@ -250,3 +250,9 @@ def frozen_objects(batch: List[Any]) -> List[Any]:
     import gc
 
     return [gc.get_freeze_count() for _ in batch]
+
+
+def slow_double(batch: List[Any]) -> List[Any]:
+    """Doubles, taking 0.1 s a batch: a model a few callers keep busy."""
+    time.sleep(0.1)
+    return [x * 2 for x in batch]

@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -116,6 +116,49 @@ def test_a_worker_killed_holding_the_next_batch_too_loses_no_call(closing, tmp_p
     killed_at = time.monotonic()
     assert [f.result(5) for f in futures] == [[x * 2] for x in range(12)]
     assert time.monotonic() - killed_at < 2.0
+
+
+def test_the_inputs_of_a_crashed_batch_run_again_while_the_load_goes_on(closing):
+    """The only worker killed while it held a full batch sent ahead, under a
+    load that keeps a full batch waiting: the inputs of the batch it ran
+    are run again (alone) by its replacement soon after it answers, not
+    left until their timeout. Only a free worker takes them, and a worker
+    handed the next full batch ahead each time is never free."""
+    streamer = closing(Streamer(models.slow_double, batch_size=4, max_latency=0.01, worker_num=1, timeout=15.0))
+    assert streamer.wait_ready(30)
+    stop = threading.Event()
+    started: Dict[int, Optional[float]] = {}  # caller -> when its call in flight started
+    answered: List[float] = []
+    errors: List[BaseException] = []
+
+    def caller(n: int) -> None:  # 16 callers in closed loops: four batches' worth
+        while not stop.is_set():
+            started[n] = time.monotonic()
+            try:
+                assert streamer.predict([n]) == [2 * n]
+                answered.append(time.monotonic())
+            except BaseException as exc:
+                errors.append(exc)
+            started[n] = None
+
+    callers = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(16)]
+    for thread in callers:
+        thread.start()
+    try:
+        [slot] = streamer._backend._slots
+        assert wait_for(lambda: len(answered) >= 40, 20), "the load should be steady: ten batches answered"
+        assert wait_for(lambda: len(slot.batches) == 2, 10), "under this load a full batch is sent ahead"
+        os.kill(slot.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert wait_for(lambda: bool(answered) and answered[-1] > killed, 20), "nothing answered after the kill"
+        assert wait_for(lambda: all(t is None or t > killed for t in list(started.values())), 5), (
+            "calls made before the kill still wait, 5 s after the replacement answered"
+        )
+    finally:
+        stop.set()
+        for thread in callers:
+            thread.join(20)
+    assert not errors, errors[:3]
 
 
 def test_the_batch_sent_ahead_to_a_worker_that_died_is_not_counted_as_crashed(closing, tmp_path):
