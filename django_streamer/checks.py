@@ -37,6 +37,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error
 
+from streamer_core.redis_address import ADDRESS_FORMS
+
 from .conf import read_settings
 
 __all__ = ["HINTS", "check_streamer_settings", "check_view_models"]
@@ -55,9 +57,15 @@ HINTS: Dict[str, str] = {
     "django_streamer.E005": (
         "Give seconds as a number of at most 86400 (a day): MAX_LATENCY >= 0 (e.g. 0.05), TIMEOUT > 0 (e.g. 20)."
     ),
-    "django_streamer.E006": "Use a list such as [0, 1] or the string '0,1', or None to leave the devices alone.",
-    "django_streamer.E007": "Set REDIS_URL, e.g. 'redis://127.0.0.1:6379/0' (or Sentinels: "
-    "'redis+sentinel://host:26379,host:26380/mymaster/0'), at the top level or in the model's entry.",
+    "django_streamer.E006": (
+        "Use a list such as [0, 1], the string '0,1' or 'cuda:0', GPU UUIDs ('GPU-...'), or None to leave the "
+        "devices alone."
+    ),
+    "django_streamer.E007": (
+        "Set REDIS_URL, at the top level or in the model's entry, to where Redis is: "
+        f"{ADDRESS_FORMS}, e.g. 'redis://127.0.0.1:6379/0', 'redis+sentinel://host:26379,host:26380/mymaster/0' "
+        "or 'redis+cluster://host:7000,host:7001'."
+    ),
     "django_streamer.E008": "Remove the key or correct its spelling; see django_streamer.conf for every key.",
     "django_streamer.E009": "See django_streamer.conf for what each key takes.",
     "django_streamer.E010": "Add the model to STREAMER['MODELS'] or correct the name given to the view.",

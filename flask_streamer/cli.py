@@ -18,7 +18,7 @@ import click
 from flask import Flask
 from flask.cli import ScriptInfo
 
-from streamer_core.backends.redis import redact_url, run_worker_groups
+from streamer_core.backends.redis import run_worker_groups
 from streamer_core.errors import ConfigurationError
 from streamer_core.logs import show_logs
 from streamer_core.web.spec import ModelSpec
@@ -133,8 +133,7 @@ def run_workers(
     show_logs(log_level.upper())
     for spec, group in zip(specs, groups):
         click.echo(
-            f"{spec.name}: {group.worker_num} worker(s) on {redact_url(spec.redis_url or '')} "
-            f"(keys streamer:{spec.prefix}:*)"
+            f"{spec.name}: {group.worker_num} worker(s) on {spec.redis.redacted} (keys streamer:{spec.prefix}:*)"
         )
     try:
         code = run_worker_groups(groups, metrics_port=metrics_port)

@@ -19,6 +19,7 @@ from .backends.redis import run_redis_workers_forever
 from .config import OPTIONS
 from .importing import import_target
 from .logs import LOG_FORMAT
+from .redis_address import ADDRESS_FORMS, DEFAULT_REDIS
 
 __all__ = ["main"]
 
@@ -60,10 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="the model, module:attribute: a ManagedModel subclass or a batch function")
     parser.add_argument(
         "--redis",
-        default=os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        help="Redis URL (redis://, rediss://, redis+sentinel://host:26379,.../service/db, "
-        "redis+cluster://host:port,...) or host:port "
-        "(default: $STREAMER_REDIS_URL or redis://127.0.0.1:6379/0)",
+        default=os.environ.get("STREAMER_REDIS_URL", DEFAULT_REDIS),
+        help=f"where Redis is: {ADDRESS_FORMS} (default: $STREAMER_REDIS_URL or {DEFAULT_REDIS})",
     )
     parser.add_argument("--prefix", default="", help="keeps models apart on one Redis; the web side uses the same")
     for flag, name, kind, metavar in OPTION_FLAGS:
@@ -91,14 +90,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         model = import_target(args.model)
         options = {name: OPTIONS[name].checked(getattr(args, name), flag) for flag, name, *_ in OPTION_FLAGS}
-        OPTIONS["redis_url"].checked(args.redis, "--redis")
+        address = OPTIONS["redis_url"].checked(args.redis, "--redis")
         return run_redis_workers_forever(
             model,
             options.pop("batch_size"),
             options.pop("max_latency"),
             worker_num=options.pop("worker_num"),
             cuda_devices=options.pop("cuda_devices"),
-            redis_broker=args.redis,
+            redis_broker=address,
             prefix=args.prefix,
             model_init_args=args.init_args,
             model_init_kwargs=args.init_kwargs,

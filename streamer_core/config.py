@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 from .oom import check_oom_errors
+from .redis_address import ADDRESS_FORMS, RedisAddress
 
 __all__ = [
     "BatchingConfig",
@@ -256,17 +257,13 @@ def _function(value: Any) -> Optional[Callable[[Any], float]]:
     return function
 
 
-def _redis_url(value: Any) -> Optional[str]:
+def _redis_url(value: Any) -> Optional[RedisAddress]:
+    """A Redis address (:mod:`streamer_core.redis_address`), parsed; ``None``: not set."""
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
-        raise ValueError(
-            f"must be a Redis URL (redis://, redis+sentinel://, redis+cluster://) or host:port, got {value!r}"
-        )
-    from .backends.redis.connection import check_address  # no redis import: parsing only
-
-    check_address(value)
-    return value
+    if not isinstance(value, (str, RedisAddress)):
+        raise ValueError(f"must be {ADDRESS_FORMS}, got {value!r}")
+    return RedisAddress.of(value)
 
 
 def _string(value: Any) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 from ..config import OPTIONS, BatchingConfig, DeviceId
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
+from ..redis_address import ADDRESS_FORMS, RedisAddress
 from ..streamer import BaseStreamer, callable_name, logger
 
 __all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer"]
@@ -79,11 +80,18 @@ class ModelSpec:
     config: BatchingConfig
     worker_num: int
     cuda_devices: Optional[Tuple[DeviceId, ...]]
-    redis_url: Optional[str]
+    redis_url: Optional[RedisAddress]
     prefix: str
     codec: str
     init_args: Tuple[Any, ...]
     init_kwargs: Dict[str, Any]
+
+    @property
+    def redis(self) -> RedisAddress:
+        """The Redis address of a model on the redis backend (set: checked)."""
+        if self.redis_url is None:
+            raise ConfigurationError(f"{self.name or 'this model'} has no Redis address: set its redis_url")
+        return self.redis_url
 
     @classmethod
     def from_settings(
@@ -124,7 +132,8 @@ class ModelSpec:
                 Problem(
                     "redis_url",
                     "redis_url",
-                    f"{written_as('redis_url')} must be set for the redis backend, e.g. 'redis://127.0.0.1:6379/0'",
+                    f"{written_as('redis_url')} must be set for the redis backend, e.g. 'redis://127.0.0.1:6379/0' "
+                    f"({ADDRESS_FORMS})",
                 )
             )
         if problems:
@@ -191,7 +200,7 @@ class ModelSpec:
         # than letting requests wait out their timeout. The workers shape the
         # batches (see worker_group); this side costs each input.
         return RedisStreamer(
-            self.redis_url or "",
+            self.redis,
             self.prefix,
             codec=self.codec,
             require_workers=True,
@@ -217,7 +226,7 @@ class ModelSpec:
             model_class=self.model,
             batch_size=config.batch_size,
             max_latency=config.max_latency,
-            redis_broker=self.redis_url or "",
+            redis_broker=self.redis,
             prefix=self.prefix,
             model_init_args=list(self.init_args),
             model_init_kwargs=dict(self.init_kwargs),

@@ -78,9 +78,7 @@ def model_status(spec: ModelSpec) -> ModelStatus:
         settings.update(max_batch_cost=config.max_batch_cost, batch_cost=config.batch_cost)
     status = ModelStatus(spec.name, spec.backend, settings)
     if spec.backend == "redis":
-        from ..backends.redis.connection import redact_url
-
-        settings.update(redis_url=redact_url(spec.redis_url or ""), prefix=spec.prefix)
+        settings.update(redis_url=spec.redis.redacted, prefix=spec.prefix)
         _redis_status(spec, status)
     return status
 
@@ -90,14 +88,14 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         broker_errors,
         broker_problem,
         connect,
-        is_cluster_address,
         on_node_of,
         server_time_ms,
     )
     from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys, loading_workers
 
-    keys = Keys(spec.prefix, is_cluster_address(spec.redis_url or ""))
-    conn = connect(spec.redis_url or "")
+    address = spec.redis
+    keys = Keys(spec.prefix, address.is_cluster)
+    conn = connect(address)
     try:
         node = on_node_of(conn, keys.requests).get("target_nodes")
         if node is not None:  # a Cluster: every key of the model is in one slot (Keys)
@@ -125,7 +123,7 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         else:
             status.waiting, status.pending = 0, 0
     except broker_errors() as exc:
-        status.problems.append(broker_problem(exc))
+        status.problems.append(broker_problem(exc, address))
         return
     finally:
         conn.close()

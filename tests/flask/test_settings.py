@@ -235,7 +235,7 @@ def test_redis_url_and_prefix_can_be_overridden_per_route(make_app):
     app, streamer = make_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis://127.0.0.1:1/0"})
     streamer.add_batched_route("/elsewhere", "elsewhere", double, redis_url="redis://127.0.0.1:2/0", prefix="other")
     spec = spec_of(app, "elsewhere")
-    assert spec.redis_url == "redis://127.0.0.1:2/0"
+    assert spec.redis.url == "redis://127.0.0.1:2/0"
     assert spec.prefix.startswith("other")
 
 
@@ -320,7 +320,7 @@ def test_settings_from_flask_environment_variables(make_app, monkeypatch):
     streamer.add_batched_route("/double", model=double)
     streamer.init_app(app)
     spec = spec_of(app, "double")
-    assert (spec.backend, spec.redis_url) == ("redis", "redis://127.0.0.1:1/0")
+    assert (spec.backend, spec.redis.url) == ("redis", "redis://127.0.0.1:1/0")
     assert (spec.config.batch_size, spec.config.max_latency) == (8, 0.02)
     group = spec.worker_group()
     assert (group.worker_num, group.devices) == (4, (0, 1))

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from streamer_core import RedisStreamer, RedisWorker
-from streamer_core.backends.redis.connection import check_address, parse_cluster_url
 from streamer_core.backends.redis.wire import Keys
+from streamer_core.redis_address import RedisAddress
 from tests.core.models import double
 from tests.helpers import wait_for
 from tests.redis.conftest import ThreadWorker
@@ -123,12 +123,13 @@ def two_prefixes_on_two_nodes(cluster: Cluster) -> Tuple[str, str]:
 
 
 def test_the_url_and_the_keys():
-    address = parse_cluster_url("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001,[::1]")
-    assert address is not None and address.nodes == (("127.0.0.1", 7000), ("127.0.0.1", 7001), ("::1", 6379))
-    assert address.password == "pw" and parse_cluster_url("redis://127.0.0.1:6379/0") is None
+    address = RedisAddress.parse("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001,[::1]")
+    assert address.is_cluster and address.hosts == (("127.0.0.1", 7000), ("127.0.0.1", 7001), ("::1", 6379))
+    assert address.password == "pw" and address.redacted == "redis+cluster://***@127.0.0.1:7000,127.0.0.1:7001,[::1]"
+    assert not RedisAddress.parse("redis://127.0.0.1:6379/0").is_cluster
     for bad, message in (("redis+cluster://127.0.0.1:7000/3", "database 0 only"), ("redis+cluster:///", "no node")):
         with pytest.raises(ValueError, match=message):
-            check_address(bad)
+            RedisAddress.parse(bad)
     keys = Keys("embed", hash_tag=True)
     assert keys.requests == "streamer:{embed}:requests" and keys.results("c1") == "streamer:{embed}:results:c1"
     assert Keys("embed").requests == "streamer:embed:requests"  # a single server: the names as before

@@ -289,8 +289,9 @@ def test_redis_py_sends_a_large_value_without_copying_it():
     """With hiredis, redis-py would pack each argument into one buffer per
     command; our connections hand a large value to the socket as it is."""
     from streamer_core.backends.redis.connection import connect
+    from streamer_core.redis_address import RedisAddress
 
-    conn = connect("127.0.0.1:6379")
+    conn = connect(RedisAddress.parse("127.0.0.1:6379"))
     packer = conn.connection_pool.connection_kwargs.get("command_packer")
     if packer is None:
         pytest.skip("this redis-py packs with its own Python packer, which passes large values through")
@@ -321,8 +322,9 @@ def test_our_packer_writes_what_redis_py_writes(name: Any, arguments: List[Any])
     import redis.connection
 
     from streamer_core.backends.redis.connection import connect
+    from streamer_core.redis_address import RedisAddress
 
-    packer = connect("127.0.0.1:6379").connection_pool.connection_kwargs.get("command_packer")
+    packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")
     if packer is None:
         pytest.skip("this redis-py packs with its own Python packer")
     theirs = redis.connection.HiredisRespSerializer()
@@ -333,8 +335,9 @@ def test_our_packer_refuses_what_redis_py_refuses():
     import redis
 
     from streamer_core.backends.redis.connection import connect
+    from streamer_core.redis_address import RedisAddress
 
-    packer = connect("127.0.0.1:6379").connection_pool.connection_kwargs.get("command_packer")
+    packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")
     if packer is None:
         pytest.skip("this redis-py packs with its own Python packer")
     with pytest.raises(redis.DataError):

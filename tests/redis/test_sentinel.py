@@ -29,8 +29,8 @@ import redis
 
 from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.client import SEND_RETRY_S
-from streamer_core.backends.redis.connection import check_address, parse_sentinel_url
 from streamer_core.errors import BrokerUnavailableError
+from streamer_core.redis_address import RedisAddress
 from tests.core.models import double
 from tests.helpers import wait_for
 from tests.redis.conftest import ThreadWorker
@@ -131,13 +131,14 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
 
 
 def test_the_url_names_the_sentinels_the_service_and_the_database():
-    address = parse_sentinel_url(
+    address = RedisAddress.parse(
         "redis+sentinel://:s3cret@10.0.0.1:26379,[::1]:26380,sentinel-c/cache/2?sentinel_password=x"
     )
-    assert address is not None
-    assert address.sentinels == (("10.0.0.1", 26379), ("::1", 26380), ("sentinel-c", 26379))
+    assert address.is_sentinel and not address.is_cluster
+    assert address.hosts == (("10.0.0.1", 26379), ("::1", 26380), ("sentinel-c", 26379))
     assert (address.service, address.db, address.password, address.sentinel_password) == ("cache", 2, "s3cret", "x")
-    assert parse_sentinel_url("redis://127.0.0.1:6379/0") is None
+    assert "s3cret" not in address.redacted and "s3cret" not in str(address)
+    assert not RedisAddress.parse("redis://127.0.0.1:6379/0").is_sentinel
 
 
 @pytest.mark.parametrize(
@@ -154,14 +155,14 @@ def test_the_url_names_the_sentinels_the_service_and_the_database():
 )
 def test_a_wrong_url_says_how_to_write_it(url, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_address(url)
+        RedisAddress.parse(url)
     with pytest.raises(ValueError, match=re.escape(message)):
         RedisStreamer(url, "p")
 
 
 def test_a_password_in_a_wrong_url_is_not_printed():
     with pytest.raises(ValueError) as raised:
-        check_address("redis+sentinel://:hunter2@127.0.0.1/mymaster/x")
+        RedisAddress.parse("redis+sentinel://:hunter2@127.0.0.1/mymaster/x")
     assert "hunter2" not in str(raised.value)
 
 

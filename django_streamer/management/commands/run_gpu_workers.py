@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from streamer_core.backends.redis import redact_url, run_worker_groups
+from streamer_core.backends.redis import run_worker_groups
 from streamer_core.config import OPTIONS
 from streamer_core.logs import show_logs
 from streamer_core.web.spec import ModelSpec
@@ -86,7 +86,7 @@ class Command(BaseCommand):
         for spec, group in zip(specs, groups):
             where = f" on device(s) {', '.join(map(str, group.devices))}" if group.devices else ""
             self.stdout.write(
-                f"{spec.name}: {group.worker_num} worker(s){where}, Redis {redact_url(spec.redis_url or '')}, "
+                f"{spec.name}: {group.worker_num} worker(s){where}, Redis {spec.redis.redacted}, "
                 f"keys streamer:{spec.prefix}:*"
             )
         self.stdout.flush()

@@ -47,7 +47,7 @@ see :mod:`streamer_core.codec`.
 """
 
 from .client import RedisStreamer
-from .connection import connect, redact_url, wait_for_broker
+from .connection import connect, wait_for_broker
 from .supervisor import WorkerGroup, run_redis_workers_forever, run_worker_groups
 from .wire import Keys
 from .worker import RedisWorker
@@ -59,7 +59,6 @@ __all__ = [
     "run_worker_groups",
     "WorkerGroup",
     "wait_for_broker",
-    "redact_url",
     "connect",
     "Keys",
 ]

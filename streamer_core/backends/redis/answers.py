@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...codec import Codec, encode_error, get_codec
 from ...errors import SerializationError
+from ...redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, connect
 from .intake import Hands, ServerClock
 from .wire import GROUP, RESULTS_MAXLEN, RESULTS_TTL_S, Answer, Keys, Request, legacy_result_entry, result_entry
@@ -37,9 +38,15 @@ class AnswerWriter:
     thread of its own (:meth:`run`), over a connection of its own."""
 
     def __init__(
-        self, broker: str, keys: Keys, codec: Codec, hands: Hands, clock: ServerClock, stopping: threading.Event
+        self,
+        address: RedisAddress,
+        keys: Keys,
+        codec: Codec,
+        hands: Hands,
+        clock: ServerClock,
+        stopping: threading.Event,
     ) -> None:
-        self._broker = broker
+        self._address = address
         self._keys = keys
         self._codec = codec
         # Errors are plain data: msgpack, which every web process can read safely.
@@ -62,7 +69,7 @@ class AnswerWriter:
 
     def run(self) -> None:
         """Answer each batch: write its results, acknowledge its requests."""
-        conn = connect(self._broker)
+        conn = connect(self._address)
         errors = LoopErrors("the Redis worker's writer")
         while True:
             job = self._outbox.get()

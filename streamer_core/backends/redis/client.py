@@ -13,6 +13,7 @@ from ...batching import Scheduler, _Item, deliver
 from ...codec import Buffers, decode_error, get_codec
 from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
+from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from .connection import (
     MAX_BACKOFF_S,
@@ -21,7 +22,6 @@ from .connection import (
     broker_errors,
     broker_problem,
     connect,
-    is_cluster_address,
     setup_refused,
 )
 from .roster import NO_WORKER_S, Roster
@@ -81,7 +81,7 @@ class _RedisClientBackend(Backend):
 
     def __init__(
         self,
-        redis_broker: str,
+        address: RedisAddress,
         prefix: str,
         codec: str,
         require_workers: bool = False,
@@ -90,15 +90,15 @@ class _RedisClientBackend(Backend):
         self._item_cost = item_cost
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
-        self._keys = Keys(prefix, is_cluster_address(redis_broker))
+        self._keys = Keys(prefix, address.is_cluster)
         #: The workers as this process sees them (checked every _CHECK_SERVER_S).
         self.roster = Roster(self._keys, require_workers)
         self._dead = DeadLetters(self._keys)
         self._client_id = new_client_id()
         self._results_key = self._keys.results(self._client_id)
-        self._broker = redis_broker
-        self._send_conn = connect(redis_broker)
-        self._read_conn = connect(redis_broker)
+        self._address = address
+        self._send_conn = connect(address)
+        self._read_conn = connect(address)
         self._add_requests = self._send_conn.register_script(ADD_REQUESTS_SCRIPT)
         self._add_packed = self._send_conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
         self._packed = True  # until the server's Lua turns out to lack cmsgpack
@@ -122,11 +122,11 @@ class _RedisClientBackend(Backend):
             if self.roster.require_workers:
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
-            logger.warning("%s; calls fail until it answers", broker_problem(exc))
+            logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
             self._send_conn.close()
             self._read_conn.close()
-            raise setup_refused(self._broker, exc) from exc
+            raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
         self._collector.start()
         self._deleter.start()
@@ -165,7 +165,7 @@ class _RedisClientBackend(Backend):
         scheduler.batch_done(0, 0.0, held)
         if failure is not None:
             error = BrokerUnavailableError(
-                f"{broker_problem(failure, self._broker)}: the call was not queued; retry later"
+                f"{broker_problem(failure, self._address)}: the call was not queued; retry later"
             )
             self._unsent(sent)
             # Not under the lock: a call whose other inputs went in an earlier
@@ -251,13 +251,13 @@ class _RedisClientBackend(Backend):
                 return None
             except broker_errors() as exc:
                 failure = exc
-                logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
+                logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
             except redis.ResponseError as exc:
                 failure = exc
                 if is_wrong_type(exc):
                     repair_key(self._send_conn, self._keys.requests, "stream")
                 else:
-                    logger.warning("could not send to Redis: %s; retrying", broker_problem(exc))
+                    logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
             left = give_up_at - time.monotonic()
             if left <= 0:
                 return failure
@@ -341,7 +341,7 @@ class _RedisClientBackend(Backend):
                 self.roster.unreachable()
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc, self._broker))
+                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc, self._address))
                 next_check = 0.0
                 self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
             except redis.ResponseError as exc:
@@ -510,7 +510,9 @@ class RedisStreamer(BaseStreamer):
     elsewhere (:class:`RedisWorker`, ``run_redis_workers_forever`` or the
     ``streamer-worker`` command) and wait for their answers.
 
-    ``redis_broker`` is ``"host:port"`` or a ``redis://`` / ``rediss://`` URL;
+    ``redis_broker`` is ``"host:port"``, a ``redis://`` / ``rediss://`` /
+    ``unix://`` URL, a ``redis+sentinel://`` or ``redis+cluster://`` URL
+    (see :mod:`streamer_core.redis_address`), or a :class:`RedisAddress`;
     ``prefix`` keeps models apart on one Redis (workers use the same one).
     Keyword-only: ``timeout`` (seconds a call may take, default 20),
     ``max_queue`` (the most inputs of this web process waiting for an answer,
@@ -528,7 +530,7 @@ class RedisStreamer(BaseStreamer):
 
     def __init__(
         self,
-        redis_broker: str = "localhost:6379",
+        redis_broker: AddressLike = DEFAULT_REDIS,
         prefix: str = "",
         *,
         timeout: float = default("timeout"),
@@ -543,7 +545,8 @@ class RedisStreamer(BaseStreamer):
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
         item_cost = OPTIONS["item_cost"].checked(item_cost)
-        backend = functools.partial(_RedisClientBackend, redis_broker, prefix, codec, require_workers, item_cost)
+        address = RedisAddress.of(redis_broker)
+        backend = functools.partial(_RedisClientBackend, address, prefix, codec, require_workers, item_cost)
         super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
 
     @property
@@ -569,7 +572,7 @@ class RedisStreamer(BaseStreamer):
         try:
             return self._backend.live_workers()
         except broker_errors() as exc:
-            raise BrokerUnavailableError(broker_problem(exc)) from exc
+            raise BrokerUnavailableError(broker_problem(exc, self._backend._address)) from exc
 
     def why_not_ready(self) -> Optional[str]:
         if self.closed:
@@ -577,7 +580,7 @@ class RedisStreamer(BaseStreamer):
         try:
             return self._backend.why_not_ready()
         except broker_errors() as exc:
-            return str(BrokerUnavailableError(broker_problem(exc)))
+            return str(BrokerUnavailableError(broker_problem(exc, self._backend._address)))
 
     why_not_ready.__doc__ = BaseStreamer.why_not_ready.__doc__
 

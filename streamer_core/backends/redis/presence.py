@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+from ...redis_address import RedisAddress
 from .connection import connect, server_time_ms
 from .intake import Hands
 from .wire import BEAT_S, BEAT_SCRIPT, GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, PRESENCE_TTL_MS, Keys
@@ -60,8 +61,8 @@ class Loading:
     than "no worker", readiness says why it waits, and the status commands
     show it. A context manager around the load; the beats run on a thread."""
 
-    def __init__(self, broker: str, keys: Keys, consumer: str, info: Dict[str, Any]) -> None:
-        self._broker = broker
+    def __init__(self, address: RedisAddress, keys: Keys, consumer: str, info: Dict[str, Any]) -> None:
+        self._address = address
         self._keys = keys
         self._consumer = consumer
         self._info = info
@@ -77,7 +78,7 @@ class Loading:
         self._thread.join(5.0)
 
     def _beat(self) -> None:
-        conn = connect(self._broker)
+        conn = connect(self._address)
         try:
             info = None
             while True:
@@ -108,7 +109,7 @@ class Presence:
 
     def __init__(
         self,
-        broker: str,
+        address: RedisAddress,
         keys: Keys,
         consumer: str,
         info: str,
@@ -119,7 +120,7 @@ class Presence:
         stopping: threading.Event,
         exit_when_hung: bool,
     ) -> None:
-        self._broker = broker
+        self._address = address
         self._keys = keys
         self._consumer = consumer
         self._info = info
@@ -136,7 +137,7 @@ class Presence:
     def run(self) -> None:
         """Keep the requests in hand from looking abandoned while the model
         runs; unless the model has hung (see :meth:`hung`)."""
-        conn = connect(self._broker)
+        conn = connect(self._address)
         self.beat(conn)
         while not self._stopping.wait(min(BEAT_S, self._claim_after / 3, (self._hang_timeout or BEAT_S) / 4)):
             if self.hung():

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from ...config import MAX_SECONDS, OPTIONS, DeviceId, default, shown_device
 from ...errors import WorkerStartError
 from ...logs import LOG_FORMAT
+from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import callable_name
 from ..spawning import spawn_context
 from .connection import MAX_BACKOFF_S, wait_for_broker
@@ -66,7 +67,7 @@ def run_redis_workers_forever(
     max_latency: float = default("max_latency"),
     worker_num: int = default("worker_num"),
     cuda_devices: Optional[Sequence[DeviceId]] = default("cuda_devices"),
-    redis_broker: str = "localhost:6379",
+    redis_broker: AddressLike = DEFAULT_REDIS,
     prefix: str = "",
     model_init_args: Optional[Sequence[Any]] = None,
     model_init_kwargs: Optional[Dict[str, Any]] = None,
@@ -88,7 +89,7 @@ def run_redis_workers_forever(
         model_class=model_class,
         batch_size=batch_size,
         max_latency=max_latency,
-        redis_broker=redis_broker,
+        redis_broker=RedisAddress.of(redis_broker),
         prefix=prefix,
         model_init_args=model_init_args,
         model_init_kwargs=model_init_kwargs,
@@ -220,8 +221,10 @@ def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer])
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
     atexit.register(at_exit)
     try:
-        for broker in dict.fromkeys(group.options.get("redis_broker", "localhost:6379") for group in groups):
-            if not wait_for_broker(broker, stopping):
+        for address in dict.fromkeys(
+            RedisAddress.of(group.options.get("redis_broker", DEFAULT_REDIS)) for group in groups
+        ):
+            if not wait_for_broker(address, stopping):
                 return 0
         for n in range(len(slots)):
             start(n)

@@ -42,6 +42,7 @@ from ...green import Condition
 from ...hold import HoldPolicy
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...oom import load_failure
+from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...runner import run_batch
 from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
@@ -53,7 +54,6 @@ from .connection import (
     broker_errors,
     broker_problem,
     connect,
-    is_cluster_address,
     setup_refused,
 )
 from .intake import Hands, Input, Intake, ServerClock
@@ -86,7 +86,9 @@ class RedisWorker:
 
     Same signature as service_streamer's ``RedisWorker``; ``model_class`` is a
     :class:`ManagedModel` subclass (built in :meth:`run_forever`) or a
-    function taking a list. Keyword-only: ``codec`` (``"msgpack"``, or
+    function taking a list; ``redis_broker`` is where Redis is, in any form
+    of :mod:`streamer_core.redis_address` (one server, Sentinels, a
+    Cluster), as the web side's. Keyword-only: ``codec`` (``"msgpack"``, or
     ``"pickle"`` to accept pickled inputs from a trusted broker),
     ``isolate_errors``, ``claim_after`` (seconds an entry may go without a
     heartbeat before another worker takes it over, default 2),
@@ -109,7 +111,7 @@ class RedisWorker:
         model_class: Any,
         batch_size: int,
         max_latency: float = default("max_latency"),
-        redis_broker: str = "localhost:6379",
+        redis_broker: AddressLike = DEFAULT_REDIS,
         prefix: str = "",
         model_init_args: Optional[Sequence[Any]] = None,
         model_init_kwargs: Optional[Dict[str, Any]] = None,
@@ -139,9 +141,9 @@ class RedisWorker:
         self._hang_timeout: Optional[float] = OPTIONS["hang_timeout"].checked(hang_timeout)
         # Set by the supervisor's worker processes: exit when hung, to be started again.
         self._exit_when_hung = False
-        self._broker = redis_broker
-        self._keys = Keys(prefix, is_cluster_address(redis_broker))
-        connect(redis_broker)  # validates the address now; connects lazily
+        address = RedisAddress.of(redis_broker)
+        self._address = address
+        self._keys = Keys(prefix, address.is_cluster)
         self._stopping = threading.Event()
         # Requests this worker holds (read ahead, running, being answered):
         # the heartbeat keeps them ours.
@@ -205,14 +207,14 @@ class RedisWorker:
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
         about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
-        with Loading(self._broker, self._keys, self.consumer, about):
+        with Loading(self._address, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
         freeze_loaded()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         info = json.dumps(about)
-        self._conn = connect(self._broker)
-        self._main_conn = connect(self._broker)
+        self._conn = connect(self._address)
+        self._main_conn = connect(self._address)
         hands, clock = self._hands, ServerClock(self._conn, self._keys.requests)
         self._clock = clock
         self._intake = Intake(
@@ -226,9 +228,9 @@ class RedisWorker:
             self._claim_after,
             self._max_item_crashes,
         )
-        writer = self._writer = AnswerWriter(self._broker, self._keys, self._codec, hands, clock, self._stopping)
+        writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
         presence = self._presence = Presence(
-            self._broker,
+            self._address,
             self._keys,
             self.consumer,
             info,
@@ -461,7 +463,7 @@ class RedisWorker:
                 except broker_errors() as exc:
                     if failing_since is None:
                         failing_since = time.monotonic()
-                        logger.warning("lost Redis: %s; retrying", broker_problem(exc))
+                        logger.warning("lost Redis: %s; retrying", broker_problem(exc, self._address))
                     intake.group_lost()
                     self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
                 except redis.ResponseError as exc:
@@ -579,12 +581,12 @@ class RedisWorker:
         that for good. A Redis that does not answer yet is waited for."""
         import redis
 
-        conn = connect(self._broker)
+        conn = connect(self._address)
         try:
             conn.ping()
         except broker_errors():
             pass
         except redis.ResponseError as exc:
-            raise setup_refused(self._broker, exc) from exc
+            raise setup_refused(self._address, exc) from exc
         finally:
             conn.close()
