@@ -1,10 +1,13 @@
-"""The queue of items and the rule that turns it into batches.
+"""The calls of this process, their deadlines, and the workers that take
+their batches: the :class:`Scheduler` of the thread and process backends.
 
 One call (``submit(batch)``) is a :class:`_Task` with one :class:`BatchFuture`;
-each of its inputs is an :class:`_Item` in the :class:`Scheduler`'s FIFO queue.
-A dispatcher thread asks :meth:`Scheduler.next_batch` for work whenever a
-worker is free, and the backend hands the batch to that worker. Results come
-back per item and complete the task's future once every item has one.
+each of its inputs is an :class:`_Item`, waiting in the scheduler's
+:class:`~streamer_core.former.BatchFormer`, which says when a batch goes and
+what it holds (the same rule as a Redis worker's). A dispatcher thread asks
+:meth:`Scheduler.next_batch` for work whenever a worker has room, and the
+backend hands the batch to that worker. Results come back per item and
+complete the task's future once every item has one.
 
 When does a batch go? At once when ``batch_size`` items are queued or the
 oldest item has waited ``max_latency`` seconds since *its* arrival. Otherwise
@@ -17,34 +20,28 @@ quarter of the model's recent service time, or for as long as answered callers
 have lately taken to come back (through a broker, that is longer), within one
 service time; when nobody is due, a lone request goes to the model immediately. A
 single client therefore sees the model's own latency, while 64 clients fill
-batches of 64.
+batches of 64 (:mod:`streamer_core.hold`).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
+from .former import BatchFormer
 from .future import BatchFuture, settle
 from .green import Condition
-from .hold import HoldPolicy
-from .shaping import CostShaper
 from .stats import ModelStats
 
 __all__ = ["Scheduler", "Outcome", "deliver"]
 
 #: A per-item result: ``(True, value)`` or ``(False, exception)``.
 Outcome = Tuple[bool, Any]
-
-# A batch shaped by cost is chosen among the next this many batches' worth of
-# waiting inputs: enough to find like companions, few enough to sort each time.
-_SHAPING_WINDOW = 8
 
 
 class _Task:
@@ -107,6 +104,11 @@ class _Item:
         self.arrival = arrival
         self.crashes = 0
         self.cost = cost
+
+
+def _live(item: _Item) -> bool:
+    """Whether an item's call still waits for it (the former drops the rest)."""
+    return item.task.live()
 
 
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
@@ -193,9 +195,11 @@ class Scheduler:
         self.stats = stats
         self._max_item_crashes = max_item_crashes
         self._cond = Condition()
-        self._queue: Deque[_Item] = deque()
-        self._alone: Deque[_Item] = deque()  # items to run one at a time after a worker crash
-        self._dead = 0  # items in _queue whose task is done, roughly: triggers compaction
+        # The items waiting, and when and how they become a batch. Batches are
+        # shaped by cost when the config asks, and while a cap learned from
+        # running out of memory holds (on the count, without an item_cost:
+        # each input costs 1).
+        self._former: BatchFormer[_Item] = BatchFormer(config, config.item_cost is not None, _live)
         self._deadlines = _Deadlines(config.timeout)
         # Worker capacity: each worker holds up to two batches, the one it runs
         # and, when a full batch is waiting, the next one, so it never idles
@@ -203,17 +207,6 @@ class Scheduler:
         self._idle = 0  # workers holding no batch
         self._busy = 0  # workers holding one batch (room for a full one more)
         self._in_flight = 0  # batches handed out and not yet done or lost
-        self._policy = HoldPolicy(config.max_latency)
-        # Batches are shaped by cost when the config asks, and while a cap
-        # learned from running out of memory holds (on the count, without
-        # an item_cost: each input costs 1).
-        self._shaper = CostShaper(config, costed=config.item_cost is not None)
-        self._shaped = self._shaper.active
-        # What every queued input costs, given-up ones too, at most: a bound
-        # that tells most arrivals at once that a batch is not full yet
-        # (see _over_budget), kept as inputs arrive, made tight per batch.
-        self._bound_top = 0.0
-        self._bound_sum = 0.0
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
@@ -241,27 +234,21 @@ class Scheduler:
                 raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
             if self._broken is not None:
                 raise self._broken()
-            queue = self._queue
+            former = self._former
             limit = self._config.max_queue
-            if limit is not None and len(queue) + n > limit:
-                self._compact()
-                if len(queue) + n > limit:
+            if limit is not None and former.in_queue() + n > limit:
+                former.compact()
+                if former.in_queue() + n > limit:
                     raise QueueFullError(
-                        f"the queue holds {len(queue)} items and max_queue is {limit}: "
+                        f"the queue holds {former.in_queue()} items and max_queue is {limit}: "
                         "retry later, add workers, or raise max_queue"
                     )
-            was_empty = not queue
-            queue.extend(items)
-            if costs is not None:
-                self._bound_top = max(self._bound_top, max(costs, default=0.0))
-                self._bound_sum += sum(costs)
-            else:
-                self._bound_top = max(self._bound_top, 1.0)
-                self._bound_sum += n
+            was_empty = not former.in_queue()
+            former.add(items)
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
-            due = self._policy.arrived(n, now)
-            full = len(queue) >= self._config.batch_size or (self._shaped and self._over_budget())
+            due = former.policy.arrived(n, now)
+            full = former.in_queue() >= former.size or (former.shaped and former.over_budget())
             if (self._idle > 0 and (was_empty or due == 0 or full)) or (full and self._busy > 0):
                 cond.notify()
         return future
@@ -280,18 +267,19 @@ class Scheduler:
                 wake = self._expire(now)
                 if self._stopped:
                     return None  # until then, even while closing, deadlines are kept and returned inputs rerun
+                former = self._former
                 if self._idle > 0:
-                    batch, hold_until = self._decide(now)
+                    batch, hold_until = former.decide(now, go_now=self._closing)
                     if batch:
                         self._handed(0)
                         return batch, 0
                     wake = min(wake, hold_until)
-                elif self._busy > 0 and not self._alone_waiting() and self._full_batch_waiting():
+                elif self._busy > 0 and not former.alone_waiting() and former.full():
                     # Not while inputs of a crashed batch wait to run alone:
-                    # only a free worker takes those (_decide), and under
+                    # only a free worker takes those (decide), and under
                     # load a busy one always handed the next full batch
                     # would never be free, leaving them to their timeout.
-                    batch = self._take()
+                    batch = former.take()
                     if batch:
                         self._handed(1)
                         return batch, 1
@@ -308,94 +296,6 @@ class Scheduler:
         elif held == 1:
             self._busy += delta
 
-    def _skip_given_up(self) -> Deque[_Item]:
-        """The queue, after dropping given-up items at its head."""
-        queue = self._queue
-        while queue and not queue[0].task.live():
-            queue.popleft()
-        return queue
-
-    def _alone_waiting(self) -> bool:
-        """Whether an input of a crashed batch waits to run alone (the
-        given-up ones at the head dropped)."""
-        alone = self._alone
-        while alone and not alone[0].task.live():
-            alone.popleft()
-        return bool(alone)
-
-    def _full_batch_waiting(self) -> bool:
-        queue = self._skip_given_up()
-        return len(queue) >= self._config.batch_size or (self._shaped and bool(queue) and self._over_budget())
-
-    def _over_budget(self) -> bool:
-        """Whether the queued inputs are more than one batch's budget: a batch
-        is as full as it can be. Called only with fewer than ``batch_size``
-        inputs queued, so it looks at fewer than ``batch_size``."""
-        shaper = self._shaper
-        budget = shaper.budget()
-        if math.isinf(budget):
-            return False
-        bound = len(self._queue) * self._bound_top if shaper.rule == "max" else self._bound_sum
-        if bound <= budget:
-            return False  # even counting every queued input at its most
-        return shaper.over_budget([item.cost for item in self._queue if item.task.live()])
-
-    def _rebound(self) -> None:
-        """Make the bound on what the queued inputs cost tight again."""
-        costs = [item.cost for item in self._queue]
-        self._bound_top, self._bound_sum = max(costs, default=0.0), float(sum(costs))
-
-    def _decide(self, now: float) -> Tuple[Optional[List[_Item]], float]:
-        """With a free worker: the batch to run now, or when to look again."""
-        alone = self._alone
-        while alone:
-            item = alone.popleft()
-            if item.task.live():
-                return [item], now
-        queue = self._skip_given_up()
-        if not queue:
-            self._dead = 0
-            return None, float("inf")
-        if len(queue) >= self._config.batch_size or self._closing or (self._shaped and self._over_budget()):
-            return self._take(), now
-        hold_until = self._policy.hold_until(queue[0].arrival, now)
-        if now >= hold_until:
-            return self._take(), now
-        return None, hold_until
-
-    def _take(self) -> List[_Item]:
-        """The next batch: the oldest inputs, or shaped by cost."""
-        batch = self._pop_shaped() if self._shaped else self._pop(self._config.batch_size)
-        if self._shaped:
-            self._rebound()
-        return batch
-
-    def _pop_shaped(self) -> List[_Item]:
-        """A batch led by the oldest waiting input, shaped by
-        :func:`~streamer_core.shaping.shape_batch` from the next ``_SHAPING_WINDOW`` batches' worth
-        of waiting inputs."""
-        config = self._config
-        queue = self._skip_given_up()
-        window: List[_Item] = []
-        room = _SHAPING_WINDOW * config.batch_size
-        while queue and len(window) < room:
-            item = queue.popleft()
-            if item.task.live():
-                window.append(item)
-        taken = self._shaper.shape([item.cost for item in window])
-        chosen = set(taken)
-        queue.extendleft(reversed([item for i, item in enumerate(window) if i not in chosen]))
-        return [window[i] for i in taken]
-
-    def _pop(self, size: int) -> List[_Item]:
-        queue = self._queue
-        batch: List[_Item] = []
-        while queue and len(batch) < size:
-            item = queue.popleft()
-            if item.task.live():
-                batch.append(item)
-        return batch
-
     # -- deadlines -----------------------------------------------------------
 
     def _expire(self, now: float) -> float:
@@ -406,15 +306,8 @@ class Scheduler:
                 expired += task.size
                 task.fail(StreamerTimeoutError(f"the call did not finish within its timeout of {task.timeout:.3g}s"))
         if expired:
-            self._dead += expired
-            if self._dead * 2 > len(self._queue):
-                self._compact()
+            self._former.given_up(expired)
         return self._deadlines.soonest()
-
-    def _compact(self) -> None:
-        self._queue = deque(item for item in self._queue if item.task.live())
-        self._alone = deque(item for item in self._alone if item.task.live())
-        self._dead = 0
 
     # -- the backends' side --------------------------------------------------
 
@@ -433,20 +326,19 @@ class Scheduler:
         later batches at the cost of the costliest part that ran; if not,
         count it towards lifting such a cap (see
         :class:`~streamer_core.shaping.CostCap`)."""
-        shaper = self._shaper
-        if not out_of_memory and not shaper.cap.active:
+        former = self._former
+        if not out_of_memory and not former.shaper.cap.active:
             return  # the common case: no lock taken, no list made
         if oom_splits and self.stats is not None:
             self.stats.oom_split(oom_splits)
         costs = [item.cost for item in items]
         with self._cond:
-            shaper.learn(costs, out_of_memory, ran)
-            self._shaped = shaper.active
+            former.learn(costs, out_of_memory, ran)
 
     @property
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory (``inf``: none)."""
-        return self._shaper.cap.limit
+        return self._former.shaper.cap.limit
 
     def batch_done(self, size: int, seconds: float, held_after: int) -> None:
         """A worker finished a batch of ``size`` items, which ran for
@@ -459,7 +351,7 @@ class Scheduler:
             self._count(held_after, +1)
             self._in_flight -= 1
             if size:
-                self._policy.delivered(size, seconds, time.monotonic())
+                self._former.policy.delivered(size, seconds, time.monotonic())
             self._cond.notify_all()
 
     def callers_returning(self, now: float) -> bool:
@@ -467,7 +359,7 @@ class Scheduler:
         due, and one came back (or they were answered) within the last
         millisecond."""
         with self._cond:
-            return self._policy.still_arriving(now)
+            return self._former.policy.still_arriving(now)
 
     def answered(self, n: int, seconds: float) -> None:
         """``n`` calls passed on elsewhere (to a broker) are being answered,
@@ -475,14 +367,13 @@ class Scheduler:
         after :meth:`batch_done`, for backends whose batches end before
         their answers come."""
         with self._cond:
-            self._policy.delivered(n, seconds, time.monotonic())
+            self._former.policy.delivered(n, seconds, time.monotonic())
 
     def batch_returned(self, items: Sequence[_Item], held: int) -> None:
         """A batch meant for a worker holding ``held`` batches could not be
         handed to it (it died meanwhile): queue the items again, first."""
         with self._cond:
-            self._queue.extendleft(reversed(items))
-            self._rebound()
+            self._former.put_back(items)
             self._count(held + 1, -1)
             self._count(held, +1)
             self._in_flight -= 1
@@ -500,8 +391,8 @@ class Scheduler:
         with self._cond:
             self._count(len(batches) + len(unstarted), -1)
             self._in_flight -= len(unstarted)
-            self._queue.extendleft(reversed([item for items in unstarted for item in items if item.task.live()]))
-            self._rebound()
+            former = self._former
+            former.put_back([item for items in unstarted for item in items if item.task.live()])
             for items in batches:
                 self._in_flight -= 1
                 for item in items:
@@ -514,7 +405,7 @@ class Scheduler:
                             )
                         )
                     elif item.task.live():
-                        self._alone.append(item)
+                        former.add_alone([item])
             self._cond.notify_all()
 
     def set_broken(self, make_error: Callable[[], BaseException]) -> None:
@@ -540,7 +431,7 @@ class Scheduler:
     def wait_drained(self, deadline: float) -> bool:
         """Wait until nothing is queued or running, or ``deadline`` passes."""
         with self._cond:
-            while self._queue or self._alone or self._in_flight > 0:
+            while len(self._former) or self._in_flight > 0:
                 if self._stopped or self._broken is not None:
                     break
                 remaining = deadline - time.monotonic()
@@ -561,16 +452,13 @@ class Scheduler:
         for task in self._deadlines.tasks():
             if task.future is not None:
                 task.fail(make_error())
-        for item in itertools.chain(self._queue, self._alone):
+        for item in self._former:
             if item.task.future is not None:
                 item.task.fail(make_error())
         self._deadlines.clear()
-        self._queue.clear()
-        self._alone.clear()
-        self._rebound()
-        self._dead = 0
+        self._former.clear()
 
     def queued(self) -> int:
         """Items waiting for a worker (calls given up may still be counted)."""
         with self._cond:
-            return len(self._queue) + len(self._alone)
+            return len(self._former)

@@ -34,7 +34,7 @@ class Input:
     """A request in this worker's hands: its input, decoded by the reader,
     or the error that answers it without running the model."""
 
-    __slots__ = ("request", "value", "error", "cost", "read_at")
+    __slots__ = ("request", "value", "error", "cost", "arrival")
 
     def __init__(
         self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
@@ -43,7 +43,7 @@ class Input:
         self.value = value
         self.error = error
         self.cost = cost
-        self.read_at = time.monotonic()  # when this worker read it
+        self.arrival = time.monotonic()  # when this worker read it
 
 
 class Hands:

@@ -163,114 +163,144 @@ def run_worker_groups(groups: Sequence[WorkerGroup], metrics_port: Optional[int]
     Everything is validated before any process starts: a bad option raises
     ``TypeError`` or ``ValueError`` here.
     """
+    supervisor = _Supervisor(groups)  # everything checked before the metrics port is taken
     metrics = _MetricsServer(metrics_port) if metrics_port is not None else None
     try:
-        return _supervise(groups, metrics)
+        return supervisor.run(metrics)
     finally:
         if metrics is not None:
             metrics.close()
 
 
-def _supervise(groups: Sequence[WorkerGroup], metrics: Optional[_MetricsServer]) -> int:
-    slots: List[Tuple[WorkerGroup, int, Optional[DeviceId]]] = []
-    for group in groups:
-        OPTIONS["worker_num"].checked(group.worker_num, f"worker_num of {group.name}")
-        devices = OPTIONS["cuda_devices"].checked(group.devices, f"cuda_devices of {group.name}")
-        RedisWorker(**group.options)  # validate everything here, before any process starts
-        for i in range(group.worker_num):
-            slots.append((group, i, devices[i % len(devices)] if devices else None))
-    if not slots:
-        raise ValueError("no workers to run: give at least one model")
-    log_level = logging.getLogger("streamer_core").getEffectiveLevel()  # the workers log as this process does
-    context = spawn_context()
-    processes: List[Any] = [None] * len(slots)  # multiprocessing.Process, or None once not restarted
-    restarts = [0] * len(slots)
-    # A worker that exited because its model hung is started again with twice
-    # the hang_timeout (of the one it had, if it had answered nothing, else of
-    # its group's): a batch that is only slow ends up finishing.
-    hang_limits: List[Optional[float]] = [None] * len(slots)
-    stopping = threading.Event()
-    finished = threading.Event()
+class _Supervisor:
+    """The worker processes of some groups, kept running by :meth:`run`:
+    one per slot (a group's worker ``i`` on its device), started again
+    when it dies (its model hung: with twice the ``hang_timeout``), never
+    when its model cannot load."""
 
-    def start(n: int) -> None:
-        group, i, gpu_id = slots[n]
-        options = dict(group.options, log_level=log_level)
-        if hang_limits[n] is not None:
-            options["hang_timeout"] = hang_limits[n]
-        process = context.Process(
-            target=_worker_process, args=(options, gpu_id, os.getpid()), name=f"streamer-redis-{group.name}-{i}"
+    def __init__(self, groups: Sequence[WorkerGroup]) -> None:
+        self._groups = groups
+        self._slots: List[Tuple[WorkerGroup, int, Optional[DeviceId]]] = []
+        for group in groups:
+            OPTIONS["worker_num"].checked(group.worker_num, f"worker_num of {group.name}")
+            devices = OPTIONS["cuda_devices"].checked(group.devices, f"cuda_devices of {group.name}")
+            RedisWorker(**group.options)  # validate everything here, before any process starts
+            for i in range(group.worker_num):
+                self._slots.append((group, i, devices[i % len(devices)] if devices else None))
+        if not self._slots:
+            raise ValueError("no workers to run: give at least one model")
+        self._log_level = logging.getLogger("streamer_core").getEffectiveLevel()  # the workers log as this does
+        self._context = spawn_context()
+        self._processes: List[Any] = [None] * len(self._slots)  # multiprocessing.Process; None: not restarted
+        self._restarts = [0] * len(self._slots)
+        # A worker that exited because its model hung is started again with
+        # twice the hang_timeout (of the one it had, if it had answered
+        # nothing, else of its group's): a batch that is only slow ends up finishing.
+        self._hang_limits: List[Optional[float]] = [None] * len(self._slots)
+        self._stopping = threading.Event()
+        self._finished = threading.Event()
+
+    def run(self, metrics: Optional[_MetricsServer]) -> int:
+        """Wait for Redis, start every worker and keep them running until
+        SIGTERM or Ctrl-C (in the main thread) or the program's end, then
+        let each finish its batch in hand: 0; 1 if every model failed to load."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = (
+            {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
         )
-        process.start()
-        processes[n] = process
-        logger.info("%s worker %d (pid %d) started on device %s", group.name, i, process.pid, shown_device(gpu_id))
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        logger.info("received %s: letting workers finish their batches", signal.Signals(signum).name)
-        stopping.set()
-
-    def at_exit() -> None:
-        # The program is ending with the supervisor still running, on a thread
-        # of its own: stop as on SIGTERM and wait for the workers (else
-        # multiprocessing's own exit handler would join them forever).
-        if not finished.is_set():
-            logger.info("the program is ending: letting workers finish their batches")
-            stopping.set()
-            finished.wait(_STOP_LIMIT_S + 10)
-
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
-    atexit.register(at_exit)
-    try:
-        for address in dict.fromkeys(
-            RedisAddress.of(group.options.get("redis_broker", DEFAULT_REDIS)) for group in groups
-        ):
-            if not wait_for_broker(address, stopping):
-                return 0
-        for n in range(len(slots)):
-            start(n)
-        while not stopping.is_set():
-            alive = {p.sentinel: n for n, p in enumerate(processes) if p is not None}
-            if not alive:
+        atexit.register(self._at_exit)
+        try:
+            addresses = (RedisAddress.of(group.options.get("redis_broker", DEFAULT_REDIS)) for group in self._groups)
+            for address in dict.fromkeys(addresses):
+                if not wait_for_broker(address, self._stopping):
+                    return 0
+            for n in range(len(self._slots)):
+                self._start(n)
+            if not self._watch(metrics):
                 logger.error("every worker failed to load its model; giving up")
                 return 1
+            self._stop_all()
+            return 0
+        finally:
+            self._finished.set()
+            atexit.unregister(self._at_exit)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _watch(self, metrics: Optional[_MetricsServer]) -> bool:
+        """Restart each worker that dies, until stopping (True) or until no
+        worker is left to restart (False)."""
+        processes = self._processes
+        while not self._stopping.is_set():
+            alive = {p.sentinel: n for n, p in enumerate(processes) if p is not None}
+            if not alive:
+                return False
             for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.5):
                 n = alive[sentinel]
                 process = processes[n]
                 process.join()
                 if metrics is not None:
                     metrics.process_ended(process.pid)
-                if stopping.is_set():
+                if self._stopping.is_set():
                     break
-                group, i, _ = slots[n]
-                if process.exitcode == EXIT_INIT_FAILED:
-                    logger.error("%s worker %d could not load the model; not restarting it", group.name, i)
-                    processes[n] = None
-                    continue
-                restarts[n] += 1
-                hung = process.exitcode in (EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS)
-                base = group.options.get("hang_timeout", default("hang_timeout"))
-                if hung and base is not None:
-                    had = hang_limits[n] if process.exitcode == EXIT_HUNG else None
-                    hang_limits[n] = min(2 * (base if had is None else had), MAX_SECONDS)
-                else:
-                    hang_limits[n] = None
-                why = "its model hung" if hung else f"it exited with {process.exitcode}"
-                logger.warning("%s worker %d (pid %d): %s; restarting it", group.name, i, process.pid, why)
-                time.sleep(min(MAX_BACKOFF_S, 0.1 * restarts[n]))
-                start(n)
+                self._ended(n, process)
+        return True
+
+    def _ended(self, n: int, process: Any) -> None:
+        """Worker ``n`` exited: start it again, unless its model could not load."""
+        group, i, _ = self._slots[n]
+        if process.exitcode == EXIT_INIT_FAILED:
+            logger.error("%s worker %d could not load the model; not restarting it", group.name, i)
+            self._processes[n] = None
+            return
+        self._restarts[n] += 1
+        hung = process.exitcode in (EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS)
+        base = group.options.get("hang_timeout", default("hang_timeout"))
+        if hung and base is not None:
+            had = self._hang_limits[n] if process.exitcode == EXIT_HUNG else None
+            self._hang_limits[n] = min(2 * (base if had is None else had), MAX_SECONDS)
+        else:
+            self._hang_limits[n] = None
+        why = "its model hung" if hung else f"it exited with {process.exitcode}"
+        logger.warning("%s worker %d (pid %d): %s; restarting it", group.name, i, process.pid, why)
+        time.sleep(min(MAX_BACKOFF_S, 0.1 * self._restarts[n]))
+        self._start(n)
+
+    def _start(self, n: int) -> None:
+        group, i, gpu_id = self._slots[n]
+        options = dict(group.options, log_level=self._log_level)
+        if self._hang_limits[n] is not None:
+            options["hang_timeout"] = self._hang_limits[n]
+        process = self._context.Process(
+            target=_worker_process, args=(options, gpu_id, os.getpid()), name=f"streamer-redis-{group.name}-{i}"
+        )
+        process.start()
+        self._processes[n] = process
+        logger.info("%s worker %d (pid %d) started on device %s", group.name, i, process.pid, shown_device(gpu_id))
+
+    def _stop_all(self) -> None:
+        """SIGTERM each worker (it finishes its batch in hand); kill one that
+        has not within _STOP_LIMIT_S."""
+        processes = [process for process in self._processes if process is not None]
         for process in processes:
-            if process is not None and process.is_alive():
-                process.terminate()  # SIGTERM: the worker finishes its batch in hand
+            if process.is_alive():
+                process.terminate()
         for process in processes:
-            if process is not None:
-                process.join(_STOP_LIMIT_S)
-                if process.is_alive():
-                    logger.warning("worker pid %d did not finish in %g s; killing it", process.pid, _STOP_LIMIT_S)
-                    process.kill()
-                    process.join(5)
-        return 0
-    finally:
-        finished.set()
-        atexit.unregister(at_exit)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            process.join(_STOP_LIMIT_S)
+            if process.is_alive():
+                logger.warning("worker pid %d did not finish in %g s; killing it", process.pid, _STOP_LIMIT_S)
+                process.kill()
+                process.join(5)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        logger.info("received %s: letting workers finish their batches", signal.Signals(signum).name)
+        self._stopping.set()
+
+    def _at_exit(self) -> None:
+        # The program is ending with the supervisor still running, on a thread
+        # of its own: stop as on SIGTERM and wait for the workers (else
+        # multiprocessing's own exit handler would join them forever).
+        if not self._finished.is_set():
+            logger.info("the program is ending: letting workers finish their batches")
+            self._stopping.set()
+            self._finished.wait(_STOP_LIMIT_S + 10)

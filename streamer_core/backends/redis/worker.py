@@ -18,9 +18,11 @@ worker never has more than two batches' worth pending under its name (plus
 the one being answered): a worker killed at any point loses nothing, since
 what it held is taken over by the others after ``claim_after``.
 
-This module holds the worker itself, its main thread and its reader's loop;
-the reader's dealings with the stream are :mod:`.intake`'s, the writer is
-:mod:`.answers`, the heartbeat :mod:`.presence`.
+This module holds the worker itself and its main thread, which composes the
+others: the reader's loop and what it hands the model's thread (a batch
+former, as in-process) are :mod:`.reader`'s, its dealings with the stream
+:mod:`.intake`'s, the writer is :mod:`.answers`, the heartbeat
+:mod:`.presence`.
 """
 
 from __future__ import annotations
@@ -38,27 +40,22 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ...codec import Codec, get_codec
 from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
 from ...errors import WorkerStartError
-from ...green import Condition
-from ...hold import HoldPolicy
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...oom import load_failure
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...runner import run_batch
-from ...shaping import CostShaper
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name
 from .answers import AnswerWriter, Outcome
 from .connection import (
-    MAX_BACKOFF_S,
-    LoopErrors,
     broker_errors,
-    broker_problem,
     connect,
     setup_refused,
 )
 from .intake import Hands, Input, Intake, ServerClock
 from .presence import Loading, ModelWatch, Presence
-from .wire import GROUP, Keys, is_wrong_type, repair_key
+from .reader import Handover, Reader
+from .wire import GROUP, Keys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,11 +64,6 @@ __all__ = ["RedisWorker"]
 
 logger = logging.getLogger("streamer_core.redis")
 
-# How long one blocking read waits for requests (ms): also how soon an idle
-# reader notices it should stop.
-_BLOCK_MS = 500
-# How often a worker holding a partial batch looks for companions (seconds).
-_HOLD_POLL_S = 0.001
 # A batch whose requests were all read within this many seconds runs without
 # asking Redis which of them their callers withdrew meanwhile (see
 # RedisWorker._withdrawn): a caller rarely gives up within milliseconds of
@@ -125,11 +117,6 @@ class RedisWorker:
     ) -> None:
         self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
         self._config = config = BatchingConfig(batch_size, max_latency, **options)
-        # Batches are shaped by cost as in-process (see streamer_core.shaping).
-        # The costs may be the web side's: a learned cap has no ceiling but
-        # the budget.
-        self._shaper = CostShaper(config, costed=True)
-        self._shaping = self._shaper.active
         check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
@@ -148,28 +135,17 @@ class RedisWorker:
         # Requests this worker holds (read ahead, running, being answered):
         # the heartbeat keeps them ours.
         self._hands = Hands()
-        # The batch the reader fills while the model runs, and the rule that
-        # says when the main thread takes it; both under _cond.
-        self._cond = Condition()
-        self._next: List[Input] = []
-        self._next_first_seen = 0.0
-        self._next_alone = False  # a request taken over from a dead worker: it runs alone
-        self._orphan_in_hand = False  # one at a time, each run before the next is claimed
-        self._reader_done = False
-        self._running = False  # the model is running a batch
-        self._running_size = 0  # of how many requests
+        # What the reader read while the model runs, and when and how it
+        # becomes the next batch, by the in-process rule.
+        self._handover = Handover(config)
         # While the model runs a batch: since when, and until when its last
         # caller waits; read by the heartbeat thread.
         self._watch = ModelWatch()
-        self._delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
-        self._policy = HoldPolicy(self._config.max_latency)
         # Made by run_forever, for the threads it starts.
         self._conn: Any = None  # the reader's
         self._main_conn: Any = None
         self._clock: ServerClock = ServerClock(None)
-        self._intake: Optional[Intake] = None
         self._writer: Optional[AnswerWriter] = None
-        self._presence: Optional[Presence] = None
         self.consumer = ""
         self._serving = False
         self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
@@ -183,19 +159,19 @@ class RedisWorker:
 
     def gauges(self) -> Tuple[int, int]:
         """``(inputs read ahead, 1 while serving)``, for the stats."""
-        with self._cond:
-            return len(self._next), int(self._serving)
+        with self._handover.cond:
+            return len(self._handover.former), int(self._serving)
 
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory
         (``inf``: none), for the stats."""
-        return self._shaper.cap.limit
+        return self._handover.former.shaper.cap.limit
 
     def stop(self) -> None:
         """Finish the batches in hand, then return from :meth:`run_forever`."""
         self._stopping.set()
-        with self._cond:
-            self._cond.notify_all()
+        with self._handover.cond:
+            self._handover.cond.notify_all()
 
     def run_forever(self, gpu_id: Optional[DeviceId] = None) -> None:
         """Load the model and serve until :meth:`stop` or SIGTERM, which lets
@@ -217,7 +193,7 @@ class RedisWorker:
         self._main_conn = connect(self._address)
         hands, clock = self._hands, ServerClock(self._conn, self._keys.requests)
         self._clock = clock
-        self._intake = Intake(
+        intake = Intake(
             self._conn,
             self.consumer,
             self._keys,
@@ -229,7 +205,7 @@ class RedisWorker:
             self._max_item_crashes,
         )
         writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
-        presence = self._presence = Presence(
+        presence = Presence(
             self._address,
             self._keys,
             self.consumer,
@@ -241,9 +217,21 @@ class RedisWorker:
             self._stopping,
             self._exit_when_hung,
         )
+        reader = Reader(
+            self._conn,
+            self._address,
+            self._keys,
+            self.consumer,
+            intake,
+            self._handover,
+            self._config,
+            lambda: presence.sole_worker,
+            self._refuse,
+            self._stopping,
+        )
         threads = {
             name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
-            for name, target in (("heartbeat", presence.run), ("reader", self._read), ("writer", writer.run))
+            for name, target in (("heartbeat", presence.run), ("reader", reader.run), ("writer", writer.run))
         }
         for thread in threads.values():
             thread.start()
@@ -256,9 +244,7 @@ class RedisWorker:
         finally:
             self._serving = False
             self._stats.unwatch(self)
-            self._stopping.set()  # ends the reader and the heartbeat, and bounds the writer's retries
-            with self._cond:
-                self._cond.notify_all()
+            self.stop()  # ends the reader and the heartbeat, and bounds the writer's retries
             threads["reader"].join()
             writer.finish()  # the writer answers what is in hand, then ends
             threads["writer"].join()
@@ -293,67 +279,14 @@ class RedisWorker:
     # the main thread: take a batch when the model is free, run it
 
     def _serve(self, predict: Any) -> None:
+        handover = self._handover
         while True:
-            batch, alone = self._take()
+            batch, alone = handover.take(self._stopping)
             if batch is None:
                 return
             answered, seconds = self._run(predict, batch)
             self._watch.answered = self._watch.answered or seconds > 0
-            with self._cond:
-                self._running, self._running_size = False, 0
-                if alone:
-                    self._orphan_in_hand = False
-                if seconds:
-                    # Counted now, before the next batch is chosen: the callers
-                    # just answered come back within moments (their answers
-                    # are written next), and are worth waiting for.
-                    self._policy.delivered(answered, seconds, time.monotonic())
-                    self._delivered_at_ms = self._clock.now_ms(refresh=False)
-                self._cond.notify_all()
-
-    def _take(self) -> Tuple[Optional[List[Input]], bool]:
-        """Wait until the batch read so far should run, by the in-process
-        rule (full, or its oldest input waited ``max_latency``, or no caller
-        just answered is still expected back), and take it. ``(None, False)``
-        once stopping and nothing is left."""
-        size = self._config.batch_size
-        with self._cond:
-            while True:
-                if self._next:
-                    now = time.monotonic()
-                    go = (
-                        self._next_alone
-                        or len(self._next) >= size
-                        or self._stopping.is_set()
-                        or self._reader_done
-                        or (self._shaping and self._over_budget())
-                    )
-                    hold_until = now if go else self._policy.hold_until(self._next_first_seen, now)
-                    if now >= hold_until:
-                        batch, alone = self._next, self._next_alone
-                        self._next, self._next_alone = [], False
-                        if self._shaping and not alone:
-                            batch, self._next = self._shape(batch)
-                        self._running, self._running_size = True, len(batch)
-                        self._cond.notify_all()  # the reader may fill the next one
-                        return batch, alone
-                    self._cond.wait(hold_until - now)
-                elif self._reader_done:
-                    return None, False
-                else:
-                    self._cond.wait()
-
-    def _over_budget(self) -> bool:
-        """Whether what was read is more than one batch's budget."""
-        return self._shaper.over_budget([held.cost for held in self._next])
-
-    def _shape(self, held: List[Input]) -> Tuple[List[Input], List[Input]]:
-        """The batch to run out of what was read (the oldest, then those
-        closest to it in cost, within the budget), and what is left for the
-        next one: still pending under this worker, within one batch."""
-        taken = self._shaper.shape([h.cost for h in held])
-        chosen = set(taken)
-        return [held[i] for i in taken], [h for i, h in enumerate(held) if i not in chosen]
+            handover.ran(answered, seconds, alone, self._clock.now_ms(refresh=False))
 
     def _run(self, predict: Any, batch: List[Input]) -> Tuple[int, float]:
         """Run ``batch`` and queue its answers for the writer; return how
@@ -384,9 +317,7 @@ class RedisWorker:
                 outcomes[position] = outcome
             if run.oom_splits:
                 self._stats.oom_split(run.oom_splits)
-            with self._cond:
-                self._shaper.learn([batch[p].cost for p in positions], run.out_of_memory, run.ran)
-                self._shaping = self._shaper.active
+            self._handover.learn([batch[p].cost for p in positions], run.out_of_memory, run.ran)
         seconds = time.monotonic() - started if inputs else 0.0
         if inputs:
             # Each request's wait, by the server's clock: from its entry's time to now.
@@ -405,7 +336,7 @@ class RedisWorker:
         or held for companions). On older servers, or when Redis does not
         answer, nothing counts as withdrawn: such a request runs, and its
         answer is dropped by its web process."""
-        if time.monotonic() - min((held.read_at for held in batch), default=0.0) < _RECHECK_AFTER_S:
+        if time.monotonic() - min((held.arrival for held in batch), default=0.0) < _RECHECK_AFTER_S:
             return set()
         ids = [held.request.entry_id for held in batch]
         try:
@@ -415,165 +346,10 @@ class RedisWorker:
             return set()
         return set(ids).difference(kept)
 
-    # the reader thread
-
-    def _read(self) -> None:
-        """Fill the next batch while the model runs: at most
-        :meth:`_read_ahead` requests beyond the running batch, or one request
-        taken over from a dead worker, to run alone."""
-        import redis
-
-        intake = self._intake
-        assert intake is not None  # made by run_forever
-        failing_since: Optional[float] = None
-        errors = LoopErrors("the Redis worker's reader")
-        try:
-            while not self._stopping.is_set():
-                with self._cond:
-                    while (len(self._next) >= self._read_ahead() or self._next_alone) and not self._stopping.is_set():
-                        self._cond.wait()
-                    if self._stopping.is_set():
-                        return
-                    room, empty, busy = self._read_ahead() - len(self._next), not self._next, self._running
-                    now = time.monotonic()
-                    hold_left = None if empty or busy else self._policy.hold_until(self._next_first_seen, now) - now
-                try:
-                    intake.ensure_group()
-                    if empty and not self._orphan_in_hand:
-                        orphan = intake.claim_orphan(self._refuse)
-                        if orphan is not None:
-                            self._add([orphan], alone=True)
-                            continue
-                    block = self._may_read(busy, room, hold_left)
-                    if block is False:
-                        continue
-                    reply = self._conn.xreadgroup(
-                        GROUP, self.consumer, {self._keys.requests: ">"}, count=room, block=block
-                    )
-                    if failing_since is not None:
-                        logger.warning("Redis is reachable again")
-                        failing_since = None
-                    got = intake.accept(reply[0][1] if reply else [])
-                    if got:
-                        self._add(got)
-                    elif block is None and not busy:  # holding: look again shortly, or once the batch is taken
-                        with self._cond:
-                            if self._next and not self._running:
-                                self._cond.wait(_HOLD_POLL_S)
-                except broker_errors() as exc:
-                    if failing_since is None:
-                        failing_since = time.monotonic()
-                        logger.warning("lost Redis: %s; retrying", broker_problem(exc, self._address))
-                    intake.group_lost()
-                    self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
-                except redis.ResponseError as exc:
-                    intake.group_lost()
-                    if "NOGROUP" in str(exc):
-                        logger.warning("the consumer group is gone (the Redis server restarted empty); recreating it")
-                    elif is_wrong_type(exc):
-                        repair_key(self._conn, self._keys.requests, "stream")
-                    else:
-                        errors.log(exc)
-                        self._stopping.wait(0.1)
-                except Exception as exc:  # never let the reader die: the worker would serve nothing
-                    errors.log(exc)
-                    self._stopping.wait(0.1)
-        finally:
-            with self._cond:
-                self._reader_done = True
-                self._cond.notify_all()
-
-    def _read_ahead(self) -> int:
-        """How many requests to hold besides the running batch: a full batch;
-        for the only worker alive shaping by cost, what two full batches
-        would be, less the running one. Its shaped batches are usually far
-        smaller than ``batch_size``, and the more it holds the more alike
-        the inputs it can put together; no other worker waits for them. A
-        SIGKILL still loses nothing: all of it is pending under its name."""
-        size = self._config.batch_size
-        if self._shaping and self._sole_worker():
-            return 2 * size - self._running_size
-        return size
-
-    def _may_read(self, busy: bool, room: int, hold_left: Optional[float]) -> Any:
-        """Whether to read now, and how: ``False``, not now (having waited a
-        little); ``None``, without blocking; else how long to block, ms.
-
-        Where several workers serve a prefix they read as in-process workers
-        are handed batches, so that callers reach a free worker:
-
-        - a busy worker (its model runs) reads ahead only a full batch;
-        - a free worker with nothing in hand waits for requests (a blocking
-          read: whatever comes is its own);
-        - a free worker holding a partial batch for companions looks for them
-          without blocking, each millisecond, until its model takes the
-          batch. A blocking read could outlive that moment (Redis ends short
-          blocks only on its own timer, 100 ms apart by default), and would
-          take the next caller for a busy worker from a free one.
-
-        The only worker alive reads whatever comes, whenever."""
-        if self._sole_worker():
-            return _BLOCK_MS
-        if busy:
-            if self._backlog() >= room:
-                return None
-            with self._cond:
-                if self._running:
-                    self._cond.wait(self._poll_s())
-            return False
-        if hold_left is None:
-            return _BLOCK_MS
-        if hold_left > 0:
-            return None
-        with self._cond:  # the batch goes now: let the model take it first
-            if self._next and not self._running:
-                self._cond.wait(_HOLD_POLL_S)
-        return False
-
-    def _backlog(self) -> int:
-        """Requests in the stream that no worker has taken yet, about: the
-        entries, less those delivered and not yet acknowledged (each answered
-        request is deleted when acknowledged)."""
-        pipe = self._conn.pipeline(transaction=False)
-        pipe.xlen(self._keys.requests)
-        pipe.xpending(self._keys.requests, GROUP)
-        length, pending = pipe.execute()
-        return int(length) - int(pending.get("pending") or 0)
-
-    def _poll_s(self) -> float:
-        """How often a busy worker looks for a full batch waiting: an eighth
-        of a batch's time, within 1 to 10 ms."""
-        service = self._policy.service
-        return 0.002 if service is None else min(0.01, max(0.001, service / 8))
-
-    def _add(self, inputs: List[Input], alone: bool = False) -> None:
-        now = time.monotonic()
-        with self._cond:
-            if not self._next:
-                self._next_first_seen = now
-            self._next.extend(inputs)
-            if alone:
-                self._next_alone = self._orphan_in_hand = True
-            else:
-                # Only requests added to the stream since the last answers
-                # were given count as those callers coming back: others were
-                # already waiting (read late, as a busy worker reads only
-                # full batches).
-                since = self._delivered_at_ms
-                returned = sum(held.request.created_ms() >= since for held in inputs)
-                if returned:
-                    self._policy.arrived(returned, now)
-            self._cond.notify_all()
-
     def _refuse(self, held: Input, error: BaseException) -> None:
         """Answer a request with ``error`` without running it."""
         assert self._writer is not None  # made by run_forever
         self._writer.put([held.request], [(False, error)])
-
-    def _sole_worker(self) -> bool:
-        """Whether no other worker is alive (by the last heartbeat)."""
-        presence = self._presence
-        return presence is not None and presence.sole_worker
 
     def _check_setup(self) -> None:
         """Raise ``ValueError`` when Redis refuses this worker's connection

@@ -1,0 +1,251 @@
+"""Where batches form: :class:`BatchFormer`, the inputs waiting for the
+model and the rule that says when a batch goes and what it holds.
+
+One former serves wherever a batch forms: the in-process
+:class:`~streamer_core.batching.Scheduler` (thread and process backends),
+which feeds it the calls of this process, and the Redis worker, which feeds
+it the requests it reads from the stream. So a batch is formed by one rule
+everywhere:
+
+- inputs wait in arrival order; an input that must run alone (one of a
+  batch whose worker died, or taken over from a dead Redis worker) goes
+  first, by itself;
+- a batch goes at once when it is as full as it can be (``batch_size``
+  inputs, or more than one batch's budget of cost waiting), else when the
+  hold policy (:mod:`streamer_core.hold`) stops waiting for companions;
+- what it holds: the oldest inputs, or, shaped by cost
+  (:mod:`streamer_core.shaping`), the oldest and those closest to it in
+  cost within the budget.
+
+The former holds no lock: its owner calls it under its own. An input is
+anything with a ``cost`` and an ``arrival`` (``time.monotonic()``); the
+owner says which inputs are still wanted (``live``), and given-up ones are
+dropped as they are met.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
+
+from .config import BatchingConfig
+from .hold import HoldPolicy
+from .shaping import CostShaper
+
+__all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW"]
+
+#: A batch shaped by cost is chosen among the next this many batches' worth
+#: of waiting inputs: enough to find like companions, few enough to sort each time.
+SHAPING_WINDOW = 8
+
+
+class Waiting(Protocol):
+    """What the former needs of an input."""
+
+    cost: float
+    arrival: float
+
+
+T = TypeVar("T", bound=Waiting)
+
+
+class BatchFormer(Generic[T]):
+    """The inputs waiting for the model, and when and how they become a
+    batch (see the module's doc). ``costed``: the inputs carry costs of
+    their own (an ``item_cost``, or costs sent by the web side), so a budget
+    shapes batches; without, each costs 1 and only a cap learned from
+    running out of memory does. ``live(input)``: whether its caller still
+    wants it (default: always)."""
+
+    def __init__(self, config: BatchingConfig, costed: bool, live: Optional[Callable[[T], bool]] = None) -> None:
+        self.size = config.batch_size
+        #: When a batch that is not full goes: answered callers are awaited, within max_latency.
+        self.policy = HoldPolicy(config.max_latency)
+        self.shaper = CostShaper(config, costed=costed)
+        #: Whether batches are shaped by cost now: a budget, or a cap learned from running out of memory.
+        self.shaped = self.shaper.active
+        self._live: Callable[[T], bool] = live if live is not None else _always
+        self._queue: Deque[T] = deque()
+        self._alone: Deque[T] = deque()  # inputs to run one at a time, first
+        self._dead = 0  # inputs in the queue given up, about: triggers a compaction
+        # What every queued input costs, given-up ones too, at most: a bound
+        # that tells most arrivals at once that a batch is not full yet
+        # (see over_budget), kept as inputs arrive, made tight per batch.
+        self._bound_top = 0.0
+        self._bound_sum = 0.0
+
+    # -- what waits --------------------------------------------------------------
+
+    def add(self, inputs: Sequence[T]) -> None:
+        """Queue ``inputs`` behind those waiting."""
+        self._queue.extend(inputs)
+        if len(inputs) == 1:  # the common case, without a generator
+            cost = inputs[0].cost
+            self._bound_top = max(self._bound_top, cost)
+            self._bound_sum += cost
+        elif inputs:
+            costs = [each.cost for each in inputs]
+            self._bound_top = max(self._bound_top, max(costs))
+            self._bound_sum += sum(costs)
+
+    def add_alone(self, inputs: Sequence[T]) -> None:
+        """Queue ``inputs`` to run one by one, before the others."""
+        self._alone.extend(inputs)
+
+    def put_back(self, inputs: Sequence[T]) -> None:
+        """Queue ``inputs`` again at the head, in their order (a batch that
+        could not be handed out, or that a dead worker never started)."""
+        self._queue.extendleft(reversed(inputs))
+        self._rebound()
+
+    def in_queue(self) -> int:
+        """Inputs waiting in line (given-up ones may still be counted),
+        those waiting to run alone not included."""
+        return len(self._queue)
+
+    def __len__(self) -> int:
+        """Every input waiting, alone ones included (given-up ones may still be counted)."""
+        return len(self._queue) + len(self._alone)
+
+    def __iter__(self) -> Iterator[T]:
+        yield from self._alone
+        yield from self._queue
+
+    def clear(self) -> None:
+        self._queue.clear()
+        self._alone.clear()
+        self._dead = 0
+        self._rebound()
+
+    def given_up(self, count: int) -> None:
+        """``count`` queued inputs were given up by their callers: once they
+        are more than half of the queue, drop them all."""
+        self._dead += count
+        if self._dead * 2 > len(self._queue):
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop every given-up input now."""
+        live = self._live
+        self._queue = deque(each for each in self._queue if live(each))
+        self._alone = deque(each for each in self._alone if live(each))
+        self._dead = 0
+
+    # -- when a batch goes ---------------------------------------------------------
+
+    def alone_waiting(self) -> bool:
+        """Whether an input waits to run alone (given-up ones at the head dropped)."""
+        alone, live = self._alone, self._live
+        while alone and not live(alone[0]):
+            alone.popleft()
+        return bool(alone)
+
+    def full(self) -> bool:
+        """Whether a batch as full as it can be waits: ``batch_size``
+        inputs, or more than one batch's budget of cost."""
+        queue = self._skip_given_up()
+        return len(queue) >= self.size or (self.shaped and bool(queue) and self.over_budget())
+
+    def over_budget(self) -> bool:
+        """Whether the queued inputs are more than one batch's budget: a batch
+        is as full as it can be. Called with fewer than ``batch_size``
+        inputs queued, so it looks at fewer than ``batch_size``."""
+        shaper = self.shaper
+        budget = shaper.budget()
+        if math.isinf(budget):
+            return False
+        bound = len(self._queue) * self._bound_top if shaper.rule == "max" else self._bound_sum
+        if bound <= budget:
+            return False  # even counting every queued input at its most
+        live = self._live
+        return shaper.over_budget([each.cost for each in self._queue if live(each)])
+
+    def hold_until(self, now: float) -> float:
+        """Until when the batch waiting may still wait for companions (a time
+        ``<= now``: it goes now); ``inf`` with nothing waiting."""
+        queue = self._skip_given_up()
+        return self.policy.hold_until(queue[0].arrival, now) if queue else math.inf
+
+    def decide(self, now: float, go_now: bool = False) -> Tuple[Optional[List[T]], float]:
+        """For a free worker: the batch to run now, or when to look again
+        (``inf``: when something arrives). An input to run alone goes first;
+        a full batch at once; with ``go_now`` (closing, the last batch of a
+        worker that stops) whatever waits; else the batch waits while the
+        hold policy says."""
+        alone, live = self._alone, self._live
+        while alone:
+            first = alone.popleft()
+            if live(first):
+                return [first], now
+        queue = self._skip_given_up()
+        if not queue:
+            self._dead = 0
+            return None, math.inf
+        if go_now or len(queue) >= self.size or (self.shaped and self.over_budget()):
+            return self.take(), now
+        hold_until = self.policy.hold_until(queue[0].arrival, now)
+        if now >= hold_until:
+            return self.take(), now
+        return None, hold_until
+
+    def take(self) -> List[T]:
+        """The next batch: the oldest inputs, or shaped by cost."""
+        if not self.shaped:
+            return self._pop(self.size)
+        batch = self._pop_shaped()
+        self._rebound()
+        return batch
+
+    def learn(self, costs: Sequence[float], out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
+        """Learn from a batch of inputs of these ``costs`` that ran: if it ran
+        out of memory (``ran``: the spans of it whose model calls returned),
+        cap later batches at the cost of the costliest part that ran; if
+        not, count it towards lifting such a cap (see
+        :class:`~streamer_core.shaping.CostCap`)."""
+        self.shaper.learn(costs, out_of_memory, ran)
+        self.shaped = self.shaper.active
+
+    # -- inside ------------------------------------------------------------------
+
+    def _skip_given_up(self) -> Deque[T]:
+        """The queue, after dropping given-up inputs at its head."""
+        queue, live = self._queue, self._live
+        while queue and not live(queue[0]):
+            queue.popleft()
+        return queue
+
+    def _pop(self, size: int) -> List[T]:
+        queue, live = self._queue, self._live
+        batch: List[T] = []
+        while queue and len(batch) < size:
+            first = queue.popleft()
+            if live(first):
+                batch.append(first)
+        return batch
+
+    def _pop_shaped(self) -> List[T]:
+        """A batch led by the oldest waiting input, shaped by
+        :func:`~streamer_core.shaping.shape_batch` from the next
+        :data:`SHAPING_WINDOW` batches' worth of waiting inputs; the rest
+        wait on, in their order."""
+        queue, live = self._queue, self._live
+        window: List[T] = []
+        room = SHAPING_WINDOW * self.size
+        while queue and len(window) < room:
+            first = queue.popleft()
+            if live(first):
+                window.append(first)
+        taken = self.shaper.shape([each.cost for each in window])
+        chosen = set(taken)
+        queue.extendleft(reversed([each for i, each in enumerate(window) if i not in chosen]))
+        return [window[i] for i in taken]
+
+    def _rebound(self) -> None:
+        """Make the bound on what the queued inputs cost tight again."""
+        costs = [each.cost for each in self._queue]
+        self._bound_top, self._bound_sum = max(costs, default=0.0), float(sum(costs))
+
+
+def _always(_: Any) -> bool:
+    return True
