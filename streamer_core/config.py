@@ -21,7 +21,7 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict, Union
 
 from .oom import check_oom_errors
 from .redis_address import ADDRESS_FORMS, RedisAddress
@@ -512,18 +512,21 @@ class BatchingConfig:
         for field in fields(self):
             object.__setattr__(self, field.name, OPTIONS[field.name].checked(getattr(self, field.name)))
 
+    @classmethod
+    def of_checked(cls, values: Mapping[str, Any]) -> BatchingConfig:
+        """The config of ``values`` (by field; a missing one takes its
+        default) that were each checked by its option already, as a web
+        layer's settings are, each under the name it was written by: they
+        are not checked again."""
+        config = object.__new__(cls)
+        for field in fields(cls):
+            object.__setattr__(config, field.name, values.get(field.name, OPTIONS[field.name].default))
+        return config
+
     @property
     def shapes_by_cost(self) -> bool:
         """Whether batches are shaped by cost at all (else: first in, first out, by count)."""
         return self.item_cost is not None or self.max_batch_cost is not None
-
-    def keywords(self) -> BatchingOptions:
-        """The keyword options, to make a streamer of this config."""
-        return BatchingOptions(
-            timeout=self.timeout,
-            max_queue=self.max_queue,
-            **self.model_options(),
-        )
 
     def model_options(self) -> ModelOptions:
         """The options of the model's side, to make a Redis worker of this config."""

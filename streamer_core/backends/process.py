@@ -561,7 +561,53 @@ class Streamer(BaseStreamer):
         hang_timeout: Optional[float] = default("hang_timeout"),
         **options: Unpack[BatchingOptions],
     ) -> None:
-        config = BatchingConfig(batch_size, max_latency, **options)
+        self._start_on(
+            predict_function_or_model,
+            BatchingConfig(batch_size, max_latency, **options),
+            worker_num,
+            cuda_devices,
+            model_init_args,
+            model_init_kwargs,
+            max_item_crashes=max_item_crashes,
+            name=name,
+            shared_memory_min_bytes=shared_memory_min_bytes,
+            hang_timeout=hang_timeout,
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        predict_function_or_model: Any,
+        config: BatchingConfig,
+        worker_num: int = default("worker_num"),
+        cuda_devices: Optional[Sequence[DeviceId]] = default("cuda_devices"),
+        model_init_args: Optional[Sequence[Any]] = None,
+        model_init_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        name: Optional[str] = None,
+    ) -> Streamer:
+        """A streamer of ``config``, a :class:`BatchingConfig` made (and so
+        checked) already: what the Flask and Django layers make from their settings."""
+        streamer = cls.__new__(cls)
+        streamer._start_on(
+            predict_function_or_model, config, worker_num, cuda_devices, model_init_args, model_init_kwargs, name=name
+        )
+        return streamer
+
+    def _start_on(
+        self,
+        predict_function_or_model: Any,
+        config: BatchingConfig,
+        worker_num: int,
+        cuda_devices: Optional[Sequence[DeviceId]],
+        model_init_args: Optional[Sequence[Any]],
+        model_init_kwargs: Optional[Dict[str, Any]],
+        *,
+        max_item_crashes: int = default("max_item_crashes"),
+        name: Optional[str] = None,
+        shared_memory_min_bytes: Optional[int] = default("shared_memory_min_bytes"),
+        hang_timeout: Optional[float] = default("hang_timeout"),
+    ) -> None:
         OPTIONS["worker_num"].checked(worker_num)
         OPTIONS["max_item_crashes"].checked(max_item_crashes)
         OPTIONS["shared_memory_min_bytes"].checked(shared_memory_min_bytes)

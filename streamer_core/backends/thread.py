@@ -151,6 +151,25 @@ class ThreadedStreamer(BaseStreamer):
         name: Optional[str] = None,
         **options: Unpack[BatchingOptions],
     ) -> None:
+        self._start_on(predict_function, BatchingConfig(batch_size, max_latency, **options), name)
+
+    @classmethod
+    def from_config(
+        cls,
+        predict_function: Callable[[List[Any]], Sequence[Any]],
+        config: BatchingConfig,
+        *,
+        name: Optional[str] = None,
+    ) -> ThreadedStreamer:
+        """A streamer of ``config``, a :class:`BatchingConfig` made (and so
+        checked) already: what the Flask and Django layers make from their settings."""
+        streamer = cls.__new__(cls)
+        streamer._start_on(predict_function, config, name)
+        return streamer
+
+    def _start_on(
+        self, predict_function: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig, name: Optional[str]
+    ) -> None:
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
             raise TypeError(
@@ -159,7 +178,6 @@ class ThreadedStreamer(BaseStreamer):
             )
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
-        config = BatchingConfig(batch_size, max_latency, **options)
         super().__init__(
             config, lambda: _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name
         )

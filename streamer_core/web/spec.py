@@ -138,7 +138,7 @@ class ModelSpec:
             )
         if problems:
             return None, problems
-        config = BatchingConfig(**{field: kept[field] for field in _BATCHING if field in kept})
+        config = BatchingConfig.of_checked(kept)  # each value checked above, under its setting's name
         others = {field: kept[field] for field in kept if field not in _BATCHING}
         return cls(name=name, model=model, config=config, **others), []
 
@@ -181,18 +181,16 @@ class ModelSpec:
                     "or redis backend)",
                     self.name or callable_name(self.model),
                 )
-            return ThreadedStreamer(predict, config.batch_size, config.max_latency, name=name, **config.keywords())
+            return ThreadedStreamer.from_config(predict, config, name=name)
         if self.backend == "process":
-            return Streamer(
+            return Streamer.from_config(
                 self.model,
-                config.batch_size,
-                config.max_latency,
+                config,
                 self.worker_num,
                 self.cuda_devices,
                 list(self.init_args),
                 dict(self.init_kwargs),
                 name=name,
-                **config.keywords(),
             )
         from ..backends.redis import RedisStreamer
 

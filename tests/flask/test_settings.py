@@ -525,3 +525,15 @@ def test_devices_the_model_cannot_use_are_said_in_the_log(make_app, caplog, monk
     assert any(line.startswith("double: cuda_devices is not used by the thread backend") for line in lines), lines
     [no_cuda] = [line for line in lines if "torch sees no CUDA device" in line]
     assert no_cuda.startswith("device 0 was asked for") and "CUDA_VISIBLE_DEVICES=0" in no_cuda, no_cuda
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_the_settings_reach_the_streamer_as_one_object_checked_once(make_app, backend):
+    """The BatchingConfig made from the app's settings (each value checked
+    once, under its setting's name) is the one the streamer forms batches by:
+    no round trip through keywords that checks each value again."""
+    app, streamer = make_app({"STREAMER_BACKEND": backend, "STREAMER_MAX_BATCH_COST": 12}, init=False)
+    streamer.add_batched_route("/double", model=double)
+    streamer.init_app(app)
+    with app.app_context():
+        assert streamer.get_streamer("double").config is spec_of(app, "double").config
