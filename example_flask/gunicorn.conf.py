@@ -20,10 +20,13 @@ needs a ``timeout`` above its load time: gunicorn restarts a worker silent
 for that long.
 """
 
-import gc
 import os
 
-from streamer_core.web.affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
+# Each process: a core of its own, its models loaded before it takes a
+# request, then pinned where that takes no core from a model computing on
+# this CPU (PIN_WORKERS: 1 always, 0 never), what loading made kept out of
+# the collector's sight (streamer_core/web/gunicorn.py says what and why).
+from flask_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401
 
 bind = os.environ.get("BIND", "127.0.0.1:5005")
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
@@ -31,37 +34,3 @@ worker_class = "gevent"
 worker_connections = 1000
 threads = 64  # with -k gthread
 timeout = 120
-
-
-def pre_fork(server, worker):
-    # Each web process gets a core of its own, the one of the process it
-    # replaces when it restarts; pinned once it has loaded its models, where
-    # that takes no core from a model computing on this CPU (PIN_WORKERS: 1
-    # always, 0 never). A quarter less CPU per request than processes the
-    # scheduler moves about (streamer_core/web/affinity.py).
-    worker.core_index = free_core_index(getattr(other, "core_index", None) for other in server.WORKERS.values())
-
-
-def post_worker_init(worker):
-    from flask_streamer import start_streamers
-
-    start_streamers(worker.wsgi)
-    if pin_wanted(worker.cfg.workers, model_computes_here(os.environ.get("FLASK_STREAMER_BACKEND", "thread"))):
-        pin_to_core(worker.core_index)  # workers the process backend spawns keep every core
-    # The objects alive now (the model, torch's and the framework's modules:
-    # some 450,000) are never garbage: kept out of the cyclic collector's
-    # sight, a full collection takes milliseconds, not 350 ms that stall
-    # every request, and with a larger first generation the collector runs
-    # once per thousand requests or so instead of every 70. Together about
-    # 50 microseconds of CPU a request (bench/README.md).
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
-
-
-def child_exit(server, worker):
-    # Under prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR
-    # set, several workers): a dead worker's gauges go with it.
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(worker.pid)

@@ -100,6 +100,33 @@ def test_gunicorn_loads_a_flask_apps_models_as_it_boots(servers, tmp_path):
     _loaded_at_boot(server, tmp_path, f"http://127.0.0.1:{port}/marked", lambda answer: answer[1])
 
 
+@pytest.mark.parametrize("framework", ["flask", "django"])
+def test_a_projects_own_gunicorn_conf_gets_the_deployment_policy_in_one_line(servers, tmp_path, framework):
+    """A config of its own that imports the layer's hooks: its models load
+    as each process boots, then the process is pinned to a core of its own
+    (PIN_WORKERS=1 here) and what loading made is frozen, the collector's
+    first threshold raised (streamer_core.web.gunicorn)."""
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text(f"from {framework}_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401\n")
+    port = free_port()
+    app = "tests.flask.warm_app:create_app()" if framework == "flask" else "tests.django.wsgi:application"
+    server = servers(
+        "gunicorn", "-c", str(conf), "-w", "2", "--bind", f"127.0.0.1:{port}", app,
+        MARK_FOLDER=str(tmp_path), TEST_STREAMER_FOLDER=str(tmp_path), PIN_WORKERS="1", **DJANGO_ENV,
+    )  # fmt: skip
+    assert wait_for(lambda: len(_marks(tmp_path)) == 2, 90), f"each process loads its model:\n{server.log()[-2000:]}"
+    assert wait_for(lambda: _listening("127.0.0.1", port), 30), server.log()[-2000:]
+    seen = {}
+    deadline = time.monotonic() + 30
+    while len(seen) < 2 and time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/process", timeout=10) as response:
+            answer = json.loads(response.read())
+        seen[tuple(answer["cores"])] = answer
+    assert all(answer["frozen"] > 10_000 and answer["threshold"][0] == 10_000 for answer in seen.values()), seen
+    cores = sorted(seen)
+    assert len(cores) == 2 and all(len(each) == 1 for each in cores) and cores[0] != cores[1], cores
+
+
 def test_control_without_the_hook_a_flask_model_loads_on_its_first_request(servers, tmp_path):
     port = free_port()
     servers(

@@ -12,6 +12,7 @@ urlpatterns = [
     path("double-cbv", views.double_cbv),
     path("double-guarded", views.double_guarded),
     path("pid", views.pid),
+    path("process", views.process),
     path("hold", views.hold),
     path("broken-parse", views.broken_parse),
     path("broken-respond", views.broken_respond),

@@ -78,3 +78,14 @@ def unpicklable(request: HttpRequest) -> Any:
     import threading
 
     return threading.Lock()
+
+
+def process(request: HttpRequest) -> HttpResponse:
+    """What the server's hooks made of this process: its frozen objects,
+    the collector's thresholds, its cores."""
+    import gc
+    import os
+
+    return JsonResponse(
+        {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(), "cores": sorted(os.sched_getaffinity(0))}
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any, List
@@ -27,4 +28,15 @@ def create_app() -> Flask:
     streamer = FlaskStreamer()
     streamer.add_batched_route("/marked", "marked", MarkedModel, init_kwargs={"folder": os.environ["MARK_FOLDER"]})
     streamer.init_app(app)
+
+    @app.get("/process")
+    def process() -> Any:
+        """What the server's hooks made of this process: its frozen objects,
+        the collector's thresholds, its cores."""
+        return {
+            "frozen": gc.get_freeze_count(),
+            "threshold": gc.get_threshold(),
+            "cores": sorted(os.sched_getaffinity(0)),
+        }
+
     return app
