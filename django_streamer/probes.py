@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from streamer_core import metrics
 from streamer_core.web import probes
+from streamer_core.web.http import error_body
 
 from .registry import all_handles, draining
 from .views import json_reply
@@ -26,8 +27,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     try:
         body, content_type = metrics.exposition()
     except RuntimeError as exc:
-        error = {"status": 501, "type": "MetricsUnavailable", "message": str(exc)}
-        return JsonResponse({"error": error}, status=501)
+        return JsonResponse(error_body(501, "MetricsUnavailable", str(exc)), status=501)
     return HttpResponse(body, content_type=content_type)
 
 

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from streamer_core.streamer import BaseStreamer
-from streamer_core.web.spec import LazyStreamer, ModelSpec
+from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
 
 from .conf import model_specs
 
@@ -114,10 +114,7 @@ def start_streamers(wait: bool = True, timeout: float = 120.0) -> None:
     waited for). A server's worker calls it as it boots, after forking: in
     gunicorn's ``post_worker_init`` hook, or under an ASGI server at the end
     of ``asgi.py``."""
-    for name in model_names():
-        streamer = get_streamer(name)
-        if wait and get_spec(name).backend != "redis":
-            streamer.wait_ready(timeout)
+    start_all(_all_handles().values(), wait, timeout)
 
 
 def started_models() -> List[str]:

@@ -36,7 +36,7 @@ import functools
 import inspect
 import io
 import logging
-from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence, Union, cast
+from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence, Tuple, Union, cast
 
 from django.conf import global_settings, settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -48,20 +48,17 @@ from django.utils.decorators import classonlymethod
 from django.views import View
 
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
+from streamer_core.web.body import FormLimits, default_input, json_of, limit_body
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import (
     MISSING,
-    check_body_size,
-    check_media_type,
     dumps_json,
+    error_body,
     is_json_type,
-    item_from_request,
     json_answer,
     loads_json,
     read_chunked_body,
-    refuse_undecoded_chunks,
 )
-from streamer_core.web.multipart import Form, parse_form
 
 from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_streamer
@@ -90,10 +87,7 @@ def json_body(request: HttpRequest) -> Any:
     :class:`PayloadTooLarge` (413) for one over ``STREAMER["MAX_BODY_BYTES"]``."""
     if not is_json_type((request.content_type or "").lower()):
         return MISSING
-    try:
-        return loads_json(_whole_body(request))  # orjson where it is installed: see streamer_core.web.http
-    except ValueError as exc:
-        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+    return json_of(_whole_body(request), loads_json)  # orjson where it is installed: see streamer_core.web.http
 
 
 def _whole_body(request: HttpRequest) -> bytes:
@@ -130,41 +124,46 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     ``STREAMER["MAX_BODY_BYTES"]`` (10 MiB by default), before reading it."""
     limit = max_body_bytes()
     length = _body_length(request, limit)
-    check_media_type(request.content_type, (length or 0) > 0)
-    body = json_body(request)
-    if body is not MISSING or request.method != "POST":
-        return item_from_request(body, None, field)
-    # The form only when there is no JSON: reading it costs even when empty.
-    form = _small_form(request, length)
-    if form is not None:
-        return item_from_request(body, form.fields, field, form.files, limit)
-    return item_from_request(body, request.POST, field, request.FILES, limit)
+    return default_input(_DjangoBody(request, length), field, limit, loads_json)
 
 
-#: A multipart body up to this size is read whole and cut in C.
-_READ_WHOLE_BYTES = 1 << 20
+class _DjangoBody:
+    """A Django request as the default rule reads it
+    (:class:`streamer_core.web.body.RequestBody`); a body sent in chunks has
+    been read by then (see :func:`_body_length`), and has its length."""
 
+    def __init__(self, request: HttpRequest, length: Optional[int], chunked: bool = False) -> None:
+        self._request = request
+        self.media_type = (request.content_type or "").lower()
+        self.content_length = length
+        self.chunked = chunked
+        self.reads_form = request.method == "POST"  # Django's POST and FILES: a POST's only
 
-def _small_form(request: HttpRequest, length: Optional[int]) -> Optional[Form]:
-    """A small multipart body of the common shape, read whole and cut at its
-    boundaries in C (:mod:`streamer_core.web.multipart`, as flask_streamer
-    does); ``None`` where Django's own parser must
-    read it, so that its settings and errors apply: a body over
-    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (``request.body`` would refuse what the
-    form parser takes), a non-UTF-8 request, a stream already being read."""
-    if request.content_type != "multipart/form-data" or not length or length > _READ_WHOLE_BYTES:
-        return None
-    memory = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if memory is not None and length > memory:
-        return None
-    if (request.encoding or settings.DEFAULT_CHARSET).lower().replace("_", "-") not in ("utf-8", "utf8"):
-        return None
-    if getattr(request, "_read_started", False) and not hasattr(request, "_body"):
-        return None
-    limits = [n for n in (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, settings.DATA_UPLOAD_MAX_NUMBER_FILES) if n]
-    return parse_form(
-        request.body, (request.content_params or {}).get("boundary", ""), max_parts=min(limits, default=None)
-    )
+    def data(self) -> bytes:
+        return _whole_body(self._request)
+
+    def boundary(self) -> str:
+        return str((self._request.content_params or {}).get("boundary", ""))
+
+    def form_limits(self) -> Optional[FormLimits]:
+        """Django's limits on the number of fields and of files, or ``None``
+        where Django's own parser must read the form, so that its settings
+        and errors apply: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``
+        (``request.body`` would refuse what the form parser takes), a
+        non-UTF-8 request, a stream already being read."""
+        request, length = self._request, self.content_length
+        memory = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if not length or (memory is not None and length > memory):
+            return None
+        if (request.encoding or settings.DEFAULT_CHARSET).lower().replace("_", "-") not in ("utf-8", "utf8"):
+            return None
+        if getattr(request, "_read_started", False) and not hasattr(request, "_body"):
+            return None
+        limits = [n for n in (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, settings.DATA_UPLOAD_MAX_NUMBER_FILES) if n]
+        return FormLimits(min(limits, default=None))
+
+    def parsed_form(self) -> Tuple[Any, Any]:
+        return self._request.POST, self._request.FILES
 
 
 def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
@@ -175,20 +174,27 @@ def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
     no further than one byte past the limit, and kept as the request's body;
     a server that does not decode chunks (``runserver``) gets a 411."""
     raw = request.META.get("CONTENT_LENGTH")
-    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if not raw and chunked and isinstance(request, WSGIRequest):
-        refuse_undecoded_chunks(True, bool(request.environ.get("wsgi.input_terminated")))
-        data = read_chunked_body(request.environ["wsgi.input"], limit)
-        # Django's own parsing (request.body, POST and FILES) reads from
-        # here, and the multipart parser by the length.
-        request._body = data
-        request.META["CONTENT_LENGTH"] = str(len(data))
-        return len(data)
+    chunked = not raw and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if chunked and isinstance(request, WSGIRequest):
+        environ = request.environ
+
+        def read_chunks(limit: Optional[int]) -> int:
+            data = read_chunked_body(environ["wsgi.input"], limit)
+            # Django's own parsing (request.body, POST and FILES) reads from
+            # here, and the multipart parser by the length.
+            request._body = data
+            request.META["CONTENT_LENGTH"] = str(len(data))
+            return len(data)
+
+        limit_body(
+            _DjangoBody(request, None, chunked=True), bool(environ.get("wsgi.input_terminated")), read_chunks, limit
+        )
+        return len(request._body)
     try:
         length: Optional[int] = int(raw or 0)
     except ValueError:
         length = None
-    check_body_size(length, limit)
+    limit_body(_DjangoBody(request, length), True, lambda _: 0, limit)
     return length
 
 
@@ -211,15 +217,14 @@ def json_reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Js
 def page_not_found(request: HttpRequest, exception: Optional[Exception] = None) -> JsonResponse:
     """A JSON 404, for a project whose every answer is JSON: in the root
     URLconf, ``handler404 = "django_streamer.views.page_not_found"``."""
-    body = {"status": 404, "type": "NotFound", "message": f"nothing is served at {request.path}"}
-    return JsonResponse({"error": body}, status=404)
+    return JsonResponse(error_body(404, "NotFound", f"nothing is served at {request.path}"), status=404)
 
 
 def server_error(request: HttpRequest) -> JsonResponse:
     """A JSON 500 (Django has logged the error): ``handler500 =
     "django_streamer.views.server_error"`` in the root URLconf."""
-    body = {"status": 500, "type": "InternalServerError", "message": "the server failed to answer this request"}
-    return JsonResponse({"error": body}, status=500)
+    body = error_body(500, "InternalServerError", "the server failed to answer this request")
+    return JsonResponse(body, status=500)
 
 
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:
@@ -251,8 +256,7 @@ class _JsonCsrfCheck(CsrfViewMiddleware):
     rather than Django's HTML page."""
 
     def _reject(self, request: HttpRequest, reason: str) -> HttpResponse:
-        body = {"error": {"status": 403, "type": "CsrfFailure", "message": f"CSRF verification failed: {reason}"}}
-        return JsonResponse(body, status=403)
+        return JsonResponse(error_body(403, "CsrfFailure", f"CSRF verification failed: {reason}"), status=403)
 
 
 def _refusal(request: HttpRequest, allowed: Sequence[str], model: str, check_csrf: bool) -> Optional[HttpResponse]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import werkzeug.exceptions
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
@@ -16,22 +16,11 @@ from streamer_core.config import OPTIONS
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
+from streamer_core.web.body import FormLimits, default_input, json_of, limit_body
 from streamer_core.web.cycle import Cycle
-from streamer_core.web.http import (
-    FAST_JSON,
-    MISSING,
-    check_body_size,
-    check_media_type,
-    check_read_size,
-    item_from_request,
-    json_answer,
-    loads_json,
-    refuse_undecoded_chunks,
-    to_jsonable,
-)
-from streamer_core.web.multipart import parse_form
+from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, loads_json, to_jsonable
 from streamer_core.web.probes import liveness, readiness
-from streamer_core.web.spec import LazyStreamer, ModelSpec
+from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
 
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
@@ -328,12 +317,7 @@ class FlaskStreamer:
         :func:`start_streamers`), never before."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
         state = _state(app)
-        handles = [state.handles[route] for route in self.routes(app)]
-        streamers = [handle.get() for handle in handles]
-        if wait:
-            for handle, streamer in zip(handles, streamers):
-                if handle.spec.backend != "redis":
-                    streamer.wait_ready(timeout)
+        start_all([state.handles[route] for route in self.routes(app)], wait, timeout)
 
     def close(self, app: Optional[Flask] = None, timeout: float = 10.0) -> None:
         """Finish the calls in hand and stop every streamer of ``app`` that
@@ -424,14 +408,18 @@ def json_body() -> Any:
     wrong with a malformed body (one nested too deep included). Read by
     orjson where it is installed and the app keeps Flask's own JSON
     provider, else by the app's provider."""
-    return _json_body(request._get_current_object(), current_app._get_current_object())  # type: ignore[attr-defined]
+    req = request._get_current_object()  # type: ignore[attr-defined]
+    if not req.is_json:
+        return MISSING
+    return json_of(req.get_data(cache=True), _loads(current_app._get_current_object()))  # type: ignore[attr-defined]
 
 
 def request_item(field: Optional[str] = None) -> Any:
     """The current request's model input by the default rule of a batched
     route: the JSON body (its key ``field`` when given), else the form field
-    ``field``, else the uploaded file ``field`` as ``bytes``. For a ``parse``
-    hook that turns it into the model's input::
+    ``field``, else the uploaded file ``field`` as ``bytes`` (``curl -F
+    "file=@cat.jpg"``): for a route's ``parse`` hook that checks or
+    converts the input::
 
         def parse(req):
             return decode_image(request_item("file"))
@@ -445,49 +433,38 @@ def request_item(field: Optional[str] = None) -> Any:
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     limit = _limit_body(req, app, _state(app).max_body_bytes)
-    return _default_item(req, app, field, limit)
+    return default_input(_FlaskBody(req), field, limit, _loads(app))
 
 
-#: A multipart body up to this size is read whole before its form is parsed.
-_READ_WHOLE_BYTES = 1 << 20
+class _FlaskBody:
+    """A werkzeug request as the default rule reads it (:class:`streamer_core.web.body.RequestBody`)."""
+
+    reads_form = True
+
+    def __init__(self, req: Request) -> None:
+        self._req = req
+        self.media_type = req.mimetype
+        self.content_length = req.content_length
+        self.chunked = req.content_length is None and _sent_in_chunks(req)
+
+    def data(self) -> bytes:
+        return self._req.get_data(cache=True, parse_form_data=False)
+
+    def boundary(self) -> str:
+        return self._req.mimetype_params.get("boundary", "")
+
+    def form_limits(self) -> FormLimits:
+        return FormLimits(self._req.max_form_parts, self._req.max_form_memory_size)
+
+    def parsed_form(self) -> Tuple[Any, Any]:
+        return self._req.form, self._req.files
 
 
-def _default_item(req: Request, app: Flask, field: Optional[str], max_bytes: Optional[int]) -> Any:
-    chunked = req.content_length is None and _sent_in_chunks(req)
-    check_media_type(req.mimetype, (req.content_length or 0) > 0 or chunked)
-    body = _json_body(req, app)
-    if body is not MISSING:
-        return item_from_request(body, None, field)
-    # The form only when there is no JSON: reading it costs even when empty.
-    if not chunked and req.mimetype == "multipart/form-data" and (req.content_length or 0) <= _READ_WHOLE_BYTES:
-        # Read whole and cut at its boundaries in C (streamer_core.web.multipart);
-        # werkzeug's parser, left for a body of any other shape, searches each
-        # part with a regular expression tried at every byte. The example's 35 KB
-        # upload through Flask: 0.93 ms of CPU parsed by werkzeug, 0.34 cut here
-        # (in process); 0.6-0.8 ms less per upload under gunicorn (bench/README.md).
-        form = parse_form(
-            req.get_data(cache=True, parse_form_data=False),
-            req.mimetype_params.get("boundary", ""),
-            max_parts=req.max_form_parts,
-            max_field_bytes=req.max_form_memory_size,
-        )
-        if form is not None:
-            return item_from_request(body, form.fields, field, form.files, max_bytes)
-    return item_from_request(body, req.form, field, req.files, max_bytes)
-
-
-def _json_body(req: Request, app: Flask) -> Any:
-    if not req.is_json:
-        return MISSING
-    data = req.get_data(cache=True)
-    try:
-        if FAST_JSON and type(app.json) is DefaultJSONProvider:
-            return loads_json(data)
-        return app.json.loads(data)
-    except ValueError as exc:
-        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InvalidInput("the body is not valid JSON: it is nested too deep") from None
+def _loads(app: Flask) -> Callable[[bytes], Any]:
+    """How the app reads JSON: orjson where it is installed and the app keeps
+    Flask's own provider (a JSON body of a batched route costs less), else
+    the app's provider."""
+    return loads_json if FAST_JSON and type(app.json) is DefaultJSONProvider else app.json.loads
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
@@ -496,7 +473,7 @@ def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[in
     limit = _limit_body(req, app, max_bytes)
     if route.parse is not None:
         return route.parse(req)
-    return _default_item(req, app, route.field, limit)
+    return default_input(_FlaskBody(req), route.field, limit, _loads(app))
 
 
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:
@@ -532,15 +509,15 @@ def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Optional[
     app_limit = app.config.get("MAX_CONTENT_LENGTH")
     limit = app_limit if max_bytes is None else max_bytes if app_limit is None else min(max_bytes, app_limit)
     req.environ[_LIMIT_KEY] = limit
-    if req.content_length is not None or not _sent_in_chunks(req):
-        check_body_size(req.content_length, limit)
-        req.max_content_length = limit
-        return limit
-    refuse_undecoded_chunks(True, bool(req.environ.get("wsgi.input_terminated")))
-    # One byte past the limit tells a body over it; werkzeug caches what it
-    # read, and parses the form from that.
-    req.max_content_length = None if limit is None else limit + 1
-    check_read_size(len(req.get_data(cache=True)), limit)
+    req.max_content_length = limit
+
+    def read_chunks(limit: Optional[int]) -> int:
+        # One byte past the limit tells a body over it; werkzeug caches what
+        # it read, and parses the form from that.
+        req.max_content_length = None if limit is None else limit + 1
+        return len(req.get_data(cache=True))
+
+    limit_body(_FlaskBody(req), bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
     return limit
 
 
@@ -569,7 +546,7 @@ def _json_http_error(exc: HTTPException) -> Any:
     path's 404, a 413 werkzeug raised, a 500 of a view's bug, logged by
     Flask) answered as JSON, in the batched routes' shape."""
     status = exc.code or 500
-    body = {"error": {"status": status, "type": type(exc).__name__, "message": exc.description or exc.name}}
+    body = error_body(status, type(exc).__name__, exc.description or exc.name)
     headers = {name: value for name, value in exc.get_headers() if name.lower() not in ("content-type",)}
     return jsonify(body), status, headers
 

@@ -51,6 +51,7 @@ __all__ = [
     "RETRY_AFTER_FULL",
     "RETRY_AFTER_DOWN",
     "error_response",
+    "error_body",
     "status_for",
     "log_unavailable",
     "item_from_request",
@@ -144,7 +145,8 @@ def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dic
     worker's, when the error crossed a process) is included only when
     ``debug``: it can show code and data that clients should not see."""
     status = status_for(exc)
-    error: Dict[str, Any] = {"status": status, "type": type(exc).__name__, "message": str(exc)}
+    body = error_body(status, type(exc).__name__, str(exc))
+    error = body["error"]
     if debug:
         error["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         cause = exc.__cause__
@@ -155,7 +157,12 @@ def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dic
         headers["Allow"] = ", ".join(exc.allowed)
     if status == 503:
         headers["Retry-After"] = str(retry_after(exc))
-    return status, {"error": error}, headers
+    return status, body, headers
+
+
+def error_body(status: int, kind: str, message: str) -> Dict[str, Any]:
+    """Every JSON error's body: ``{"error": {"status", "type", "message"}}``."""
+    return {"error": {"status": status, "type": kind, "message": message}}
 
 
 def retry_after(exc: BaseException) -> int:

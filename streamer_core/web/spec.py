@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..config import OPTIONS, BatchingConfig, DeviceId
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
@@ -29,7 +29,7 @@ from ..managed_model import ManagedModel, load_predict
 from ..redis_address import ADDRESS_FORMS, RedisAddress
 from ..streamer import BaseStreamer, callable_name, logger
 
-__all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer"]
+__all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer", "start_all"]
 
 #: The options a web layer's settings give each model, in the order they are
 #: checked and documented: Flask's ``STREAMER_<NAME>``, Django's ``<NAME>``.
@@ -309,3 +309,15 @@ class LazyStreamer:
             streamer, self._streamer = self._streamer, None
         if streamer is not None and self._pid == os.getpid():
             streamer.close(timeout)
+
+
+def start_all(handles: Iterable[LazyStreamer], wait: bool = True, timeout: float = 120.0) -> None:
+    """Start the streamer of each of ``handles`` in this process (a web
+    layer's models), all at once; with ``wait``, until the models this
+    process runs have loaded, for up to ``timeout`` seconds each. Redis
+    workers run elsewhere, and are not waited for."""
+    started = [(handle, handle.get()) for handle in handles]
+    if wait:
+        for handle, streamer in started:
+            if handle.spec.backend != "redis":
+                streamer.wait_ready(timeout)
