@@ -1,6 +1,6 @@
 """The inside of a spawned worker process, and how outcomes cross the pipe.
 
-Kept apart from ``process.py`` so a worker imports no more than it needs.
+Kept apart from ``process_backend.py`` so a worker imports no more than it needs.
 Everything here crosses between a parent and the children it spawned itself,
 over a private pipe (and shared memory, for large arrays: see
 ``shared_memory.py``), so pickle is safe to use: nothing comes from a network.

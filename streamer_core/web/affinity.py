@@ -15,7 +15,7 @@ tells the two apart.
 
 The process backend's workers are spawned with the CPU affinity their web
 process had when its streamer was made, not the one pinned later: see
-``backends/process.py``. Where the platform cannot pin (no
+``backends/process_backend.py``. Where the platform cannot pin (no
 ``os.sched_setaffinity``, as on macOS), nothing is done.
 """
 
