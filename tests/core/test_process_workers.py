@@ -3,6 +3,7 @@ inputs that cannot cross the process boundary."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -198,29 +199,60 @@ def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing
     assert streamer.predict(["still", "serving"]) == ["STILL", "SERVING"]
 
 
-def test_a_done_callback_may_ask_the_streamer_of_its_workers_as_a_worker_dies(closing):
+ASKS_AS_A_WORKER_DIES = textwrap.dedent(
+    """
+    import json, threading
+    from streamer_core import Streamer, WorkerDiedError
+    from tests.core import models
+
+    if __name__ == "__main__":
+        streamer = Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.01, max_item_crashes=1)
+        assert streamer.wait_ready(60)
+        seen, answered = [], threading.Event()
+
+        def ask(future):
+            seen.append(streamer.live_workers())
+            answered.set()
+
+        future = streamer.submit(["poison"])
+        future.add_done_callback(ask)
+        try:
+            future.result(20)
+        except WorkerDiedError:
+            pass
+        print(json.dumps({"answered": answered.wait(10), "seen": seen}), flush=True)
+        print(json.dumps(streamer.predict(["still", "serving"], timeout=20)), flush=True)
+        streamer.close(5)
+    """
+)
+
+
+def test_a_done_callback_may_ask_the_streamer_of_its_workers_as_a_worker_dies(tmp_path):
     """A call failed by a worker's death runs its done-callbacks on the
     thread that saw the death; one that asks the streamer for its workers
     (a health check, a log line) gets an answer, and the streamer goes on:
-    the backend fails the calls after letting go of its own lock."""
-    streamer = closing(
-        Streamer(models.kill_self_on_poison, batch_size=8, max_latency=0.01, worker_num=1, max_item_crashes=1)
-    )
-    assert streamer.wait_ready(60)
-    seen: List[Any] = []
-    answered = threading.Event()
-
-    def ask(future: Any) -> None:
-        seen.append((streamer.live_workers(), streamer.worker_pids()))
-        answered.set()
-
-    future = streamer.submit(["poison"])
-    future.add_done_callback(ask)
-    with pytest.raises(WorkerDiedError):
-        future.result(20)
-    assert answered.wait(10), "the done-callback never got its answer: the backend's lock was held"
-    assert seen and seen[0][0] in (0, 1)
-    assert streamer.predict(["still", "serving"], timeout=20) == ["STILL", "SERVING"]
+    the backend fails the calls after letting go of its own lock. Run in a
+    program of its own: a deadlock would leave that lock held, and the
+    streamer could not be closed."""
+    script = tmp_path / "asks.py"
+    script.write_text(ASKS_AS_A_WORKER_DIES)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program hung: {exc.stdout!r}") from None
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stdout + done.stderr[-3000:]
+    asked = json.loads(lines[0])
+    assert asked["answered"], "the done-callback never got its answer: the backend's lock was held"
+    assert asked["seen"][0] in (0, 1)
+    assert json.loads(lines[1]) == ["STILL", "SERVING"]
 
 
 def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog):

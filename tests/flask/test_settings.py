@@ -537,3 +537,26 @@ def test_the_settings_reach_the_streamer_as_one_object_checked_once(make_app, ba
     streamer.init_app(app)
     with app.app_context():
         assert streamer.get_streamer("double").config is spec_of(app, "double").config
+
+
+@pytest.mark.parametrize("devices, unused", [([0], False), ([0, 1], True)])
+def test_the_thread_backend_says_which_devices_of_a_managed_model_it_leaves(
+    make_app, caplog, monkeypatch, devices, unused
+):
+    """A ManagedModel on the thread backend runs once, on the first device:
+    the others are said to be unused, and with one device nothing is said."""
+    from tests.core.models import EnvModel
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the thread backend sets it here: restored after the test
+    app, streamer = make_app({"STREAMER_CUDA_DEVICES": devices}, init=False)
+    streamer.add_batched_route("/env", "env", EnvModel)
+    with caplog.at_level("WARNING", logger="streamer_core"):
+        streamer.init_app(app)
+        [answer] = [app.test_client().post("/env", json=1).get_json()]
+    assert answer["gpu_id"] == 0 and answer["cvd"] == "0"
+    said = [record.getMessage() for record in caplog.records if "not used" in record.getMessage()]
+    if unused:
+        [line] = said
+        assert line.startswith("env: the thread backend runs one copy of the model, on device 0"), line
+    else:
+        assert said == []

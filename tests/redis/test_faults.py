@@ -209,6 +209,32 @@ def test_a_send_redis_keeps_refusing_fails_after_send_retry_s(fault_broker, make
     assert SEND_RETRY_S - 0.05 <= took < SEND_RETRY_S + 5, f"refused after {took:.2f}s"
 
 
+def test_a_call_behind_another_sends_retries_is_refused_within_send_retry_s_of_its_own_arrival(
+    fault_broker, make_streamer
+):
+    """Sends go one after another: a call that arrives while another's send
+    retries waits for it. Its own send gives up SEND_RETRY_S after the call
+    arrived, not after its send began, so every refusal comes within that
+    bound (they came after 2.3 to 3 s)."""
+    conn = fault_broker.conn
+    streamer = make_streamer(fault_broker, timeout=30)
+    assert streamer.predict([]) == []
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    try:
+        first = streamer.submit([1])
+        time.sleep(0.3)  # the first send retries until 1.5 s: this call waits 1.2 s for it
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError):
+            streamer.predict([2])
+        took = time.monotonic() - started
+        with pytest.raises(BrokerUnavailableError):
+            first.result(10)
+    finally:
+        conn.config_set("maxmemory", 0)
+    assert took < SEND_RETRY_S + 0.6, f"refused {took:.2f}s after it arrived"  # counted from its send: 2.7 s
+
+
 def test_while_redis_is_down_calls_blame_redis_not_missing_workers(fault_broker, make_streamer, start_worker):
     """With ``require_workers`` (as the web layers make it), Redis down for
     longer than NO_WORKER_S: every call refused meanwhile is refused with

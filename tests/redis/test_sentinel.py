@@ -233,6 +233,13 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
             with RedisStreamer(wrong, "passwords", timeout=5) as refused:
                 with pytest.raises(BrokerUnavailableError, match=refusal):
                     refused.live_workers()
+        # The master gone, the Sentinel still names it: a call is refused
+        # with words that fit a failover, not a misconfiguration.
+        master.kill()
+        with pytest.raises(
+            BrokerUnavailableError, match="the Redis master cannot be reached.*failover may be under way"
+        ):
+            streamer.predict([4])
     finally:
         if streamer is not None:
             streamer.close()
@@ -240,6 +247,22 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
         os.killpg(sentinel.pid, signal.SIGKILL)
         sentinel.wait(10)
         master.kill()
+
+
+def test_what_went_wrong_behind_sentinels_is_said_as_a_possible_failover():
+    import redis.sentinel
+
+    from streamer_core.backends.redis.connection import broker_problem
+
+    sentinels = RedisAddress.parse("redis+sentinel://127.0.0.1:26379/mymaster/0")
+    server = RedisAddress.parse("redis://127.0.0.1:6379/0")
+    lost = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6380. Connection refused.")
+    assert "failover may be under way" in broker_problem(lost, sentinels)
+    assert broker_problem(lost, server).startswith("Redis cannot be reached (Error 111")
+    no_master = redis.sentinel.MasterNotFoundError("No master found for 'mymaster' : <client>")
+    said = broker_problem(no_master, sentinels)
+    assert said.startswith("no Sentinel names a master for 'mymaster' now: a failover may be under way"), said
+    assert "<client>" not in said and "sentinel_password" in said
 
 
 def test_with_no_sentinel_answering_calls_fail_fast_with_a_503_error(tmp_path: Path):
