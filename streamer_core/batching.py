@@ -66,11 +66,15 @@ class _Task:
         future = self.future
         return future is not None and future._state == "PENDING"
 
-    def fail(self, exc: BaseException) -> bool:
+    def fail(self, exc: BaseException, index: Optional[int] = None) -> bool:
+        """Fail the call with ``exc``; ``index``: the input it is the error of
+        (:attr:`BatchFuture.failed_input`), where one input failed alone."""
         future = self.future
         if future is None:
             return False
         self.future = self.results = None  # drop references: nothing stays in memory for it
+        if index is not None:
+            future.failed_input = index  # before it completes: a woken caller reads it
         return settle(future, exc=exc)
 
     def set_outcome(self, index: int, ok: bool, value: Any) -> Optional[BatchFuture]:
@@ -80,7 +84,7 @@ class _Task:
         if future is None or results is None or future._state != "PENDING":
             return None
         if not ok:
-            self.fail(value)
+            self.fail(value, index)
             return None
         results[index] = value
         self.remaining -= 1

@@ -63,6 +63,10 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     cancel): most calls complete without ever making one.
     """
 
+    #: Which input of the call failed it (its index in the list given),
+    #: where the call failed for one input (the model raised for it, it
+    #: could not be decoded in a worker); ``None`` otherwise.
+    failed_input: Optional[int] = None
     _deadline: float = float("inf")
     #: Where the call's outcome is counted (set by the scheduler).
     _stats: Optional[ModelStats] = None

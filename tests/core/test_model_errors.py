@@ -60,6 +60,19 @@ def test_only_the_failing_input_gets_the_exception(closing, make):
 
 
 @pytest.mark.parametrize("make", BACKENDS)
+def test_a_call_that_fails_for_one_of_its_inputs_says_which(closing, make):
+    """A call of many inputs fails as a whole with the error of the one that
+    failed, and its future says which (``failed_input``: an index of the
+    list given); a call failed otherwise (a timeout) names none."""
+    streamer = closing(make(models.fail_on_negative))
+    future = streamer.submit([1, 2, 3, -4, 5])
+    with pytest.raises(ValueError, match="negative input -4"):
+        future.result(10)
+    assert future.failed_input == 3
+    assert streamer.submit([1, 2]).failed_input is None
+
+
+@pytest.mark.parametrize("make", BACKENDS)
 def test_a_model_that_raises_system_exit_fails_its_callers_and_stops_nothing_else(closing, make):
     # On the thread backend the SystemExit itself used to reach the caller's
     # thread, where it ends a program, or a server worker it was raised in.

@@ -80,9 +80,12 @@ def test_only_the_failing_inputs_caller_gets_the_exception(broker, make_streamer
             assert "fail_on_negative" in info.value.__cause__.tb, "the worker's traceback should come along"
         else:
             assert future.result(10) == [x * 2]
-    # A call with one bad input among good ones fails as a whole; the worker keeps serving.
+    # A call with one bad input among good ones fails as a whole, saying
+    # which input failed it; the worker keeps serving.
+    future = streamer.submit([5, -1, 6])
     with pytest.raises(ValueError, match="negative input -1"):
-        streamer.predict([5, -1, 6])
+        future.result(10)
+    assert future.failed_input == 1
     assert streamer.predict([10, 11]) == [20, 22]
 
 
