@@ -20,19 +20,33 @@ Nothing starts at import or in ``AppConfig.ready()``. For operations,
 model's state.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict
+
 from streamer_core.errors import ConfigurationError, InvalidInput
 
-from .registry import (
-    aget_streamer,
-    close_streamers,
-    drain,
-    get_spec,
-    get_streamer,
-    model_names,
-    start_streamers,
-    started_models,
-)
-from .views import AsyncBatchedView, BatchedView, batched_view, json_body, json_error, request_item
+if TYPE_CHECKING:
+    from .registry import (
+        aget_streamer,
+        close_streamers,
+        drain,
+        get_spec,
+        get_streamer,
+        model_names,
+        start_streamers,
+        started_models,
+    )
+    from .views import (
+        AsyncBatchedView,
+        BatchedView,
+        batched_view,
+        json_body,
+        json_error,
+        request_inputs,
+        request_item,
+    )
 
 __all__ = [
     "get_streamer",
@@ -47,8 +61,38 @@ __all__ = [
     "BatchedView",
     "AsyncBatchedView",
     "request_item",
+    "request_inputs",
     "json_body",
     "json_error",
     "InvalidInput",
     "ConfigurationError",
 ]
+
+# The public names, by the module that holds them: imported on first use.
+# Importing this package imports nothing of Django, so that a gunicorn
+# config importing django_streamer.gunicorn loads no Django settings in the
+# master (gevent's patching in a worker would touch them before the
+# project's wsgi.py names its settings module).
+_REGISTRY = ("get_streamer", "aget_streamer", "get_spec", "model_names", "start_streamers", "started_models")
+_VIEWS = (
+    "batched_view",
+    "BatchedView",
+    "AsyncBatchedView",
+    "request_item",
+    "request_inputs",
+    "json_body",
+    "json_error",
+)
+_WHERE: Dict[str, str] = {
+    **dict.fromkeys((*_REGISTRY, "close_streamers", "drain"), "registry"),
+    **dict.fromkeys(_VIEWS, "views"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_streamer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

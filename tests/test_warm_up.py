@@ -231,3 +231,16 @@ def test_gunicorn_preload_with_django_streamers_started_in_the_master(servers, t
     pids = _answered_by_workers(server, f"http://127.0.0.1:{port}/pid", lambda answer: answer[1])
     assert server.process.pid in _marks(tmp_path), "the master started the streamers before forking"
     assert pids and server.process.pid not in pids, f"answered by {pids}, the master is {server.process.pid}"
+
+
+def test_the_django_hooks_import_nothing_of_django():
+    """gunicorn's master reads the config, importing the hooks, before the
+    project's wsgi.py names its settings module: were django.conf's lazy
+    settings made then, gevent's patching in each worker would touch them
+    and the worker die (ImproperlyConfigured) as it boots."""
+    script = "import sys, django_streamer.gunicorn; print(sorted(m for m in sys.modules if m.startswith('django.')))"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
