@@ -17,11 +17,13 @@
         },
     }
 
-Every key but ``MODELS``, ``PREFIX`` and ``MAX_BODY_BYTES`` may be given at
-the top level, as the default of every model, and in a model's entry, for
-that model only. ``MAX_BODY_BYTES`` (default 10 MiB, ``None`` for no limit)
-is the largest request body a batched view reads: a larger one is answered
-413 before it is read.
+Every key but ``MODELS``, ``PREFIX``, ``MAX_BODY_BYTES`` and ``MAX_INPUTS``
+may be given at the top level, as the default of every model, and in a
+model's entry, for that model only. ``MAX_BODY_BYTES`` (default 10 MiB,
+``None`` for no limit) is the largest request body a batched view reads: a
+larger one is answered 413 before it is read. ``MAX_INPUTS`` (default 2048)
+is the most inputs one request to a view that takes many (``many=True``)
+carries: more is answered 413 before anything is queued.
 ``MODEL``, ``INIT_ARGS`` and ``INIT_KWARGS`` belong to a model's entry.
 
 Reading the settings never imports anything but the models named by
@@ -72,7 +74,9 @@ MODEL_ONLY: Dict[str, str] = {"MODEL": "model", "INIT_ARGS": "init_args", "INIT_
 MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 
 #: Every key of ``STREAMER`` itself.
-TOP_LEVEL_KEYS = ("MODELS", "PREFIX", "MAX_BODY_BYTES") + tuple(DEFAULTS)
+#: The keys of the views' requests, top level only.
+REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS")
+TOP_LEVEL_KEYS = ("MODELS", "PREFIX", *REQUEST_KEYS) + tuple(DEFAULTS)
 
 
 class SettingProblem(NamedTuple):
@@ -134,12 +138,12 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
             )
         )
         prefix = DEFAULT_PREFIX
-    try:
-        OPTIONS["max_body_bytes"].checked(
-            streamer.get("MAX_BODY_BYTES", OPTIONS["max_body_bytes"].default), setting_path("MAX_BODY_BYTES")
-        )
-    except (TypeError, ValueError) as exc:
-        problems.append(SettingProblem("django_streamer.E009", str(exc)))
+    for key in REQUEST_KEYS:
+        option = OPTIONS[key.lower()]
+        try:
+            option.checked(streamer.get(key, option.default), setting_path(key))
+        except (TypeError, ValueError) as exc:
+            problems.append(SettingProblem("django_streamer.E009", str(exc)))
     models = streamer.get("MODELS", _UNSET)
     if not isinstance(models, Mapping) or not models:
         got = "it is not set" if models is _UNSET else f"got {models!r}"
@@ -157,6 +161,19 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
         if spec is not None and not found:
             specs[name] = spec
     return specs, list(dict.fromkeys(problems))  # a bad top-level default is reported once, not per model
+
+
+def max_inputs() -> int:
+    """``STREAMER["MAX_INPUTS"]``: the most inputs one request to a view that
+    takes many carries (checked by :func:`read_settings`)."""
+    streamer = getattr(settings, "STREAMER", None)
+    option = OPTIONS["max_inputs"]
+    value = streamer.get("MAX_INPUTS", option.default) if isinstance(streamer, Mapping) else option.default
+    try:
+        most: int = option.checked(value)
+    except (TypeError, ValueError):
+        most = option.default  # a wrong one is a system check error
+    return most
 
 
 def max_body_bytes() -> Optional[int]:
@@ -258,7 +275,7 @@ def _unknown_keys(given: Mapping[str, Any], known: Tuple[str, ...], where: Tuple
         advice = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(known)}"
         if where == () and key in MODEL_ONLY:
             advice = f"{key} belongs in each model's entry, {setting_path('MODELS', '<name>', key)}"
-        if where != () and key in ("PREFIX", "MAX_BODY_BYTES"):
+        if where != () and key in ("PREFIX", *REQUEST_KEYS):
             advice = f"{key} is set once for every model, at the top level: {setting_path(key)}"
         found.append(
             SettingProblem(

@@ -47,6 +47,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
+from streamer_core.config import OPTIONS
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
 from streamer_core.web.body import FormLimits, default_input, json_of, limit_body
 from streamer_core.web.cycle import Cycle
@@ -60,6 +61,7 @@ from streamer_core.web.http import (
     read_chunked_body,
 )
 
+from . import conf
 from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_streamer
 
@@ -68,6 +70,7 @@ __all__ = [
     "BatchedView",
     "AsyncBatchedView",
     "request_item",
+    "request_inputs",
     "json_body",
     "json_error",
     "page_not_found",
@@ -125,6 +128,17 @@ def request_item(request: HttpRequest, field: Optional[str] = None) -> Any:
     limit = max_body_bytes()
     length = _body_length(request, limit)
     return default_input(_DjangoBody(request, length), field, limit, loads_json)
+
+
+def request_inputs(request: HttpRequest, field: Optional[str] = None) -> Any:
+    """The inputs of ``request`` to a view that takes many (``many=True``):
+    the JSON array (its key ``field`` when given), else every value of the
+    form field ``field``, else every uploaded file of it, as ``bytes``.
+    Raises as :func:`request_item` does; the view checks it is a list of at
+    most ``STREAMER["MAX_INPUTS"]``."""
+    limit = max_body_bytes()
+    length = _body_length(request, limit)
+    return default_input(_DjangoBody(request, length), field, limit, loads_json, many=True)
 
 
 class _DjangoBody:
@@ -286,12 +300,23 @@ def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str
     return allowed
 
 
+def _check_many(model: Any, many: Any, max_inputs: Any) -> None:
+    if not isinstance(many, bool):
+        raise TypeError(f"many of the batched view of {model!r} must be True or False, got {many!r}")
+    if max_inputs is not None:
+        if not many:
+            raise TypeError(f"max_inputs of the batched view of {model!r} goes with many=True")
+        OPTIONS["max_inputs"].checked(max_inputs, f"max_inputs of the batched view of {model!r}")
+
+
 def batched_view(
     model: str,
     *,
     respond: Optional[Respond] = None,
     methods: Iterable[str] = ("POST",),
     csrf_exempt: bool = True,
+    many: bool = False,
+    max_inputs: Optional[int] = None,
 ) -> Callable[[ParseFunction], Callable[..., Any]]:
     """Make a view of a parse function ``parse(request, *url_args, **url_kwargs)
     -> model input`` serving the model ``model`` (a key of
@@ -299,10 +324,22 @@ def batched_view(
     view. ``respond(output) -> HttpResponse`` replaces the default JSON
     answer. Other methods than ``methods`` are answered 405.
 
+    ``many=True``: the parse function returns a list of inputs
+    (:func:`request_inputs` reads them by the default rule), at most
+    ``max_inputs`` (default ``STREAMER["MAX_INPUTS"]``, 2048; more is a 413
+    before anything is queued). Each input runs as one of the model's,
+    batched with others', and ``respond`` gets the outputs in order (by
+    default a JSON array); an input that fails fails the request with its
+    index in the message.
+
     The parse function raises :class:`InvalidInput` for a 400 with its
     message; ``ValueError``, ``TypeError`` and ``KeyError`` are 400s too."""
     allowed = _check_options(model, respond, methods)
+    _check_many(model, many, max_inputs)
     answer = respond or _default_respond
+
+    def most() -> Optional[int]:
+        return (max_inputs or conf.max_inputs()) if many else None
 
     def decorator(parse: ParseFunction) -> Callable[..., Any]:
         if not callable(parse):
@@ -316,7 +353,12 @@ def batched_view(
                 if refusal is not None:
                     return refusal
                 return await _CYCLE.aserve(
-                    model, lambda: aget_streamer(model), lambda: parse(request, *args, **kwargs), answer, draining()
+                    model,
+                    lambda: aget_streamer(model),
+                    lambda: parse(request, *args, **kwargs),
+                    answer,
+                    draining(),
+                    most(),
                 )
 
             view = async_view
@@ -328,7 +370,12 @@ def batched_view(
                 if refusal is not None:
                     return refusal
                 return _CYCLE.serve(
-                    model, lambda: get_streamer(model), lambda: parse(request, *args, **kwargs), answer, draining()
+                    model,
+                    lambda: get_streamer(model),
+                    lambda: parse(request, *args, **kwargs),
+                    answer,
+                    draining(),
+                    most(),
                 )
 
             view = sync_view
@@ -355,10 +402,15 @@ class BatchedView(View):
     field: Optional[str] = None
     #: Whether the view skips Django's CSRF check (it is an API for programs).
     csrf_exempt: bool = True
+    #: Whether a request carries a list of inputs (see :func:`batched_view`).
+    many: bool = False
+    #: The most inputs of a request, with ``many``; None: ``STREAMER["MAX_INPUTS"]``.
+    max_inputs: Optional[int] = None
 
     def parse(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        """The model input of ``request``; raise :class:`InvalidInput` for a 400."""
-        return request_item(request, self.field)
+        """The model input of ``request`` (with ``many``, the list of its
+        inputs); raise :class:`InvalidInput` for a 400."""
+        return request_inputs(request, self.field) if self.many else request_item(request, self.field)
 
     def respond(self, output: Any) -> HttpResponse:
         """The response for the model's ``output`` (default: it as JSON)."""
@@ -381,13 +433,22 @@ class BatchedView(View):
         model = self.model
         assert model is not None  # as_view checked it
         return _CYCLE.serve(
-            model, lambda: get_streamer(model), lambda: self.parse(request, *args, **kwargs), self.respond, draining()
+            model,
+            lambda: get_streamer(model),
+            lambda: self.parse(request, *args, **kwargs),
+            self.respond,
+            draining(),
+            self._most(),
         )
+
+    def _most(self) -> Optional[int]:
+        return (self.max_inputs or conf.max_inputs()) if self.many else None
 
     @classonlymethod
     def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
         model = initkwargs.get("model", cls.model)
         _check_options(model, None, ("POST",))
+        _check_many(model, initkwargs.get("many", cls.many), initkwargs.get("max_inputs", cls.max_inputs))
         view = super().as_view(**initkwargs)
         marked: Any = view
         marked.streamer_model = model  # read by the E010 check
@@ -404,5 +465,10 @@ class AsyncBatchedView(BatchedView):
         model = self.model
         assert model is not None  # as_view checked it
         return await _CYCLE.aserve(
-            model, lambda: aget_streamer(model), lambda: self.parse(request, *args, **kwargs), self.respond, draining()
+            model,
+            lambda: aget_streamer(model),
+            lambda: self.parse(request, *args, **kwargs),
+            self.respond,
+            draining(),
+            self._most(),
         )

@@ -19,7 +19,15 @@ queue is full or no worker is available.
 
 from streamer_core.errors import ConfigurationError, InvalidInput
 
-from .extension import BatchedRoute, FlaskStreamer, json_body, json_error, request_item, start_streamers
+from .extension import (
+    BatchedRoute,
+    FlaskStreamer,
+    json_body,
+    json_error,
+    request_inputs,
+    request_item,
+    start_streamers,
+)
 from .settings import DEFAULTS
 
 __all__ = [
@@ -31,5 +39,6 @@ __all__ = [
     "json_body",
     "json_error",
     "request_item",
+    "request_inputs",
     "start_streamers",
 ]

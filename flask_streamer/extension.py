@@ -24,7 +24,15 @@ from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
 
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
-__all__ = ["FlaskStreamer", "BatchedRoute", "json_body", "json_error", "request_item", "start_streamers"]
+__all__ = [
+    "FlaskStreamer",
+    "BatchedRoute",
+    "json_body",
+    "json_error",
+    "request_inputs",
+    "request_item",
+    "start_streamers",
+]
 
 _UNSET: Any = object()  # a route keyword not given
 
@@ -55,6 +63,8 @@ class BatchedRoute:
         overrides: Dict[str, Any],
         methods: List[str],
         max_body_bytes: Any = _UNSET,
+        many: bool = False,
+        max_inputs: Any = _UNSET,
     ) -> None:
         self.extension = extension
         self.rule = rule
@@ -70,6 +80,9 @@ class BatchedRoute:
         self.overrides = overrides
         #: The route's own limit on a body's bytes; unset: the app's.
         self.max_body_bytes = max_body_bytes
+        #: Whether a request carries a list of inputs, and the route's own most of them (unset: the app's).
+        self.many = many
+        self.max_inputs = max_inputs
         self.view = self._make_view()
 
     @property
@@ -115,6 +128,7 @@ class _AppState:
         self.max_body_bytes: Optional[int] = app.config.get(
             setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"]
         )
+        self.max_inputs: int = app.config.get(setting_name("max_inputs"), BODY_DEFAULTS["max_inputs"])
         #: ``STREAMER_JSON_ERRORS``: every HTTP error of the app as JSON.
         self.json_errors: bool = app.config.get(setting_name("json_errors"), OPTIONS["json_errors"].default)
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
@@ -206,6 +220,17 @@ class FlaskStreamer:
         (``parse(request) -> input``, raising :class:`InvalidInput` for a
         400) and ``respond`` (``respond(output) -> a Flask response``).
 
+        ``many=True``: a request carries a list of inputs (a JSON array, or
+        the array under ``field``; or every value or file of the form field
+        ``field``; or what ``parse`` returns), at most ``max_inputs``
+        (default ``STREAMER_MAX_INPUTS``, 2048; more is a 413 before anything
+        is queued). Each input is one of the model's, costed, batched and
+        counted against ``max_queue`` on its own, spread over batches and
+        workers; ``respond`` gets the outputs, in order (by default a JSON
+        array). The request's timeout covers them all; an input that fails
+        fails the request with its index in the message (``"input"`` in the
+        JSON error), and its inputs not yet run are dropped.
+
         The function is returned unchanged, so the ``process`` and ``redis``
         backends' workers can import it by name.
         """
@@ -230,6 +255,8 @@ class FlaskStreamer:
         init_args: Sequence[Any] = (),
         init_kwargs: Optional[Dict[str, Any]] = None,
         max_body_bytes: Any = _UNSET,
+        many: bool = False,
+        max_inputs: Any = _UNSET,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -242,10 +269,16 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args, init_kwargs and max_body_bytes"
+                "init_args, init_kwargs, max_body_bytes, many and max_inputs"
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
+        if not isinstance(many, bool):
+            raise TypeError(f"many of the batched route {rule!r} must be True or False, got {many!r}")
+        if max_inputs is not _UNSET:
+            if not many:
+                raise TypeError(f"max_inputs of the batched route {rule!r} goes with many=True")
+            OPTIONS["max_inputs"].checked(max_inputs, f"max_inputs of the batched route {rule!r}")
         if model is None:
             raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
         for name, hook in (("parse", parse), ("respond", respond)):
@@ -270,6 +303,8 @@ class FlaskStreamer:
             overrides,
             methods,
             max_body_bytes,
+            many,
+            max_inputs,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
@@ -343,12 +378,14 @@ class FlaskStreamer:
         req = request._get_current_object()  # type: ignore[attr-defined]
         state = _state(app)
         limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
+        most = (state.max_inputs if route.max_inputs is _UNSET else route.max_inputs) if route.many else None
         return state.cycle.serve(
             route.name,
             state.handle(route).get,
             lambda: _parse(route, req, app, limit),
             lambda output: route.respond(output) if route.respond is not None else _respond(app, output),
             state.draining,
+            most,
         )
 
 
@@ -436,6 +473,19 @@ def request_item(field: Optional[str] = None) -> Any:
     return default_input(_FlaskBody(req), field, limit, _loads(app))
 
 
+def request_inputs(field: Optional[str] = None) -> Any:
+    """The current request's inputs by the default rule of a ``many=True``
+    route: the JSON array (its key ``field`` when given), else every value
+    of the form field ``field``, else every uploaded file of it as
+    ``bytes``: for such a route's ``parse`` hook. Raises as
+    :func:`request_item` does; the route checks it is a list of at most
+    ``max_inputs``."""
+    req = request._get_current_object()  # type: ignore[attr-defined]
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    limit = _limit_body(req, app, _state(app).max_body_bytes)
+    return default_input(_FlaskBody(req), field, limit, _loads(app), many=True)
+
+
 class _FlaskBody:
     """A werkzeug request as the default rule reads it (:class:`streamer_core.web.body.RequestBody`)."""
 
@@ -473,7 +523,7 @@ def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[in
     limit = _limit_body(req, app, max_bytes)
     if route.parse is not None:
         return route.parse(req)
-    return default_input(_FlaskBody(req), route.field, limit, _loads(app))
+    return default_input(_FlaskBody(req), route.field, limit, _loads(app), route.many)
 
 
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:

@@ -20,11 +20,13 @@ setting                      default         meaning
 ``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
 ``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
 ``STREAMER_MAX_BODY_BYTES``  ``10485760``    the largest body a batched route reads (10 MiB); then 413
+``STREAMER_MAX_INPUTS``      ``2048``        the most inputs one request to a ``many=True`` route carries; then 413
 ``STREAMER_JSON_ERRORS``     ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
 ===========================  ==============  ==============================================
 
 Every route may override any of them but the three routes by the keyword of
-the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``).
+the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``,
+``max_inputs=...``).
 The Redis keys of a route are ``streamer:<STREAMER_PREFIX>:<endpoint>:*``,
 or ``streamer:<prefix>:*`` when the route sets ``prefix`` itself (to share a
 queue with ``streamer-worker --prefix``).
@@ -68,9 +70,9 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 
 #: What the web layer reads of a request, for every batched route (a route's
 #: keyword of the same name overrides it).
-BODY_DEFAULTS: Dict[str, Any] = {"max_body_bytes": OPTIONS["max_body_bytes"].default}
-#: The app-wide options checked by the option table: how bodies are read and errors answered.
-APP_OPTIONS = ("max_body_bytes", "json_errors")
+BODY_DEFAULTS: Dict[str, Any] = {name: OPTIONS[name].default for name in ("max_body_bytes", "max_inputs")}
+#: The app-wide options checked by the option table: how requests are read and errors answered.
+APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors")
 
 
 def setting_name(field: str) -> str:

@@ -426,6 +426,13 @@ _TABLE = (
         "option",
         "the largest request body a batched endpoint reads (10 MiB); a larger one gets 413. None: no limit",
     ),
+    Option(
+        "max_inputs",
+        2048,
+        _whole(1),
+        "size",
+        "the most inputs one request to an endpoint that takes many (many=True) may carry; more gets 413",
+    ),
 )
 
 #: Every option by name.

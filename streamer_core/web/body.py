@@ -9,9 +9,9 @@ form by the framework's own parser) and calls :func:`limit_body` and
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, PayloadTooLarge
 from .http import (
     MISSING,
     check_body_size,
@@ -19,11 +19,12 @@ from .http import (
     check_read_size,
     is_json_type,
     item_from_request,
+    read_upload,
     refuse_undecoded_chunks,
 )
 from .multipart import parse_form
 
-__all__ = ["READ_WHOLE_BYTES", "FormLimits", "RequestBody", "default_input", "json_of", "limit_body"]
+__all__ = ["READ_WHOLE_BYTES", "FormLimits", "RequestBody", "default_input", "inputs_of", "json_of", "limit_body"]
 
 #: A multipart body up to this size is read whole and cut at its boundaries
 #: in C (:mod:`streamer_core.web.multipart`) rather than by the framework's
@@ -94,8 +95,27 @@ def limit_body(
     check_read_size(read_chunks(limit), limit)
 
 
+def inputs_of(parsed: Any, most: int) -> List[Any]:
+    """The inputs of a request to an endpoint that takes many (a list, as
+    its parse hook or the default rule made it), at most ``most`` of them:
+    :class:`InvalidInput` (400) for anything but a list,
+    :class:`PayloadTooLarge` (413) for more, both before anything is queued."""
+    if not isinstance(parsed, (list, tuple)):
+        raise InvalidInput(f"send a list of inputs (a JSON array), got {type(parsed).__name__}")
+    if len(parsed) > most:
+        raise PayloadTooLarge(
+            f"{len(parsed)} inputs in one request, more than the {most} this endpoint takes: send them in "
+            "several requests"
+        )
+    return list(parsed)
+
+
 def default_input(
-    body: RequestBody, field: Optional[str], max_bytes: Optional[int], loads: Callable[[bytes], Any]
+    body: RequestBody,
+    field: Optional[str],
+    max_bytes: Optional[int],
+    loads: Callable[[bytes], Any],
+    many: bool = False,
 ) -> Any:
     """The model input of a request by the default rule: the JSON body (its
     key ``field`` when given), else the form field ``field``, else the
@@ -104,12 +124,23 @@ def default_input(
     media type is a 415. A small multipart body of the common shape is cut
     in C within the framework's limits (:class:`FormLimits`); any other
     goes to the framework's parser. Read only what is needed: a form costs
-    even when empty, so JSON is looked at first."""
+    even when empty, so JSON is looked at first. ``many``: the inputs of an
+    endpoint that takes many: the JSON array (or its key ``field``), else
+    every value of the form field ``field``, else every file of it (``curl
+    -F "file=@a.jpg" -F "file=@b.jpg"``)."""
     check_media_type(body.media_type, (body.content_length or 0) > 0 or body.chunked)
     if is_json_type(body.media_type):
         return item_from_request(json_of(body.data(), loads), None, field)
     if not body.reads_form:
         return item_from_request(MISSING, None, field)
+    if many and field is not None:
+        fields, files = body.parsed_form()
+        values = _every(fields, field)
+        if not values:
+            values = [read_upload(upload, field, max_bytes) for upload in _every(files, field)]
+        if values:
+            return values
+        return item_from_request(MISSING, fields, field, files, max_bytes)  # says what to send
     if body.media_type == "multipart/form-data" and not body.chunked and (body.content_length or 0) <= READ_WHOLE_BYTES:
         limits = body.form_limits()
         form = (
@@ -121,3 +152,12 @@ def default_input(
             return item_from_request(MISSING, form.fields, field, form.files, max_bytes)
     fields, files = body.parsed_form()
     return item_from_request(MISSING, fields, field, files, max_bytes)
+
+
+def _every(values: Mapping[str, Any], name: str) -> List[Any]:
+    """Every value of ``name`` in a form's fields or files (a Flask
+    ``MultiDict``, a Django ``QueryDict``: both have ``getlist``)."""
+    getlist = getattr(values, "getlist", None)
+    if getlist is not None:
+        return list(getlist(name))
+    return [values[name]] if name in values else []

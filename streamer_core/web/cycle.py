@@ -21,13 +21,16 @@ counted once in :mod:`streamer_core.stats`, and a 5xx is logged as
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Dict, Generic, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Generic, List, Optional, TypeVar
 
 from ..errors import InvalidInput, StreamerClosedError
+from ..future import BatchFuture
 from ..stats import stats_for
 from ..streamer import BaseStreamer
+from .body import inputs_of
 from .http import error_response, log_unavailable
 
 __all__ = ["Cycle", "Reply"]
@@ -72,27 +75,34 @@ class Cycle(Generic[R]):
         parse: Callable[[], Any],
         respond: Callable[[Any], Any],
         draining: bool = False,
+        many: Optional[int] = None,
     ) -> R:
         """Serve one request to the endpoint ``name``: refuse it while
         ``draining``, ``parse()`` it into the model's input, run that through
         ``streamer()`` with other requests' inputs, and ``respond(output)``;
-        every failure on the way is the error response for it."""
+        every failure on the way is the error response for it. ``many``: the
+        endpoint takes many inputs in a request, at most that many: ``parse()``
+        gives their list, each runs as an input of its own (batched with
+        others', spread over batches and workers), and ``respond`` gets
+        their outputs, in order; an input that fails is named in the error."""
         if draining:
             return self.refuse_while_draining(name)
         try:
-            item = parse()
+            inputs = self._inputs(parse(), many)
         except Exception as exc:
             return self.parse_failed(name, exc)
+        future: Optional[BatchFuture] = None
         try:
-            output = streamer().predict([item])[0]
-            response = respond(output)
+            future = streamer().submit(inputs)
+            outputs = future.result()
+            response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
                 raise TypeError(
                     f"the respond hook of {self.noun} {name} returned an awaitable in a sync view: "
                     "respond synchronously, or make the view async"
                 )
         except Exception as exc:
-            return self.error(name, exc)
+            return self.error(name, exc, _failed_input(future, many))
         answer: R = response
         return answer
 
@@ -103,39 +113,54 @@ class Cycle(Generic[R]):
         parse: Callable[[], Any],
         respond: Callable[[Any], Any],
         draining: bool = False,
+        many: Optional[int] = None,
     ) -> R:
         """:meth:`serve` for an async view: ``parse``, ``streamer`` and
         ``respond`` may each return an awaitable, and the call is awaited
-        without blocking the event loop."""
+        without blocking the event loop (cancelling the awaiting task gives
+        the call up)."""
         if draining:
             return self.refuse_while_draining(name)
         try:
-            item = parse()
-            if inspect.isawaitable(item):
-                item = await item
+            parsed = parse()
+            if inspect.isawaitable(parsed):
+                parsed = await parsed
+            inputs = self._inputs(parsed, many)
         except Exception as exc:
             return self.parse_failed(name, exc)
+        future: Optional[BatchFuture] = None
         try:
             running = streamer()
             if inspect.isawaitable(running):
                 running = await running
-            output = (await running.apredict([item]))[0]
-            response = respond(output)
+            future = running.submit(inputs)
+            outputs = await asyncio.wrap_future(future)
+            response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
                 response = await response
         except Exception as exc:
-            return self.error(name, exc)
+            return self.error(name, exc, _failed_input(future, many))
         answer: R = response
         return answer
 
+    @staticmethod
+    def _inputs(parsed: Any, many: Optional[int]) -> List[Any]:
+        return [parsed] if many is None else inputs_of(parsed, many)
+
     # -- its failures ------------------------------------------------------------
 
-    def error(self, name: str, exc: BaseException) -> R:
+    def error(self, name: str, exc: BaseException, failed_input: Optional[int] = None) -> R:
         """The response for ``exc``: its status by
         :func:`~streamer_core.web.http.status_for`; a 500 logged with its
         traceback, a 503 or 504 logged by
-        :func:`~streamer_core.web.http.log_unavailable`."""
+        :func:`~streamer_core.web.http.log_unavailable`. ``failed_input``:
+        the index of the input of the request it is the error of, named in
+        the message and given as ``"input"``."""
         status, body, headers = error_response(exc, debug=self.debug())
+        if failed_input is not None:
+            error = body["error"]
+            error["message"] = f"input {failed_input}: {error['message']}"
+            error["input"] = failed_input
         if status == 500:
             self.log.error("%s %s failed", self.noun, name, exc_info=exc)
         elif status > 500:
@@ -166,3 +191,8 @@ class Cycle(Generic[R]):
         stats_for(name).finished("unavailable")
         status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
         return self.reply(status, body, headers)
+
+
+def _failed_input(future: Optional[BatchFuture], many: Optional[int]) -> Optional[int]:
+    """Which input of a request of many its call failed for, if one did."""
+    return future.failed_input if future is not None and many is not None else None

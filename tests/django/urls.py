@@ -4,6 +4,9 @@ from . import views
 
 urlpatterns = [
     path("double", views.double),
+    path("double-many", views.double_many),
+    path("adouble-many", views.adouble_many),
+    path("double-many-cbv", views.double_many_cbv),
     path("adouble", views.adouble),
     path("wrapped/<int:x>", views.wrapped),
     path("asizes", views.asizes),

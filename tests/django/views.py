@@ -6,7 +6,15 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from django_streamer import AsyncBatchedView, BatchedView, InvalidInput, batched_view, get_streamer, request_item
+from django_streamer import (
+    AsyncBatchedView,
+    BatchedView,
+    InvalidInput,
+    batched_view,
+    get_streamer,
+    request_inputs,
+    request_item,
+)
 
 
 @batched_view("double")
@@ -89,3 +97,20 @@ def process(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {"frozen": gc.get_freeze_count(), "threshold": gc.get_threshold(), "cores": sorted(os.sched_getaffinity(0))}
     )
+
+
+@batched_view("double", many=True)
+def double_many(request: HttpRequest) -> Any:
+    """A JSON array of numbers, or every value of the form field "x"."""
+    return [
+        int(x) if isinstance(x, str) and x.isdigit() else x
+        for x in request_inputs(request, "x" if request.POST else None)
+    ]
+
+
+@batched_view("double", many=True, max_inputs=3)
+async def adouble_many(request: HttpRequest) -> Any:
+    return request_inputs(request)
+
+
+double_many_cbv = BatchedView.as_view(model="double", many=True)
