@@ -8,6 +8,8 @@ urlpatterns = [
     path("stream", views.stream),
     path("astream", views.astream),
     path("classify", views.classify),
+    path("v1/embeddings", views.embeddings),
+    path("v1/models", views.models),
     path("", include("django_streamer.urls")),  # metrics, healthz, readyz
 ]
 

@@ -12,7 +12,8 @@ from flask_streamer import FlaskStreamer, json_error, request_item
 from streamer_core.logs import LOG_FORMAT
 from streamer_core.web.http import dumps_json
 
-from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model, sentence_of
+from .embedding import DEFAULT_MODEL, SentenceEmbedder, embed, load_sentence_model, names_of, sentence_of
+from .openai_api import models_reply, serve_embeddings
 from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
 
 DEFAULTS: Dict[str, Any] = {
@@ -82,12 +83,28 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         except Exception as exc:
             return json_error(exc, "naive")
 
+    served = names_of(app.config["EMBEDDING_MODEL"])
+
+    @app.post("/v1/embeddings")
+    def embeddings() -> Any:
+        """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
+        status, body, headers = serve_embeddings(
+            request_item, lambda: streamer.get_streamer("stream"), served, app.logger
+        )
+        return app.response_class(dumps_json(body), status, headers, mimetype="application/json")
+
+    @app.get("/v1/models")
+    def models() -> Any:
+        return app.response_class(dumps_json(models_reply(served[0])), mimetype="application/json")
+
     @app.get("/")
     def index() -> Any:
         return jsonify(
             endpoints={
                 "POST /naive": "one model call per request",
                 "POST /stream": "batched",
+                "POST /v1/embeddings": "OpenAI's embeddings API, batched (openai.OpenAI(base_url=.../v1))",
+                "GET /v1/models": "the model served, as OpenAI's API lists models",
                 "POST /classify": 'an image, batched: curl -F "file=@cat.jpg" .../classify',
                 "GET /metrics": "Prometheus metrics",
                 "GET /healthz": "liveness",

@@ -11,12 +11,18 @@ The Django example uses this same module.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from streamer_core import ManagedModel
+from streamer_core import InvalidInput, ManagedModel
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _PACKAGED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def names_of(name_or_path: str) -> List[str]:
+    """The names a client may call the model by (OpenAI's ``model``): the
+    one configured, and for the packaged model its Hub names."""
+    return [name_or_path] + sorted(_PACKAGED - {name_or_path}) if name_or_path in _PACKAGED else [name_or_path]
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -42,12 +48,19 @@ MAX_TOKENS = 256
 CHARS_PER_TOKEN = 3.7
 
 
-def token_estimate(text: str) -> float:
+def token_estimate(text: Any) -> float:
     """About how many tokens the model makes of ``text``: the ``item_cost``
     the examples shape batches by. A transformer pads a batch to its longest
     text, so batches of like length waste little. Counting characters takes
     about a microsecond where the tokenizer takes 140, and needs no
-    tokenizer in a web process whose model runs elsewhere."""
+    tokenizer in a web process whose model runs elsewhere. An input of the
+    embeddings API (``{"input": text or token ids}``, see
+    :mod:`example_flask.openai_api`) costs its text's estimate, or its
+    tokens and the two the model adds."""
+    if isinstance(text, dict) and "input" in text:
+        text = text["input"]
+        if isinstance(text, list):
+            return float(min(MAX_TOKENS, 2 + len(text)))
     if not isinstance(text, str):
         raise TypeError(f"expected a text, got {type(text).__name__}")
     return float(min(MAX_TOKENS, 2 + len(text) / CHARS_PER_TOKEN))
@@ -79,6 +92,18 @@ def load_sentence_model(name_or_path: str = DEFAULT_MODEL, device: Optional[str]
     model = SentenceTransformer(resolve_model(name_or_path), device=device)
     model.eval()
     return model
+
+
+def embed_counted(model: Any, inputs: List[Any]) -> Tuple[Any, List[int]]:
+    """:func:`embed` for texts and token ids (the model's own tokenizer's,
+    without its special tokens, which are added here), and how many tokens
+    the model read of each (its special tokens included; a text or token
+    list is cut at the model's ``max_seq_length``). Raises ``InvalidInput``
+    for token ids the model does not have."""
+    encoder = getattr(model, "_example_encoder", None)
+    if encoder is None:
+        encoder = model._example_encoder = _Encoder(model)
+    return encoder.encode(inputs)
 
 
 def embed(model: Any, sentences: List[str]) -> Any:
@@ -120,11 +145,18 @@ class _Encoder:
             # Without the character offsets nobody reads here: a fifth less
             # CPU (tokenizers 0.20 and later; the same ids and masks).
             self.encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+            # For token ids given as they are: the model's special tokens
+            # before and after a text's (those of a one-token text), its
+            # vocabulary, its padding, the most tokens it reads.
+            probe = self.tokenizer.encode("a")
+            inside = [n for n, sequence in enumerate(probe.sequence_ids) if sequence is not None]
+            self.prefix = probe.ids[: inside[0]]
+            self.suffix = probe.ids[inside[-1] + 1 :]
+            self.vocab_size = self.tokenizer.get_vocab_size()
+            self.pad_id = hf.pad_token_id
+            self.max_tokens = model.max_seq_length
 
     def __call__(self, sentences: List[str]) -> Any:
-        import numpy as np
-        import torch
-
         if self.tokenizer is None:  # a slow tokenizer: the model's own way
             return self.model.encode(
                 sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True,
@@ -136,6 +168,46 @@ class _Encoder:
             "attention_mask": [e.attention_mask for e in encodings],
             "token_type_ids": [e.type_ids for e in encodings],
         }
+        return self._forward(columns)
+
+    def encode(self, inputs: List[Any]) -> Tuple[Any, List[int]]:
+        """The vectors of texts and token id lists together, and the tokens
+        the model read of each: each row is the text's tokens, or the ids
+        between the model's special tokens, then padded to the longest."""
+        if self.tokenizer is None:
+            raise InvalidInput("this model's tokenizer is not a fast one: it takes texts, not token ids")
+        texts = [x for x in inputs if isinstance(x, str)]
+        encodings = iter(self.encode_batch(texts) if texts else [])
+        rows: List[List[int]] = []
+        for x in inputs:
+            if isinstance(x, str):
+                encoding = next(encodings)
+                rows.append([i for i, kept in zip(encoding.ids, encoding.attention_mask) if kept])
+            else:
+                rows.append(self._around(x))
+        longest = max(map(len, rows), default=0)
+        pad = self.pad_id
+        columns = {
+            "input_ids": [row + [pad] * (longest - len(row)) for row in rows],
+            "attention_mask": [[1] * len(row) + [0] * (longest - len(row)) for row in rows],
+            "token_type_ids": [[0] * longest for _ in rows],
+        }
+        return self._forward(columns), [len(row) for row in rows]
+
+    def _around(self, ids: Any) -> List[int]:
+        """Token ids between the model's special tokens, cut to fit."""
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise InvalidInput("token ids must be a list of whole numbers")
+        wrong = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if wrong is not None:
+            raise InvalidInput(f"token id {wrong} is not one of this model's (0 to {self.vocab_size - 1})")
+        room = self.max_tokens - len(self.prefix) - len(self.suffix)
+        return self.prefix + ids[:room] + self.suffix
+
+    def _forward(self, columns: Dict[str, List[List[int]]]) -> Any:
+        import numpy as np
+        import torch
+
         features = {
             name: torch.from_numpy(np.array(columns[name], dtype=np.int64)).to(self.device)
             for name in self.names
@@ -160,5 +232,15 @@ class SentenceEmbedder(ManagedModel):
         that says the model is ready."""
         return str(self.model.device) if self.model is not None else "not loaded"
 
-    def predict(self, batch: List[str]) -> Any:
-        return embed(self.model, batch)
+    def predict(self, batch: List[Any]) -> Any:
+        """One vector per text (``/stream``); for an input of the embeddings
+        API (``{"input": text or token ids}``), its vector and the tokens the
+        model read of it (``{"embedding", "tokens"}``)."""
+        if all(type(x) is str for x in batch):
+            return embed(self.model, batch)
+        inputs = [x["input"] if isinstance(x, dict) else x for x in batch]
+        vectors, counts = embed_counted(self.model, inputs)
+        return [
+            {"embedding": vector, "tokens": count} if isinstance(x, dict) else vector
+            for x, vector, count in zip(batch, vectors, counts)
+        ]

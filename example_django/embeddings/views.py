@@ -4,17 +4,22 @@ django_streamer, and /classify batches uploaded images."""
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_streamer import batched_view, json_error, request_item
-from example_flask.embedding import embed, sentence_of
+from django_streamer import batched_view, get_streamer, json_error, request_item
+from example_flask.embedding import embed, names_of, sentence_of
+from example_flask.openai_api import models_reply, serve_embeddings
 from example_flask.vision import image_upload
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.http import dumps_json
 
 from .naive import naive_model
+
+log = logging.getLogger("django_streamer")
 
 
 def parse_sentence(request: HttpRequest) -> str:
@@ -57,6 +62,26 @@ def naive(request: HttpRequest) -> HttpResponse:
         return json_error(exc, "naive")
 
 
+@csrf_exempt
+def embeddings(request: HttpRequest) -> HttpResponse:
+    """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
+    if request.method != "POST":
+        return json_error(MethodNotAllowed(str(request.method), ["POST"]), "embeddings")
+    served = names_of(settings.EMBEDDING_MODEL)
+    status, body, headers = serve_embeddings(lambda: request_item(request), lambda: get_streamer("embed"), served, log)
+    response = HttpResponse(dumps_json(body), status=status, content_type="application/json")
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+def models(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return json_error(MethodNotAllowed(str(request.method), ["GET"]), "models")
+    body = models_reply(names_of(settings.EMBEDDING_MODEL)[0])
+    return HttpResponse(dumps_json(body), content_type="application/json")
+
+
 def index(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return json_error(MethodNotAllowed(str(request.method), ["GET"]), "index")
@@ -65,6 +90,8 @@ def index(request: HttpRequest) -> HttpResponse:
             "endpoints": {
                 "POST /naive": "one model call per request",
                 "POST /stream": "batched",
+                "POST /v1/embeddings": "OpenAI's embeddings API, batched (openai.OpenAI(base_url=.../v1))",
+                "GET /v1/models": "the model served, as OpenAI's API lists models",
                 "POST /astream": "batched, async (ASGI)",
                 "POST /classify": 'an image, batched: curl -F "file=@cat.jpg" .../classify',
                 "GET /metrics": "Prometheus metrics",

@@ -1,0 +1,179 @@
+"""OpenAI's embeddings API on both examples, driven by the real ``openai``
+package against a live server on 127.0.0.1 (gunicorn, as the examples
+deploy), as a user points ``openai.OpenAI(base_url=...)`` at it.
+
+The same text gives the same numbers through ``/v1/embeddings`` (as floats
+or as base64) and ``/stream``, and through its token ids; errors come as
+the SDK raises them for the hosted API."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("openai") is None or importlib.util.find_spec("sentence_transformers") is None:
+    pytest.skip("needs the openai package and the example's model (the 'test' extra)", allow_module_level=True)
+
+import openai  # noqa: E402
+
+from tests.helpers import wait_for  # noqa: E402
+from tests.servers import free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "all-MiniLM-L6-v2"
+TEXTS = [f"Sentence number {n} is about {topic}." for n, topic in enumerate(["cats", "rain", "code", "tea"] * 25)]
+
+
+class Example:
+    """An example served by gunicorn with its own gunicorn.conf.py."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.port = free_port()
+        app = "example_flask:create_app()" if name == "flask" else "example_django.wsgi"
+        argv = [sys.executable, "-m", "gunicorn", "-c", f"example_{name}/gunicorn.conf.py", "--bind",
+                f"127.0.0.1:{self.port}", app]  # fmt: skip
+        # As a newcomer runs it: no settings module named but the project's own (wsgi.py names it).
+        unset = ("FLASK_", "STREAMER_", "DJANGO_SETTINGS_MODULE")
+        env = {key: value for key, value in os.environ.items() if not key.startswith(unset)}
+        env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", PIN_WORKERS="0")
+        self.log = folder / f"{name}.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def stream(self, text: str) -> np.ndarray:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/stream",
+            json.dumps({"s": text}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return np.array(json.loads(response.read()), dtype=np.float32)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+
+@pytest.fixture(scope="module", params=["flask", "django"])
+def example(request: Any, tmp_path_factory: Any) -> Iterator[Example]:
+    served = Example(request.param, tmp_path_factory.mktemp(request.param))
+    try:
+        assert wait_for(served.ready, 120, interval=0.2), served.log.read_text()[-3000:]
+        yield served
+    finally:
+        served.stop()
+
+
+def vectors(response: Any) -> List[np.ndarray]:
+    assert [item.index for item in response.data] == list(range(len(response.data)))
+    return [np.array(item.embedding, dtype=np.float32) for item in response.data]
+
+
+def test_one_text_as_floats_and_as_base64_is_what_stream_gives(example: Example) -> None:
+    floats = example.client.embeddings.create(model=MODEL, input=TEXTS[0], encoding_format="float")
+    packed = example.client.embeddings.create(model=MODEL, input=TEXTS[0])  # the SDK asks for base64
+    [as_floats], [as_base64] = vectors(floats), vectors(packed)
+    expected = example.stream(TEXTS[0])
+    assert as_floats.shape == (384,) and np.abs(as_floats - expected).max() < 1e-6
+    assert np.abs(as_base64 - expected).max() < 1e-6
+    assert floats.model == MODEL and floats.object == "list" and floats.data[0].object == "embedding"
+
+
+def test_a_hundred_texts_in_one_request_come_back_in_order(example: Example) -> None:
+    response = example.client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    got = vectors(response)
+    assert len(got) == 100
+    for n in (0, 37, 99):
+        assert np.abs(got[n] - example.stream(TEXTS[n])).max() < 1e-6, n
+    assert response.usage.prompt_tokens == response.usage.total_tokens > 100 * 5
+
+
+def test_token_ids_are_the_text_they_spell(example: Example) -> None:
+    """The model's own tokenizer's ids, without its special tokens (as
+    OpenAI's are): the same vector as the text, and usage counts the tokens
+    read, the special ones included."""
+    from transformers import AutoTokenizer
+
+    from example_flask.embedding import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in TEXTS[:3]]
+    one = example.client.embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
+    many = example.client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    expected = [example.stream(text) for text in TEXTS[:3]]
+    assert np.abs(vectors(one)[0] - expected[0]).max() < 1e-6
+    assert all(np.abs(got - want).max() < 1e-6 for got, want in zip(vectors(many), expected))
+    assert many.usage.prompt_tokens == sum(len(each) + 2 for each in ids)
+
+
+def test_errors_come_as_the_sdk_raises_them(example: Example) -> None:
+    client = example.client
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.embeddings.create(model=MODEL, input=[])
+    assert "must not be empty" in str(empty.value)
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.embeddings.create(model=MODEL, input=["a"] * 2049)
+    assert "at most 2048" in str(too_many.value)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.embeddings.create(model="text-embedding-3-small", input="hello")
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as dimensions:
+        client.embeddings.create(model=MODEL, input="hello", dimensions=100)
+    assert "dimensions" in str(dimensions.value)
+    assert len(vectors(client.embeddings.create(model=MODEL, input="hello", dimensions=384))[0]) == 384
+    with pytest.raises(openai.BadRequestError) as wrong_token:
+        client.embeddings.create(model=MODEL, input=[[1, 2], [99_999_999]])
+    assert "input 1" in str(wrong_token.value) and "token id 99999999" in str(wrong_token.value)
+
+
+def test_the_model_is_listed(example: Example) -> None:
+    assert [model.id for model in example.client.models.list()] == [MODEL]
+
+
+def _raw(example: Example, body: Dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{example.port}/v1/embeddings",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_wire_format_is_openais(example: Example) -> None:
+    """base64 is each vector's little-endian float32 bytes; an error is
+    {"error": {"message", "type", "param", "code"}}."""
+    status, body = _raw(example, {"model": MODEL, "input": ["hello"], "encoding_format": "base64"})
+    assert status == 200
+    decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    assert decoded.shape == (384,) and abs(float(np.linalg.norm(decoded)) - 1.0) < 1e-5
+    status, body = _raw(example, {"model": MODEL, "input": "hi", "encoding_format": "int8"})
+    assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "encoding_format"
