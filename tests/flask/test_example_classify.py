@@ -37,7 +37,9 @@ def photo(name: str, kind: str = "JPEG") -> bytes:
 
 @pytest.fixture(scope="module", params=["thread", "process"])
 def app(request: Any) -> Iterator[Flask]:
-    app = create_app({"STREAMER_BACKEND": request.param})
+    # EfficientNet on the CPU: a dozen uploads, some rerun to isolate a bad
+    # one, took more than the default 20 s on a machine loaded 4 times over.
+    app = create_app({"STREAMER_BACKEND": request.param, "STREAMER_TIMEOUT": 90})
     yield app
     close_streamers(app)
 
