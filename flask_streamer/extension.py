@@ -5,23 +5,24 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import werkzeug.exceptions
 from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
 from flask.json.provider import DefaultJSONProvider
-from werkzeug.exceptions import BadRequest, HTTPException
+from werkzeug.exceptions import HTTPException
 
 from streamer_core.config import OPTIONS
-from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge, UnsupportedMediaType
+from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
-from streamer_core.web.body import FormLimits, default_input, json_of, limit_body
+from streamer_core.web.body import default_input, json_of
 from streamer_core.web.cycle import Cycle
-from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, loads_json, to_jsonable
+from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
 from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
 
+from .reading import FlaskBody, limit_request_body, loads_of, read_error
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
 __all__ = [
@@ -134,7 +135,7 @@ class _AppState:
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
-        self.cycle: Cycle[Any] = Cycle(_reply, app.logger, "the batched route", _debug, _read_error)
+        self.cycle: Cycle[Any] = Cycle(_reply, app.logger, "the batched route", _debug, read_error)
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -448,7 +449,7 @@ def json_body() -> Any:
     req = request._get_current_object()  # type: ignore[attr-defined]
     if not req.is_json:
         return MISSING
-    return json_of(req.get_data(cache=True), _loads(current_app._get_current_object()))  # type: ignore[attr-defined]
+    return json_of(req.get_data(cache=True), loads_of(current_app._get_current_object()))  # type: ignore[attr-defined]
 
 
 def request_item(field: Optional[str] = None) -> Any:
@@ -469,8 +470,8 @@ def request_item(field: Optional[str] = None) -> Any:
     a form."""
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    limit = _limit_body(req, app, _state(app).max_body_bytes)
-    return default_input(_FlaskBody(req), field, limit, _loads(app))
+    limit = limit_request_body(req, app, _state(app).max_body_bytes)
+    return default_input(FlaskBody(req), field, limit, loads_of(app))
 
 
 def request_inputs(field: Optional[str] = None) -> Any:
@@ -482,97 +483,17 @@ def request_inputs(field: Optional[str] = None) -> Any:
     ``max_inputs``."""
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    limit = _limit_body(req, app, _state(app).max_body_bytes)
-    return default_input(_FlaskBody(req), field, limit, _loads(app), many=True)
-
-
-class _FlaskBody:
-    """A werkzeug request as the default rule reads it (:class:`streamer_core.web.body.RequestBody`)."""
-
-    reads_form = True
-
-    def __init__(self, req: Request) -> None:
-        self._req = req
-        self.media_type = req.mimetype
-        self.content_length = req.content_length
-        self.chunked = req.content_length is None and _sent_in_chunks(req)
-
-    def data(self) -> bytes:
-        return self._req.get_data(cache=True, parse_form_data=False)
-
-    def boundary(self) -> str:
-        return self._req.mimetype_params.get("boundary", "")
-
-    def form_limits(self) -> FormLimits:
-        return FormLimits(self._req.max_form_parts, self._req.max_form_memory_size)
-
-    def parsed_form(self) -> Tuple[Any, Any]:
-        return self._req.form, self._req.files
-
-
-def _loads(app: Flask) -> Callable[[bytes], Any]:
-    """How the app reads JSON: orjson where it is installed and the app keeps
-    Flask's own provider (a JSON body of a batched route costs less), else
-    the app's provider."""
-    return loads_json if FAST_JSON and type(app.json) is DefaultJSONProvider else app.json.loads
+    limit = limit_request_body(req, app, _state(app).max_body_bytes)
+    return default_input(FlaskBody(req), field, limit, loads_of(app), many=True)
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
     """The request's model input, by the route's ``parse`` hook or the
-    default rule; what goes wrong is the cycle's to answer (see :func:`_read_error`)."""
-    limit = _limit_body(req, app, max_bytes)
+    default rule; what goes wrong is the cycle's to answer (see :func:`read_error`)."""
+    limit = limit_request_body(req, app, max_bytes)
     if route.parse is not None:
         return route.parse(req)
-    return default_input(_FlaskBody(req), route.field, limit, _loads(app), route.many)
-
-
-def _read_error(exc: BaseException) -> Optional[InvalidInput]:
-    """What werkzeug raised while reading a body, as the project's error of
-    its status: a body over the limit (413), a malformed one (400)."""
-    if not isinstance(exc, HTTPException):
-        return None
-    if isinstance(exc, werkzeug.exceptions.RequestEntityTooLarge):
-        return PayloadTooLarge("the body is larger than this endpoint takes; send a smaller one")
-    if isinstance(exc, werkzeug.exceptions.UnsupportedMediaType):
-        return UnsupportedMediaType(exc.description or "the body is of a type this endpoint does not read")
-    problem = InvalidInput(exc.description or "the request could not be parsed")
-    if not isinstance(exc, BadRequest) and exc.code:
-        problem.status = exc.code
-    return problem
-
-
-#: Where a request keeps the body limit applied to it (applied once).
-_LIMIT_KEY = "flask_streamer.max_body_bytes"
-
-
-def _limit_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Optional[int]:
-    """Apply the body limit to ``req``, once, and return it: ``max_bytes``,
-    or the app's ``MAX_CONTENT_LENGTH`` when lower. A body over it is
-    refused (413) at once by its ``Content-Length``; one sent in chunks is
-    read here, whole but no further than the limit, and refused if it goes
-    past (werkzeug would cut it at the limit without a word, and the model
-    would get a truncated input). A body in chunks that the server did not
-    decode is a 411."""
-    if _LIMIT_KEY in req.environ:
-        limit: Optional[int] = req.environ[_LIMIT_KEY]
-        return limit
-    app_limit = app.config.get("MAX_CONTENT_LENGTH")
-    limit = app_limit if max_bytes is None else max_bytes if app_limit is None else min(max_bytes, app_limit)
-    req.environ[_LIMIT_KEY] = limit
-    req.max_content_length = limit
-
-    def read_chunks(limit: Optional[int]) -> int:
-        # One byte past the limit tells a body over it; werkzeug caches what
-        # it read, and parses the form from that.
-        req.max_content_length = None if limit is None else limit + 1
-        return len(req.get_data(cache=True))
-
-    limit_body(_FlaskBody(req), bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
-    return limit
-
-
-def _sent_in_chunks(req: Request) -> bool:
-    return "chunked" in req.headers.get("Transfer-Encoding", "").lower()
+    return default_input(FlaskBody(req), route.field, limit, loads_of(app), route.many)
 
 
 def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:

@@ -1,0 +1,99 @@
+"""How flask_streamer reads a request: a werkzeug request as the default
+input rule sees it (:mod:`streamer_core.web.body`), the body limit applied
+once per request, the app's JSON reader, and what werkzeug raised while
+reading a body as the project's error of its status."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import werkzeug.exceptions
+from flask import Flask, Request
+from flask.json.provider import DefaultJSONProvider
+from werkzeug.exceptions import BadRequest, HTTPException
+
+from streamer_core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from streamer_core.web.body import FormLimits, limit_body
+from streamer_core.web.http import FAST_JSON, loads_json
+
+__all__ = ["FlaskBody", "limit_request_body", "loads_of", "read_error"]
+
+
+class FlaskBody:
+    """A werkzeug request as the default rule reads it (:class:`streamer_core.web.body.RequestBody`)."""
+
+    reads_form = True
+
+    def __init__(self, req: Request) -> None:
+        self._req = req
+        self.media_type = req.mimetype
+        self.content_length = req.content_length
+        self.chunked = req.content_length is None and _sent_in_chunks(req)
+
+    def data(self) -> bytes:
+        return self._req.get_data(cache=True, parse_form_data=False)
+
+    def boundary(self) -> str:
+        return self._req.mimetype_params.get("boundary", "")
+
+    def form_limits(self) -> FormLimits:
+        return FormLimits(self._req.max_form_parts, self._req.max_form_memory_size)
+
+    def parsed_form(self) -> Tuple[Any, Any]:
+        return self._req.form, self._req.files
+
+
+def loads_of(app: Flask) -> Callable[[bytes], Any]:
+    """How the app reads JSON: orjson where it is installed and the app keeps
+    Flask's own provider (a JSON body of a batched route costs less), else
+    the app's provider."""
+    return loads_json if FAST_JSON and type(app.json) is DefaultJSONProvider else app.json.loads
+
+
+def read_error(exc: BaseException) -> Optional[InvalidInput]:
+    """What werkzeug raised while reading a body, as the project's error of
+    its status: a body over the limit (413), a malformed one (400)."""
+    if not isinstance(exc, HTTPException):
+        return None
+    if isinstance(exc, werkzeug.exceptions.RequestEntityTooLarge):
+        return PayloadTooLarge("the body is larger than this endpoint takes; send a smaller one")
+    if isinstance(exc, werkzeug.exceptions.UnsupportedMediaType):
+        return UnsupportedMediaType(exc.description or "the body is of a type this endpoint does not read")
+    problem = InvalidInput(exc.description or "the request could not be parsed")
+    if not isinstance(exc, BadRequest) and exc.code:
+        problem.status = exc.code
+    return problem
+
+
+#: Where a request keeps the body limit applied to it (applied once).
+_LIMIT_KEY = "flask_streamer.max_body_bytes"
+
+
+def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Optional[int]:
+    """Apply the body limit to ``req``, once, and return it: ``max_bytes``,
+    or the app's ``MAX_CONTENT_LENGTH`` when lower. A body over it is
+    refused (413) at once by its ``Content-Length``; one sent in chunks is
+    read here, whole but no further than the limit, and refused if it goes
+    past (werkzeug would cut it at the limit without a word, and the model
+    would get a truncated input). A body in chunks that the server did not
+    decode is a 411."""
+    if _LIMIT_KEY in req.environ:
+        limit: Optional[int] = req.environ[_LIMIT_KEY]
+        return limit
+    app_limit = app.config.get("MAX_CONTENT_LENGTH")
+    limit = app_limit if max_bytes is None else max_bytes if app_limit is None else min(max_bytes, app_limit)
+    req.environ[_LIMIT_KEY] = limit
+    req.max_content_length = limit
+
+    def read_chunks(limit: Optional[int]) -> int:
+        # One byte past the limit tells a body over it; werkzeug caches what
+        # it read, and parses the form from that.
+        req.max_content_length = None if limit is None else limit + 1
+        return len(req.get_data(cache=True))
+
+    limit_body(FlaskBody(req), bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
+    return limit
+
+
+def _sent_in_chunks(req: Request) -> bool:
+    return "chunked" in req.headers.get("Transfer-Encoding", "").lower()
