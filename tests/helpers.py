@@ -60,25 +60,33 @@ def post_chunked(
 ) -> Tuple[int, Dict[str, str], Any]:
     """``POST path`` on 127.0.0.1 with ``body`` sent in chunks
     (``Transfer-Encoding: chunked``, no ``Content-Length``), as a client
-    streaming an upload does: (status, headers, the JSON body or the text)."""
+    streaming an upload does: (status, headers, the JSON body or the text).
+    A server may answer (a 413) and close before it has read the whole
+    body: the sending then stops, and its answer is read."""
     import http.client
     import json
+    import socket
 
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
-        pieces = (body[i : i + chunk] for i in range(0, len(body), chunk))
-        conn.request(
-            "POST",
-            path,
-            body=pieces,
-            headers={"Content-Type": content_type, "Connection": "close"},
-            encode_chunked=True,
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         )
-        response = conn.getresponse()
+        try:
+            sock.sendall(head.encode())
+            for i in range(0, len(body), chunk):
+                piece = body[i : i + chunk]
+                sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered before the body was all sent
+        response = http.client.HTTPResponse(sock)
+        response.begin()
         data = response.read()
         headers = {name.lower(): value for name, value in response.getheaders()}
     finally:
-        conn.close()
+        sock.close()
     try:
         return response.status, headers, json.loads(data)
     except ValueError:

@@ -184,7 +184,7 @@ def test_close_finishes_calls_in_flight_and_removes_the_result_stream(broker, st
         assert broker.result_keys(), "the web process should read its answers from a stream"
         futures = [streamer.submit([x]) for x in range(10)]
     finally:
-        streamer.close(timeout=10)
+        streamer.close(timeout=30)  # 10 s was not enough on a machine loaded 5 times over
     assert [f.result(0) for f in futures] == [[x * 2] for x in range(10)]
     assert broker.result_keys() == [], "close() should delete this web process's result stream"
 
