@@ -236,7 +236,7 @@ def run_wrk(
     instead of the JSON ``body``."""
     command = [
         "wrk",
-        "-t2",
+        f"-t{min(2, connections)}",
         f"-c{connections}",
         f"-d{max(1, round(duration_s))}s",
         f"--timeout={max(1, round(timeout_s))}s",
