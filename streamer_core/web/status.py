@@ -58,6 +58,9 @@ class ModelStatus:
     #: On a Redis Cluster, the node that holds this model's keys (host:port) and their slot.
     node: Optional[str] = None
     slot: Optional[int] = None
+    #: Redis backend: the workers one ``run-workers`` command starts
+    #: (``worker_num``), which says nothing of how many are live.
+    configured_workers: Optional[int] = None
 
     @property
     def ok(self) -> bool:
@@ -72,12 +75,16 @@ def model_status(spec: ModelSpec) -> ModelStatus:
         "max_latency": config.max_latency,
         "timeout": config.timeout,
         "max_queue": config.max_queue,
-        "worker_num": spec.worker_num,
     }
+    if spec.backend == "process":
+        settings["worker_num"] = spec.worker_num
     if config.shapes_by_cost:
         settings.update(max_batch_cost=config.max_batch_cost, batch_cost=config.batch_cost)
     status = ModelStatus(spec.name, spec.backend, settings)
     if spec.backend == "redis":
+        # worker_num is what one run-workers command starts, not how many
+        # serve: those are counted live, and the two are shown apart.
+        status.configured_workers = spec.worker_num
         settings.update(redis_url=spec.redis.redacted, prefix=spec.prefix)
         _redis_status(spec, status)
     return status
@@ -177,7 +184,10 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
             if status.node is not None:
                 lines.append(f"  cluster node: {status.node} (slot {status.slot})")
             lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
-            lines.append(f"  live workers: {len(status.workers)}")
+            configured = "" if status.configured_workers is None else (
+                f" (configured: worker_num={status.configured_workers} per run-workers command)"
+            )
+            lines.append(f"  live workers: {len(status.workers)}{configured}")
             for worker in status.workers:
                 lines.append(f"    {_about(worker)}, last beat {worker.last_beat_s:.3g}s ago")
             if status.loading:

@@ -121,6 +121,26 @@ def test_status_command_with_workers_up_and_down(
     assert runner.invoke(args=["streamer", "status"]).exit_code == 1
 
 
+def test_status_tells_live_workers_from_the_configured_number(
+    broker: Broker, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    """Two workers live while ``worker_num`` says 1: the header line must not
+    claim one worker, and the count of live ones is said apart from it."""
+    app = redis_app(broker)
+    runner = app.test_cli_runner()
+    start_worker(broker, identity)
+    start_worker(broker, identity)
+    handle = next(iter(app.extensions["streamer"].handles.values()))
+    assert wait_for(lambda: len(model_status(handle.spec).workers) == 2, 5)
+    output = runner.invoke(args=["streamer", "status"]).output
+    header = output.splitlines()[0]
+    assert header.startswith("identity [redis] ok:") and "worker_num" not in header, output
+    assert "  live workers: 2 (configured: worker_num=1 per run-workers command)" in output.splitlines(), output
+    report = json.loads(runner.invoke(args=["streamer", "status", "--json"]).output)["models"]["identity"]
+    assert len(report["workers"]) == 2 and report["configured_workers"] == 1
+    assert "worker_num" not in report["settings"]
+
+
 def test_status_reads_a_garbled_worker_info_safely(broker: Broker, start_worker: Callable[..., ThreadWorker]) -> None:
     start_worker(broker, identity)
     spec = redis_app(broker).extensions["streamer"].handles
@@ -188,3 +208,25 @@ def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(
     wait_serving(procs, cli, worker_children(cli.pid))
     [frozen] = make_streamer(broker).predict([0])
     assert frozen > 0
+
+
+def test_the_readme_readiness_answer_is_the_examples(broker: Broker) -> None:
+    """README's readiness answer is what the Flask example says on the Redis
+    backend before its workers start, key names and advice as written."""
+    import re
+    from pathlib import Path
+
+    from example_flask import create_app
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Liveness and readiness", 1)[1]
+    match = re.search(r"```json\n(.*?)```", section, re.S)
+    assert match, "README's readiness section has no JSON answer"
+    documented = json.loads(match.group(1))
+    # Its own database: the keys' names do not say which, the workers of
+    # other tests are not seen.
+    app = create_app({"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": broker.url.rsplit("/", 1)[0] + "/14"})
+    client = app.test_client()
+    answer = wait_for(lambda: (r := client.get("/readyz")).status_code == 503 and "starting" not in r.text and r, 10)
+    assert answer, "the example's readiness never said why it is not ready"
+    assert answer.json == documented
