@@ -184,8 +184,10 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
             if status.node is not None:
                 lines.append(f"  cluster node: {status.node} (slot {status.slot})")
             lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
-            configured = "" if status.configured_workers is None else (
-                f" (configured: worker_num={status.configured_workers} per run-workers command)"
+            configured = (
+                ""
+                if status.configured_workers is None
+                else (f" (configured: worker_num={status.configured_workers} per run-workers command)")
             )
             lines.append(f"  live workers: {len(status.workers)}{configured}")
             for worker in status.workers:
