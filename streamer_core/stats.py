@@ -59,8 +59,10 @@ __all__ = [
 #: How a call can end. ``model_error``: the model raised for one of its inputs
 #: (or its worker died on it); ``rejected``: the queue was full; ``unavailable``:
 #: no worker, no broker, or the streamer closing; ``invalid``: the input could
-#: not be read or sent (HTTP 400); ``cancelled``: the caller gave it up.
-OUTCOMES = ("ok", "model_error", "timeout", "rejected", "unavailable", "invalid", "cancelled")
+#: not be read or sent (HTTP 400, or 415 for a body of a type the route does
+#: not read); ``too_large``: a body, file or list of inputs over the route's
+#: limit (HTTP 413); ``cancelled``: the caller gave it up.
+OUTCOMES = ("ok", "model_error", "timeout", "rejected", "unavailable", "invalid", "too_large", "cancelled")
 
 #: Histogram bucket upper bounds. Batch sizes in powers of two (a batch of 64
 #: is counted at ``le="64"``); seconds from half a millisecond to half a minute.
@@ -92,8 +94,11 @@ def outcome_of(exc: BaseException) -> str:
         return "rejected"
     if isinstance(exc, (UnavailableError, StreamerClosedError)):
         return "unavailable"
-    if isinstance(exc, (ItemCostError, SerializationError)) or getattr(exc, "status", 500) < 500:
-        return "invalid"  # and the web layers' InvalidInput (its status is 4xx)
+    if isinstance(exc, (ItemCostError, SerializationError)):
+        return "invalid"
+    status = getattr(exc, "status", 500)  # the web layers' InvalidInput: a 4xx
+    if isinstance(status, int) and status < 500:
+        return "too_large" if status == 413 else "invalid"
     return "model_error"
 
 

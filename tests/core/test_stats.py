@@ -134,6 +134,7 @@ def test_outcomes_are_counted_by_kind(closing: Callable[[Any], Any], gate: Gate)
         "rejected": 1,
         "unavailable": 1,
         "invalid": 1,
+        "too_large": 0,
         "cancelled": 1,
     }
     assert "gone" not in gate.seen()  # a cancelled call never reaches the model

@@ -46,6 +46,21 @@ def test_metrics_count_the_views_calls_by_model(client: Client) -> None:
     assert client.post("/ops/metrics").status_code == 405
 
 
+def test_a_413_is_counted_too_large_and_a_415_invalid(client: Client, streamer_settings: Any) -> None:
+    streamer_settings(MAX_BODY_BYTES=100)
+    before = metric_samples(client.get("/ops/metrics").content.decode())
+
+    def key(outcome: str) -> Any:
+        return ("streamer_requests_total", (("model", "double"), ("outcome", outcome)))
+
+    assert post(client, "/double", {"x": list(range(100))}).status_code == 413
+    assert client.post("/double", "3", content_type="text/plain").status_code == 415
+    assert post(client, "/double", {"x": 4}).json() == 8
+    found = metric_samples(client.get("/ops/metrics").content.decode())
+    counted = {o: found[key(o)] - before.get(key(o), 0.0) for o in ("ok", "invalid", "too_large")}
+    assert counted == {"ok": 1, "invalid": 1, "too_large": 1}
+
+
 def test_liveness_and_readiness(client: Client, streamer_settings: Any) -> None:
     streamer_settings(models={"double": {"MODEL": "tests.django.batch_models.double"}})
     assert client.get("/ops/healthz").json() == {"status": "alive"}

@@ -75,6 +75,19 @@ def test_liveness_and_metrics_in_process(make_app: Callable[..., Tuple[Flask, Fl
     assert client.post("/metrics").status_code == 405
 
 
+def test_a_413_is_counted_too_large_and_a_415_invalid(make_app: Callable[..., Tuple[Flask, FlaskStreamer]]) -> None:
+    app, streamer = make_app(dict(ROUTES, STREAMER_MAX_BODY_BYTES=100))
+    streamer.add_batched_route("/double", "ops_limits", lambda batch: [x * 2 for x in batch])
+    client = app.test_client()
+    assert client.post("/double", json=list(range(100))).status_code == 413
+    assert client.post("/double", data="3", content_type="text/plain").status_code == 415
+    assert client.post("/double", json=4).json == 8
+    found = metric_samples(client.get("/metrics").text)
+    model = ("model", "ops_limits")
+    counted = {o: found[("streamer_requests_total", (model, ("outcome", o)))] for o in ("ok", "invalid", "too_large")}
+    assert counted == {"ok": 1, "invalid": 1, "too_large": 1}
+
+
 def test_readiness_waits_for_the_model_without_loading_it_in_the_probe(
     make_app: Callable[..., Tuple[Flask, FlaskStreamer]],
 ) -> None:
