@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         json_error,
         request_inputs,
         request_item,
+        request_upload,
     )
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "AsyncBatchedView",
     "request_item",
     "request_inputs",
+    "request_upload",
     "json_body",
     "json_error",
     "InvalidInput",
@@ -80,6 +82,7 @@ _VIEWS = (
     "AsyncBatchedView",
     "request_item",
     "request_inputs",
+    "request_upload",
     "json_body",
     "json_error",
 )

@@ -49,7 +49,7 @@ from django.views import View
 
 from streamer_core.config import OPTIONS
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
-from streamer_core.web.body import FormLimits, default_input, json_of, limit_body
+from streamer_core.web.body import FormLimits, default_input, json_of, limit_body, upload_of
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import (
     MISSING,
@@ -71,6 +71,7 @@ __all__ = [
     "AsyncBatchedView",
     "request_item",
     "request_inputs",
+    "request_upload",
     "json_body",
     "json_error",
     "page_not_found",
@@ -139,6 +140,18 @@ def request_inputs(request: HttpRequest, field: Optional[str] = None) -> Any:
     limit = max_body_bytes()
     length = _body_length(request, limit)
     return default_input(_DjangoBody(request, length), field, limit, loads_json, many=True)
+
+
+def request_upload(request: HttpRequest, field: str = "file") -> bytes:
+    """The bytes of ``request``'s uploaded file ``field``, for a view that
+    takes a file and nothing else (``curl -F "file=@cat.jpg"``). Unlike
+    :func:`request_item`, it never tells a client to send JSON: a body that
+    is not a multipart form is a 415, no body, a text field or a form
+    without the file a 400, each saying how to send the file; a file over
+    ``STREAMER["MAX_BODY_BYTES"]`` a 413."""
+    limit = max_body_bytes()
+    length = _body_length(request, limit)
+    return upload_of(_DjangoBody(request, length), field, limit)
 
 
 class _DjangoBody:

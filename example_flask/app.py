@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, Request, jsonify, request
 
-from flask_streamer import FlaskStreamer, json_error, request_item
+from flask_streamer import FlaskStreamer, json_error, request_item, request_upload
 from streamer_core.logs import LOG_FORMAT
 from streamer_core.web.http import dumps_json
 
@@ -141,7 +141,7 @@ def parse_image(req: Request) -> Any:
     """The image of a request: the uploaded file ``file`` (``curl -F
     "file=@cat.jpg"``), checked by its first bytes here and decoded in
     the batch (``example_flask.vision``)."""
-    return image_upload(request_item("file"))
+    return image_upload(request_upload("file"))
 
 
 class _NaiveModel:

@@ -26,6 +26,7 @@ from .extension import (
     json_error,
     request_inputs,
     request_item,
+    request_upload,
     start_streamers,
 )
 from .settings import DEFAULTS
@@ -40,5 +41,6 @@ __all__ = [
     "json_error",
     "request_item",
     "request_inputs",
+    "request_upload",
     "start_streamers",
 ]

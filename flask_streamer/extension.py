@@ -16,7 +16,7 @@ from streamer_core.config import OPTIONS
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
-from streamer_core.web.body import default_input, json_of
+from streamer_core.web.body import default_input, json_of, upload_of
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
 from streamer_core.web.probes import liveness, readiness
@@ -32,6 +32,7 @@ __all__ = [
     "json_error",
     "request_inputs",
     "request_item",
+    "request_upload",
     "start_streamers",
 ]
 
@@ -485,6 +486,23 @@ def request_inputs(field: Optional[str] = None) -> Any:
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     limit = limit_request_body(req, app, _state(app).max_body_bytes)
     return default_input(FlaskBody(req), field, limit, loads_of(app), many=True)
+
+
+def request_upload(field: str = "file") -> bytes:
+    """The bytes of the current request's uploaded file ``field``, for a
+    route that takes a file and nothing else (``curl -F "file=@cat.jpg"``)::
+
+        def parse(req):
+            return decode_image(request_upload("file"))
+
+    Unlike :func:`request_item`, it never tells a client to send JSON: a
+    body that is not a multipart form is a 415, no body, a text field or a
+    form without the file a 400, each saying how to send the file; a file
+    over the route's ``max_body_bytes`` a 413."""
+    req = request._get_current_object()  # type: ignore[attr-defined]
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    limit = limit_request_body(req, app, _state(app).max_body_bytes)
+    return upload_of(FlaskBody(req), field, limit)
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:

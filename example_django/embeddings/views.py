@@ -10,7 +10,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_streamer import batched_view, get_streamer, json_error, request_item
+from django_streamer import batched_view, get_streamer, json_error, request_item, request_upload
 from example_flask.embedding import embed, names_of, sentence_of
 from example_flask.openai_api import models_reply, serve_embeddings
 from example_flask.vision import image_upload
@@ -45,7 +45,7 @@ def classify(request: HttpRequest) -> object:
     """An uploaded image (``curl -F "file=@cat.jpg"``), checked by its first
     bytes here, then decoded and classified in a batch with others
     (``example_flask.vision``): its top classes as JSON."""
-    return image_upload(request_item(request, "file"))
+    return image_upload(request_upload(request, "file"))
 
 
 @csrf_exempt

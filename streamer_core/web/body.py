@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from ..errors import InvalidInput, PayloadTooLarge
+from ..errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from .http import (
     MISSING,
     check_body_size,
@@ -24,7 +24,16 @@ from .http import (
 )
 from .multipart import parse_form
 
-__all__ = ["READ_WHOLE_BYTES", "FormLimits", "RequestBody", "default_input", "inputs_of", "json_of", "limit_body"]
+__all__ = [
+    "READ_WHOLE_BYTES",
+    "FormLimits",
+    "RequestBody",
+    "default_input",
+    "inputs_of",
+    "json_of",
+    "limit_body",
+    "upload_of",
+]
 
 #: A multipart body up to this size is read whole and cut at its boundaries
 #: in C (:mod:`streamer_core.web.multipart`) rather than by the framework's
@@ -141,17 +150,43 @@ def default_input(
         if values:
             return values
         return item_from_request(MISSING, fields, field, files, max_bytes)  # says what to send
-    if body.media_type == "multipart/form-data" and not body.chunked and (body.content_length or 0) <= READ_WHOLE_BYTES:
-        limits = body.form_limits()
-        form = (
-            parse_form(body.data(), body.boundary(), max_parts=limits.max_parts, max_field_bytes=limits.max_field_bytes)
-            if limits is not None
-            else None
-        )
-        if form is not None:
-            return item_from_request(MISSING, form.fields, field, form.files, max_bytes)
-    fields, files = body.parsed_form()
+    fields, files = _form(body) if body.media_type == "multipart/form-data" else body.parsed_form()
     return item_from_request(MISSING, fields, field, files, max_bytes)
+
+
+def upload_of(body: RequestBody, field: str, max_bytes: Optional[int]) -> bytes:
+    """The bytes of the file ``field`` of a multipart form, for an endpoint
+    that takes a file and nothing else (an image to classify): every answer
+    for what is not such an upload says how to send one, rather than the
+    default rule's "send JSON", which such an endpoint would then refuse.
+    A body of another type is a 415; no body, a text field of that name or
+    a form without it a 400; a file over ``max_bytes`` a 413."""
+    how = f'send the file as "{field}" of a multipart form: curl -F "{field}=@path"'
+    if body.media_type != "multipart/form-data":
+        if (body.content_length or 0) > 0 or body.chunked:
+            kind = body.media_type or "a body with no Content-Type"
+            raise UnsupportedMediaType(f"{kind} is not read here: {how}")
+        raise InvalidInput(f"the request has no file: {how}")
+    fields, files = _form(body)
+    if field in files:
+        return read_upload(files[field], field, max_bytes)
+    if field in fields:
+        raise InvalidInput(f'"{field}" was sent as a text field, not a file: {how}')
+    raise InvalidInput(f'the form has no file "{field}": {how}')
+
+
+def _form(body: RequestBody) -> Tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """A multipart body's fields and files: cut in C when small and of the
+    common shape, else by the framework's parser (as :func:`default_input`)."""
+    if not body.chunked and (body.content_length or 0) <= READ_WHOLE_BYTES:
+        limits = body.form_limits()
+        if limits is not None:
+            form = parse_form(
+                body.data(), body.boundary(), max_parts=limits.max_parts, max_field_bytes=limits.max_field_bytes
+            )
+            if form is not None:
+                return form.fields, form.files
+    return body.parsed_form()
 
 
 def _every(values: Mapping[str, Any], name: str) -> List[Any]:

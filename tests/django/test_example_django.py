@@ -187,15 +187,24 @@ def test_classify_names_a_cat_and_an_espresso_and_refuses_what_is_no_image(examp
             assert answer["class_name"] == "espresso" and answer["class_index"] == 967, answer
         else:
             assert answer["class_name"] in CATS, answer
+    how = 'send the file as "file" of a multipart form: curl -F "file=@path"'
     for response, status, message in (
         (post_file(b"plain text"), 400, "not an image"),
-        (post_file(b"x", field="other"), 400, 'the file "file"'),
-        (post(client, "/classify", {"file": "text"}), 400, "multipart"),
+        (post_file(b"x", field="other"), 400, f'the form has no file "file": {how}'),
+        (post(client, "/classify", {"file": "text"}), 415, f"application/json is not read here: {how}"),
+        (client.post("/classify", "a sentence", content_type="text/plain"), 415, f"text/plain is not read here: {how}"),
+        (client.generic("POST", "/classify"), 400, f"the request has no file: {how}"),
+        (client.post("/classify", {"file": "text"}), 400, f'"file" was sent as a text field, not a file: {how}'),
+        (
+            client.post("/classify", "file=text", content_type="application/x-www-form-urlencoded"),
+            415,
+            f"application/x-www-form-urlencoded is not read here: {how}",
+        ),
         (post_file(b"x" * (10 * 1024 * 1024 + 1)), 413, "10485760"),
         (
             client.post("/classify", b"--b\r\nbroken", content_type="multipart/form-data; boundary=b"),
             400,
-            'file "file" of a',
+            f'the form has no file "file": {how}',
         ),
     ):
         assert response.status_code == status and response["Content-Type"] == "application/json", response.content

@@ -86,16 +86,31 @@ def test_images_batched_together_get_their_own_answers(app):
     assert all(a["class_name"] in CATS for a in answers[::2])
 
 
+HOW = 'send the file as "file" of a multipart form: curl -F "file=@path"'
+
+
 @pytest.mark.parametrize(
     "kwargs, status, message",
     [
         (upload(b"GIF89a but not really", "x.gif"), 400, "not an image"),
         (upload(b"", "empty.jpg"), 400, "is empty"),
         (upload(photo("chelsea")[:2000], "cut.jpg"), 400, "could not be decoded"),
-        ({"json": {"file": "a JSON string is not a file"}}, 400, "multipart"),
-        (upload(b"x", field="other"), 400, 'the file "file"'),
+        ({"json": {"file": "a JSON string is not a file"}}, 415, "application/json is not read here: " + HOW),
+        ({"data": "a sentence", "content_type": "text/plain"}, 415, "text/plain is not read here: " + HOW),
+        ({}, 400, "the request has no file: " + HOW),
+        ({"data": {"file": "text"}}, 415, "application/x-www-form-urlencoded is not read here: " + HOW),
+        (
+            {"data": {"file": "text"}, "content_type": "multipart/form-data"},
+            400,
+            '"file" was sent as a text field, not a file: ' + HOW,
+        ),
+        (upload(b"x", field="other"), 400, 'the form has no file "file": ' + HOW),
         (upload(b"x" * (10 * 1024 * 1024 + 1), "big.jpg"), 413, "10485760"),
-        ({"data": b"--b\r\nnot a form", "content_type": "multipart/form-data; boundary=b"}, 400, 'file "file" of a'),
+        (
+            {"data": b"--b\r\nnot a form", "content_type": "multipart/form-data; boundary=b"},
+            400,
+            'the form has no file "file": ' + HOW,
+        ),
     ],
 )
 def test_what_is_not_an_image_gets_a_json_4xx(app, kwargs, status, message):
