@@ -24,7 +24,7 @@ def main() -> int:
     print(f" * backend: {app.config['STREAMER_BACKEND']}; loading the model before serving", flush=True)
     start_streamers(app)  # so that no request waits for it
     print(f" * try: curl -X POST {host}:{port}/stream -d 's=Happy birthday to you.'", flush=True)
-    print(f'   and: curl -F "file=@cat.jpg" {host}:{port}/classify', flush=True)
+    print(f'   and: curl -F "file=@example_flask/cat.jpg" {host}:{port}/classify', flush=True)
     app.run(host=host, port=port, threaded=True)
     return 0
 

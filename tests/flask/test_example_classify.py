@@ -89,6 +89,27 @@ def test_images_batched_together_get_their_own_answers(app):
 HOW = 'send the file as "file" of a multipart form: curl -F "file=@path"'
 
 
+def test_the_readmes_curl_sends_a_photo_the_checkout_holds(app: Flask) -> None:
+    """README's ``curl -F "file=@..."`` names a file shipped in the
+    checkout, and its comment is what the example answers for it."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    match = re.search(r'curl -F "file=@(\S+)" localhost:5005/classify +# (\{.*?), "top5"', readme)
+    assert match, "README has no /classify curl with its answer"
+    path, documented = root / match.group(1), json.loads(match.group(2) + "}")
+    answer = classify(app, path.read_bytes(), path.name)
+    assert (answer["class_name"], answer["class_index"]) == (documented["class_name"], documented["class_index"])
+    assert abs(answer["score"] - documented["score"]) < 0.01
+    for other in re.findall(
+        r'curl -F "file=@(\S+)" localhost', readme + (root / "example_django/README.md").read_text()
+    ):
+        assert (root / other).is_file(), f"{other} is sent by a README's curl and is not in the checkout"
+
+
 @pytest.mark.parametrize(
     "kwargs, status, message",
     [
