@@ -9,6 +9,9 @@ from typing import Any, Dict, Optional
 from flask import Flask, Request, jsonify, request
 
 from flask_streamer import FlaskStreamer, json_error, request_item, request_upload
+from flask_streamer.settings import written_as
+from streamer_core.config import OPTIONS
+from streamer_core.errors import ConfigurationError
 from streamer_core.logs import LOG_FORMAT
 from streamer_core.web.http import dumps_json
 
@@ -62,7 +65,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         "classify",
         ImageClassifier,
         parse=parse_image,
-        batch_size=app.config["CLASSIFY_BATCH_SIZE"],
+        batch_size=_checked(app, "CLASSIFY_BATCH_SIZE", "batch_size"),
         max_latency=0.01,
         item_cost=None,  # every image is decoded to 224 x 224: batches by count
         max_batch_cost=None,
@@ -116,6 +119,16 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         )
 
     return app
+
+
+def _checked(app: Flask, key: str, option: str) -> Any:
+    """The example's own setting ``key``, checked as the streamer's option
+    ``option`` is, and named as the user wrote it: ``FLASK_<key>`` when it
+    came from that environment variable (not as the route keyword it feeds)."""
+    try:
+        return OPTIONS[option].checked(app.config[key], written_as(key, app.config))
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _show_streamer_logs() -> None:

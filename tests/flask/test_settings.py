@@ -353,18 +353,28 @@ def test_a_bad_setting_from_the_environment_is_named_as_the_user_wrote_it(make_a
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_example_with_a_bad_setting_prints_one_line_naming_it():
+@pytest.mark.parametrize(
+    "variable, value, said",
+    [
+        (
+            "FLASK_STREAMER_BACKEND",
+            "proces",
+            "FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'",
+        ),
+        # the example's own setting, named as written, not as the route keyword it feeds
+        ("FLASK_CLASSIFY_BATCH_SIZE", "-3", "FLASK_CLASSIFY_BATCH_SIZE must be a whole number >= 1, got -3"),
+    ],
+)
+def test_the_example_with_a_bad_setting_prints_one_line_naming_it(variable, value, said):
     import subprocess
     import sys
 
-    env = dict(os.environ, FLASK_STREAMER_BACKEND="proces", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{variable: value})
     result = subprocess.run(
         [sys.executable, "-m", "example_flask"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "example_flask: error: FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'"
-    ]
+    assert result.stderr.strip().splitlines() == [f"example_flask: error: {said}"]
 
 
 def test_one_extension_serves_several_apps_each_with_its_own_settings_and_streamers(closing_app):
