@@ -327,3 +327,35 @@ def test_a_streamer_and_worker_started_before_redis_serve_once_it_is_up(new_serv
         worker.worker.stop()
         streamer.close(timeout=2)
         worker.thread.join(10)
+
+
+def test_losing_redis_is_said_once_per_model_naming_it(fault_broker, make_streamer, start_worker, caplog):
+    """Two models on one Redis: each web-side collector and each worker says
+    it lost Redis, and that Redis is back, once, naming its model's keys, so
+    that two routes' lines are told apart."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="streamer_core")
+    first, second = f"{fault_broker.prefix}-a", f"{fault_broker.prefix}-b"
+    streamers = []
+
+    def said(prefix, words):
+        lines = (r.getMessage() for r in caplog.records)
+        return [m for m in lines if m.startswith(f"streamer:{prefix}: ") and words in m]
+
+    for prefix in (first, second):
+        start_worker(SimpleNamespace(url=fault_broker.url, prefix=prefix), models.double, batch_size=4)
+        streamer = RedisStreamer(fault_broker.url, prefix, timeout=10)
+        streamers.append(streamer)
+    try:
+        assert [s.predict([1]) for s in streamers] == [[2], [2]]
+        fault_broker.server.restart(down_for=1.0)
+        assert [s.predict([2], timeout=10) for s in streamers] == [[4], [4]]
+        for prefix in (first, second):
+            assert wait_for(lambda p=prefix: len(said(p, "Redis is reachable again after")) == 2, 5), said(prefix, "")
+            lost = said(prefix, "lost Redis")
+            # its web-side collector reconnecting and its worker retrying, each said once
+            assert sorted(m.rsplit("; ", 1)[1] for m in lost) == ["reconnecting", "retrying"], lost
+    finally:
+        for streamer in streamers:
+            streamer.close()

@@ -329,7 +329,11 @@ class _RedisClientBackend(Backend):
                 if isinstance(reply, Exception):
                     raise reply
                 if failing_since is not None:
-                    logger.warning("Redis is reachable again")
+                    logger.warning(
+                        "%s: Redis is reachable again after %.1f s",
+                        self._keys.namespace,
+                        time.monotonic() - failing_since,
+                    )
                     failing_since = None
                 if reply:
                     entries = reply[0][1]
@@ -341,7 +345,9 @@ class _RedisClientBackend(Backend):
                 self.roster.unreachable()
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    logger.warning("lost Redis: %s; reconnecting", broker_problem(exc, self._address))
+                    logger.warning(
+                        "%s: lost Redis: %s; reconnecting", self._keys.namespace, broker_problem(exc, self._address)
+                    )
                 next_check = 0.0
                 self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
             except redis.ResponseError as exc:

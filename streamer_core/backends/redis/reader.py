@@ -197,7 +197,11 @@ class Reader:
                         GROUP, self._consumer, {self._keys.requests: ">"}, count=room, block=block
                     )
                     if failing_since is not None:
-                        logger.warning("Redis is reachable again")
+                        logger.warning(
+                            "%s: Redis is reachable again after %.1f s",
+                            self._keys.namespace,
+                            time.monotonic() - failing_since,
+                        )
                         failing_since = None
                     got = intake.accept(reply[0][1] if reply else [])
                     if got:
@@ -207,7 +211,9 @@ class Reader:
                 except broker_errors() as exc:
                     if failing_since is None:
                         failing_since = time.monotonic()
-                        logger.warning("lost Redis: %s; retrying", broker_problem(exc, self._address))
+                        logger.warning(
+                            "%s: lost Redis: %s; retrying", self._keys.namespace, broker_problem(exc, self._address)
+                        )
                     intake.group_lost()
                     stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
                 except redis.ResponseError as exc:
