@@ -67,7 +67,10 @@ core = pin_to_core(1)
 later = threading.Thread(target=lambda: print("later", sorted(os.sched_getaffinity(0))))
 later.start(); later.join()
 for tid in sorted(os.listdir("/proc/self/task")):
-    print(tid, sorted(os.sched_getaffinity(int(tid))))
+    try:
+        print(tid, sorted(os.sched_getaffinity(int(tid))))
+    except ProcessLookupError:  # "later", ended but still listed a moment
+        pass
 done.set()
 print("core", core)
 """
@@ -83,6 +86,27 @@ def test_pin_to_core_pins_every_thread_of_the_process() -> None:
     allowed = [line.split(" ", 1)[1] for line in lines[:-2]]
     assert len(allowed) >= 5, lines  # the main thread, three started before, one after
     assert all(each == f"[{core}]" for each in allowed), lines
+
+
+@needs_two_cores
+@pytest.mark.parametrize(
+    "backends, pinned",
+    [
+        (["thread", "redis"], False),  # one route's model computes here: every core stays
+        (["redis", "process"], True),  # every model computes elsewhere
+    ],
+)
+def test_settle_keeps_every_core_where_any_route_computes_here(backends: List[str], pinned: bool) -> None:
+    """One web process of an app mixing backends, on a CPU without a GPU:
+    ``settle`` pins it only where none of its routes' models computes here."""
+    out = run_python(
+        "import os; from types import SimpleNamespace; from streamer_core.web.gunicorn import settle; "
+        "os.environ.pop('PIN_WORKERS', None); before = sorted(os.sched_getaffinity(0)); "
+        f"settle(SimpleNamespace(cfg=SimpleNamespace(workers=1), core_index=1), {backends!r}); "
+        "print(len(before), len(os.sched_getaffinity(0)))"
+    )
+    before, after = map(int, out.split())
+    assert (after == 1) is pinned and (after == before) is not pinned, out
 
 
 def test_one_core_cannot_be_pinned() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import List
 
+import pytest
+
 from streamer_core import BatchingConfig
 from streamer_core.former import BatchFormer
 
@@ -46,6 +48,25 @@ def test_a_full_batch_goes_at_once_and_the_rest_waits_in_order():
     assert batch is None and 0.001 < hold_until <= 0.5, "c waits for the callers due, within max_latency"
     batch, _ = formed.decide(now=0.5)
     assert batch is not None and names(batch) == ["c"]
+
+
+def test_exactly_a_batch_goes_at_once_though_callers_are_due():
+    formed = former(batch_size=3)
+    formed.policy.delivered(4, 0.2, now=0.0)  # callers due back: worth waiting for, were there room
+    formed.add([Input(x, 0.0) for x in "abc"])
+    batch, _ = formed.decide(now=0.001)
+    assert batch is not None and names(batch) == ["a", "b", "c"], "a full batch has no room to wait for"
+
+
+@pytest.mark.parametrize("options", [{}, {"max_batch_cost": 100}], ids=["by count", "by cost"])
+def test_given_up_inputs_among_live_ones_are_dropped_as_the_batch_is_taken(options):
+    """Given-up inputs behind a live one (a failed request's inputs queued
+    after another caller's) are met inside the batch, not at the head."""
+    formed = former(batch_size=4, **options)
+    formed.add([Input("a", 0.0), Input("gone1", 0.0, live=False), Input("gone2", 0.0, live=False), Input("d", 0.0)])
+    formed.add([Input("e", 0.0)])
+    batch, _ = formed.decide(now=1.0)
+    assert batch is not None and names(batch) == ["a", "d", "e"]
 
 
 def test_never_past_max_latency_from_the_oldest_arrival():

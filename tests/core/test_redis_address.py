@@ -72,6 +72,28 @@ def test_the_password_is_in_no_message_and_no_repr():
     assert "hunter2" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rdis://:hunter2@h:6379/0",  # no scheme we know
+        "redis://:hunter2@h:port/0",
+        "redis://:hunter2@h:6379/x",
+        "redis+sentinel://:hunter2@s1/mymaster/x?sentinel_password=hunter3",
+        "redis+sentinel://:hunter2@s1/mymaster/0?sentinel_password=hunter3&db=1",
+        "redis+sentinel://:hunter2@s1:xx/mymaster?sentinel_password=hunter3",
+        "redis+sentinel://:hunter2@/mymaster",
+        "redis+sentinel://:hunter2@s1",
+        "redis+cluster://:hunter2@n1:7000/3",
+        "redis+cluster://:hunter2@n1:7000?sentinel_password=hunter3",
+    ],
+)
+def test_a_wrong_address_is_refused_without_its_passwords(text):
+    with pytest.raises(ValueError) as raised:
+        RedisAddress.parse(text)
+    assert "hunter" not in str(raised.value), raised.value
+    assert "***" in str(raised.value) or "//" not in str(raised.value), raised.value
+
+
 def test_one_default_everywhere():
     """service_streamer's ``localhost:6379``, the same for the web side,
     the workers, their supervisor and the worker command."""

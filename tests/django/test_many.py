@@ -61,6 +61,14 @@ def test_an_input_that_fails_names_its_index(client: Client) -> None:
     assert error["message"] == "input 2: the model refuses 'boom'" and error["input"] == 2, error
 
 
+def test_an_input_that_fails_an_async_view_names_its_index() -> None:
+    async def main() -> Any:
+        return await AsyncClient().post("/adouble-many", json.dumps([1, "boom", 3]), content_type="application/json")
+
+    error = error_of(asyncio.run(main()), 500)
+    assert error["message"] == "input 1: the model refuses 'boom'" and error["input"] == 1, error
+
+
 def test_many_is_checked_where_the_view_is_declared() -> None:
     with pytest.raises(TypeError, match="max_inputs of the batched view of 'double' goes with many=True"):
         batched_view("double", max_inputs=3)

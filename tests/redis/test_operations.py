@@ -230,3 +230,13 @@ def test_the_readme_readiness_answer_is_the_examples(broker: Broker) -> None:
     answer = wait_for(lambda: (r := client.get("/readyz")).status_code == 503 and "starting" not in r.text and r, 10)
     assert answer, "the example's readiness never said why it is not ready"
     assert answer.json == documented
+
+
+def test_status_shows_the_redis_address_without_its_password(broker: Broker) -> None:
+    from types import SimpleNamespace
+
+    with_password = SimpleNamespace(url=broker.url.replace("redis://", "redis://:s3cret-pw@"), prefix=broker.prefix)
+    runner = redis_app(with_password).test_cli_runner()  # type: ignore[arg-type]
+    for args in (["streamer", "status"], ["streamer", "status", "--json"]):
+        output = runner.invoke(args=args).output
+        assert "s3cret" not in output and "redis://***@" in output, output
