@@ -244,3 +244,22 @@ def test_the_django_hooks_import_nothing_of_django():
         [sys.executable, "-c", script], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_ctrl_c_stops_the_examples_gevent_gunicorn_without_a_traceback(servers, tmp_path):
+    """Ctrl-C signals every process of the terminal: the worker quits on its
+    SIGINT, then its master's SIGQUIT arrives while Python shuts down. Quit
+    once (``streamer_core.web.gunicorn.quit_once``), not a ``SystemExit: 0``
+    traceback."""
+    port = free_port()
+    server = servers(
+        "gunicorn", "-c", "example_flask/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}",
+        "tests.flask.warm_app:create_app()", MARK_FOLDER=str(tmp_path),
+    )  # fmt: skip
+    assert wait_for(lambda: _marks(tmp_path), 60), server.log()[-2000:]
+    assert wait_for(lambda: _listening("127.0.0.1", port), 30), server.log()[-2000:]
+    _post(f"http://127.0.0.1:{port}/marked", {"x": 1})
+    os.killpg(server.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    assert server.process.wait(30) == 0, server.log()[-3000:]
+    log = server.log()
+    assert "Shutting down: Master" in log and "Traceback" not in log and "SystemExit" not in log, log[-3000:]

@@ -14,7 +14,8 @@ What they do:
   before it takes a request, then :func:`settle`: pin the process to its
   core where that takes nothing from a model computing on this CPU
   (:mod:`streamer_core.web.affinity`; ``PIN_WORKERS`` 1 always, 0 never),
-  and keep what loading made out of the garbage collector's sight;
+  keep what loading made out of the garbage collector's sight, and quit
+  once when told to (:func:`quit_once`);
 - ``child_exit``: under prometheus_client's multiprocess mode, a dead
   process's gauges go with it.
 
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from typing import Any, Iterable
 
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 
-__all__ = ["pre_fork", "settle", "child_exit", "GC_THRESHOLD"]
+__all__ = ["pre_fork", "settle", "quit_once", "child_exit", "GC_THRESHOLD"]
 
 #: The collector's thresholds in a settled web process: its first
 #: generation collected once per thousand requests or so, not every 70.
@@ -56,6 +58,27 @@ def settle(worker: Any, backends: Iterable[str]) -> None:
         pin_to_core(getattr(worker, "core_index", 0))
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
+    quit_once(worker)
+
+
+def quit_once(worker: Any) -> None:
+    """Make the process act on the first SIGINT or SIGQUIT only. A Ctrl-C
+    signals every process of the terminal: the worker gets SIGINT, then
+    its master's SIGQUIT; gevent's worker spawns a quit (``sys.exit(0)``)
+    for each, and the second lands in Python's shutdown, where gevent
+    prints it as a ``SystemExit: 0`` traceback. The flag is set in the
+    signal handler itself, before any quit has run."""
+    handle_quit = worker.handle_quit
+    quitting = False
+
+    def once(signum: int, frame: Any) -> None:
+        nonlocal quitting
+        if not quitting:
+            quitting = True
+            handle_quit(signum, frame)
+
+    signal.signal(signal.SIGINT, once)
+    signal.signal(signal.SIGQUIT, once)
 
 
 def child_exit(server: Any, worker: Any) -> None:
