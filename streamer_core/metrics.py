@@ -5,20 +5,27 @@ and nothing is exported (the plain-Python numbers of
 :mod:`streamer_core.stats` are still kept). Installed, every model name gets,
 with the label ``model``:
 
-=================================  =========  ==============================================
-``streamer_batch_size``            histogram  inputs per model call
-``streamer_queue_wait_seconds``    histogram  an input's arrival to the start of its call
-``streamer_model_seconds``         histogram  one model call
-``streamer_requests_total``        counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
-``streamer_queue_depth``           gauge      inputs waiting now
-``streamer_workers_live``          gauge      workers able to take a batch now
-``streamer_oom_splits_total``      counter    batches (or parts) split because the model ran
-                                              out of memory on them
-``streamer_batch_cost_cap``        gauge      the cap on a batch's cost learned from running
-                                              out of memory (``+Inf``: none; in inputs
-                                              without ``item_cost``); in multiprocess mode,
-                                              the lowest of the live processes'
-=================================  =========  ==============================================
+======================================  =========  ==============================================
+``streamer_batch_size``                 histogram  inputs per model call
+``streamer_queue_wait_seconds``         histogram  an input's arrival to the start of its call
+``streamer_model_seconds``              histogram  one model call
+``streamer_requests_total``             counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
+``streamer_queue_depth``                gauge      inputs waiting now
+``streamer_workers_live``               gauge      workers able to take a batch now
+``streamer_oom_splits_total``           counter    batches (or parts) split because the model ran
+                                                   out of memory on them
+``streamer_batch_cost_cap``             gauge      the cap on a batch's cost learned from running
+                                                   out of memory (``+Inf``: none; in inputs
+                                                   without ``item_cost``); in multiprocess mode,
+                                                   the lowest of the live processes'
+``streamer_redis_redelivered_total``    counter    requests a Redis worker took over from one
+                                                   that stopped answering
+``streamer_redis_dead_lettered_total``  counter    entries that did not parse, moved to the
+                                                   Redis dead-letter stream
+``streamer_redis_pending``              gauge      requests delivered to a Redis worker and not
+                                                   yet acknowledged, asked of Redis at each
+                                                   scrape (no sample while it does not answer)
+======================================  =========  ==============================================
 
 In one process (the usual case) the numbers are read from
 :mod:`streamer_core.stats` when Prometheus scrapes, by a collector in
@@ -105,6 +112,7 @@ def exposition() -> Tuple[bytes, str]:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(_PendingCollector())
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
@@ -149,6 +157,37 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         cap.add_metric([snap.model], snap.batch_cost_cap)
     yield splits
     yield cap
+    redelivered = CounterMetricFamily(
+        "streamer_redis_redelivered",
+        "Requests a Redis worker took over from a worker that stopped answering.",
+        labels=["model"],
+    )
+    dead = CounterMetricFamily(
+        "streamer_redis_dead_lettered", "Entries that did not parse, moved to the dead-letter stream.", labels=["model"]
+    )
+    for snap in snapshots:
+        redelivered.add_metric([snap.model], float(snap.redelivered))
+        dead.add_metric([snap.model], float(snap.dead_lettered))
+    yield redelivered
+    yield dead
+
+
+def render_pending(models: List[ModelStats]) -> Iterator[Any]:
+    """The family of requests delivered to a Redis worker and not yet
+    acknowledged, asked of Redis now for each of ``models`` that has a Redis
+    streamer in this process (one XPENDING summary each). Read at the scrape,
+    by the process serving it, rather than kept by each process: it is the
+    broker's number, the same whichever web process asks."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    pending = GaugeMetricFamily(
+        "streamer_redis_pending", "Requests delivered to a Redis worker and not yet acknowledged.", labels=["model"]
+    )
+    for stats in models:
+        count = stats.broker_pending()
+        if count is not None:
+            pending.add_metric([stats.model], float(count))
+    yield pending
 
 
 def _le(bound: float) -> str:
@@ -159,10 +198,23 @@ class _Collector:
     """Reads every model's stats when Prometheus scrapes (one process)."""
 
     def collect(self) -> Iterator[Any]:
-        return render([stats.snapshot() for stats in all_stats()])
+        models = all_stats()
+        yield from render([stats.snapshot() for stats in models])
+        yield from render_pending(models)
 
     def describe(self) -> List[Any]:
         return []  # no samples at registration: names are checked at scrape
+
+
+class _PendingCollector:
+    """Multiprocess mode: the Redis backend's pending requests, asked of
+    Redis by the process serving the scrape (see :func:`render_pending`)."""
+
+    def collect(self) -> Iterator[Any]:
+        return render_pending(all_stats())
+
+    def describe(self) -> List[Any]:
+        return []
 
 
 class _Mirrors:
@@ -200,10 +252,18 @@ class _Mirrors:
             ["model"],
             multiprocess_mode="livemin",
         )
+        self.redelivered = Counter(
+            "streamer_redis_redelivered",
+            "Requests a Redis worker took over from a worker that stopped answering.",
+            ["model"],
+        )
+        self.dead_lettered = Counter(
+            "streamer_redis_dead_lettered", "Entries that did not parse, moved to the dead-letter stream.", ["model"]
+        )
         self._watched: Dict[str, ModelStats] = {}
         # Each model's labelled children, looked up once (a lookup costs as
         # much as a record).
-        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any], Any]] = {}
+        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any], Any, Any, Any]] = {}
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
@@ -218,6 +278,8 @@ class _Mirrors:
                 self.queue_wait.labels(model),
                 {outcome: self.requests.labels(model, outcome) for outcome in OUTCOMES},  # each at 0 from the start
                 self.oom_splits.labels(model),
+                self.redelivered.labels(model),
+                self.dead_lettered.labels(model),
             )
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
@@ -226,7 +288,9 @@ class _Mirrors:
         self._set_gauges(stats)
 
     def record(self, stats: ModelStats, what: str, *args: Any) -> None:
-        batch_size, model_seconds, queue_wait, requests, oom_splits = self._children[stats.model]
+        batch_size, model_seconds, queue_wait, requests, oom_splits, redelivered, dead_lettered = self._children[
+            stats.model
+        ]
         if what == "batch":
             size, seconds, waits = args
             batch_size.observe(size)
@@ -236,6 +300,10 @@ class _Mirrors:
                 observe(wait)
         elif what == "oom_splits":
             oom_splits.inc(args[0])
+        elif what == "redelivered":
+            redelivered.inc(args[0])
+        elif what == "dead_lettered":
+            dead_lettered.inc(args[0])
         else:
             requests[what].inc(args[0])
 

@@ -23,12 +23,20 @@ What is counted, and where:
   whoever learns from them: the web process for the thread and process
   backends (workers report their splits to it), each worker for Redis;
   ``batch_cost_cap``, the cap on a batch's cost learned from those errors,
-  read from the live streamers.
+  read from the live streamers;
+* ``redelivered`` (Redis workers): requests taken over from a worker that
+  stopped answering; ``dead_lettered`` (Redis workers and web processes):
+  entries that did not parse, moved to the dead-letter stream. Both stay 0
+  on the other backends.
+
+The Redis backend's requests delivered to a worker and not yet acknowledged
+are not counted here but asked of Redis when read (:meth:`ModelStats.broker_pending`).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import os
 import threading
@@ -55,6 +63,8 @@ __all__ = [
     "all_stats",
     "export_new_stats",
 ]
+
+logger = logging.getLogger("streamer_core.stats")
 
 #: How a call can end. ``model_error``: the model raised for one of its inputs
 #: (or its worker died on it); ``rejected``: the queue was full; ``unavailable``:
@@ -167,6 +177,9 @@ class StreamerStats:
     the model ran out of memory on them, and ``batch_cost_cap`` is the cap
     on a batch's cost learned from that now (``inf``: none; in inputs for a
     streamer without ``item_cost``), the lowest of this name's streamers.
+    ``redelivered`` counts requests a Redis worker took over from one that
+    stopped answering, ``dead_lettered`` entries that did not parse and went
+    to the Redis dead-letter stream (both 0 on the other backends).
     """
 
     model: str
@@ -178,6 +191,8 @@ class StreamerStats:
     workers_live: int
     oom_splits: int
     batch_cost_cap: float
+    redelivered: int = 0
+    dead_lettered: int = 0
 
     @property
     def batches(self) -> int:
@@ -202,6 +217,15 @@ class GaugeSource(Protocol):
         ...
 
 
+class BrokerSource(Protocol):
+    """A streamer whose requests wait in a broker, asked when metrics are read."""
+
+    def pending_requests(self) -> int:
+        """Requests delivered to a worker and not yet acknowledged, now
+        (asks the broker; raises what the broker's client raises)."""
+        ...
+
+
 class ModelStats:
     """The numbers of one model name in this process (see the module
     docstring). Backends record through :meth:`batch_ran`; futures and
@@ -215,9 +239,12 @@ class ModelStats:
         self._queue_wait = _Buckets(SECONDS_BUCKETS)
         self._model_seconds = _Buckets(SECONDS_BUCKETS)
         self._oom_splits = 0
+        self._redelivered = 0
+        self._dead_lettered = 0
         # Live streamers of this name, read for the gauges; weak, so stats
         # never keep a streamer (or its model) alive.
         self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
+        self._brokers: weakref.WeakSet[BrokerSource] = weakref.WeakSet()
         self._mirror: Optional[Callable[..., None]] = None  # see streamer_core.metrics
 
     def watch(self, source: GaugeSource) -> None:
@@ -229,6 +256,35 @@ class ModelStats:
     def unwatch(self, source: GaugeSource) -> None:
         with self._lock:
             self._sources.discard(source)
+
+    def watch_broker(self, source: BrokerSource) -> None:
+        """Ask ``source`` for :meth:`broker_pending` while it lives and is not
+        :meth:`unwatch_broker`-ed."""
+        with self._lock:
+            self._brokers.add(source)
+
+    def unwatch_broker(self, source: BrokerSource) -> None:
+        with self._lock:
+            self._brokers.discard(source)
+
+    def broker_pending(self) -> Optional[int]:
+        """Requests of this name delivered to a worker and not yet
+        acknowledged, asked of the broker now; ``None`` without a broker
+        streamer or when the broker does not answer (logged at debug: a
+        scrape must not fail, nor flood the log, while Redis is away). The
+        largest among this name's streamers, which share one requests stream
+        when they share a prefix (they are not added up)."""
+        with self._lock:
+            sources = list(self._brokers)
+        pending: Optional[int] = None
+        for source in sources:
+            try:
+                count = source.pending_requests()
+            except Exception as exc:
+                logger.debug("no pending count of %s from its broker: %s", self.model, exc)
+                return None
+            pending = count if pending is None else max(pending, count)
+        return pending
 
     def batch_ran(self, started: float, seconds: float, arrivals: Iterable[float]) -> None:
         """A model call of the inputs that arrived at ``arrivals`` (monotonic
@@ -252,6 +308,22 @@ class ModelStats:
         mirror = self._mirror
         if mirror is not None:
             mirror(self, "oom_splits", splits)
+
+    def redelivered(self, requests: int = 1) -> None:
+        """``requests`` requests were taken over from a worker that stopped answering."""
+        with self._lock:
+            self._redelivered += requests
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "redelivered", requests)
+
+    def dead_lettered(self, entries: int = 1) -> None:
+        """``entries`` entries that did not parse went to the dead-letter stream."""
+        with self._lock:
+            self._dead_lettered += entries
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "dead_lettered", entries)
 
     def succeeded(self, calls: int) -> None:
         """``calls`` calls completed with their results."""
@@ -307,6 +379,8 @@ class ModelStats:
                 live,
                 self._oom_splits,
                 cap,
+                self._redelivered,
+                self._dead_lettered,
             )
 
 

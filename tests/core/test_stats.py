@@ -290,3 +290,27 @@ def test_multiprocess_mode_adds_up_out_of_memory_splits(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
     assert registry.get_sample_value("streamer_oom_splits_total", {"model": name}) == 6
+
+
+_REDIS_COUNTS = """
+import sys
+from streamer_core.stats import stats_for
+stats = stats_for(sys.argv[1])
+stats.redelivered(2)
+stats.dead_lettered()
+"""
+
+
+def test_multiprocess_mode_adds_up_redelivered_and_dead_lettered(tmp_path: Path) -> None:
+    """As the Redis worker supervisor's workers count them, each in its process."""
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
+    name = unique("multi-redis")
+    runs = [subprocess.Popen([sys.executable, "-c", _REDIS_COUNTS, name], env=env, cwd=ROOT) for _ in range(2)]
+    assert [run.wait(60) for run in runs] == [0, 0]
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+    assert registry.get_sample_value("streamer_redis_redelivered_total", {"model": name}) == 4
+    assert registry.get_sample_value("streamer_redis_dead_lettered_total", {"model": name}) == 2
+    assert registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"}) == 0

@@ -28,6 +28,7 @@ from .roster import NO_WORKER_S, Roster
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
+    GROUP,
     RESULTS_TTL_S,
     WIRE_VERSION,
     DeadLetters,
@@ -128,6 +129,9 @@ class _RedisClientBackend(Backend):
             self._read_conn.close()
             raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
+        if scheduler.stats is not None:
+            self._dead.stats = scheduler.stats
+            scheduler.stats.watch_broker(self)
         self._collector.start()
         self._deleter.start()
 
@@ -493,6 +497,8 @@ class _RedisClientBackend(Backend):
             time.sleep(0.01)
 
     def stop(self, deadline: float) -> None:
+        if self._scheduler is not None and self._scheduler.stats is not None:
+            self._scheduler.stats.unwatch_broker(self)
         self._stopping.set()
         self._abandon.set()
         if threading.current_thread() is not self._collector:
@@ -504,6 +510,22 @@ class _RedisClientBackend(Backend):
             pass
         self._send_conn.close()
         self._read_conn.close()
+
+    def pending_requests(self) -> int:
+        """Requests of this prefix delivered to a worker and not yet
+        acknowledged (one XPENDING summary, over the sender's connection as
+        the live-worker count is), for ``streamer_redis_pending``: those of
+        every web process, as Redis holds them. 0 before any worker made the
+        group."""
+        import redis
+
+        try:
+            summary = self._send_conn.xpending(self._keys.requests, GROUP)
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                return 0
+            raise
+        return int(summary.get("pending") or 0)
 
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""

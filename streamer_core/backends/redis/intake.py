@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ...codec import Codec
 from ...errors import ItemCostError, SerializationError, WorkerDiedError
+from ...stats import ModelStats
 from ...streamer import item_cost_of
 from .connection import server_time_ms
 from .wire import GROUP, WIRE_VERSION, DeadLetters, Keys, MalformedEntry, Request, parse_request
@@ -106,11 +107,13 @@ class Intake:
         clock: ServerClock,
         claim_after: float,
         max_item_crashes: int,
+        stats: Optional[ModelStats] = None,
     ) -> None:
         self._conn = conn
         self._consumer = consumer
         self._keys = keys
-        self._dead = DeadLetters(keys)
+        self._stats = stats  # counts what is taken over and what is dead-lettered
+        self._dead = DeadLetters(keys, stats=stats)
         self._codec = codec
         self._item_cost = item_cost
         self._hands = hands
@@ -201,7 +204,8 @@ class Intake:
         a request's delivery count then counts the workers that died while
         they held it, and nothing taken over waits without a heartbeat. One
         that has been in ``max_item_crashes`` dead workers' hands is not run:
-        ``refuse`` answers it with :class:`WorkerDiedError`."""
+        ``refuse`` answers it with :class:`WorkerDiedError`. Each request
+        taken over counts as redelivered, whether it runs or not."""
         now = time.monotonic()
         if now < self._next_claim:
             return None
@@ -219,6 +223,8 @@ class Intake:
             if not claimed:
                 self._next_claim = now + self._claim_after / 2  # none left: look again later
                 return None
+            if self._stats is not None:
+                self._stats.redelivered(len(claimed))
             entry_id = claimed[0][0]
             [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
             crashes = pending.get("times_delivered", 1) - 1

@@ -55,6 +55,7 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...config import MAX_SECONDS
+from ...stats import ModelStats
 from .connection import server_time_ms
 
 __all__ = [
@@ -511,10 +512,12 @@ class DeadLetters:
     and its fields cut to ``DEAD_FIELD_BYTES`` (field ``f:<name>``), so an
     operator can see what was written without it holding payloads. Each is
     logged once, by key and id, at most ``log_limit`` lines a minute (then a
-    count of the rest)."""
+    count of the rest), and counted in ``stats`` (the model's numbers,
+    for ``streamer_redis_dead_lettered_total``) where it is set."""
 
-    def __init__(self, keys: Keys, log_limit: int = 20) -> None:
+    def __init__(self, keys: Keys, log_limit: int = 20, stats: Optional[ModelStats] = None) -> None:
         self._key = keys.dead
+        self.stats = stats
         self._log_limit = log_limit
         self._window_start = float("-inf")
         self._logged = 0
@@ -534,6 +537,8 @@ class DeadLetters:
                 if isinstance(name, bytes) and isinstance(value, bytes):
                     copy[b"f:" + name[:DEAD_FIELD_BYTES]] = value[:DEAD_FIELD_BYTES]
         pipe.xadd(self._key, copy, maxlen=DEAD_MAXLEN, approximate=True)
+        if self.stats is not None:
+            self.stats.dead_lettered()
         self._log(key, entry_id, reason)
 
     def _log(self, key: str, entry_id: Any, reason: str) -> None:

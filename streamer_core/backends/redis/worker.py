@@ -203,6 +203,7 @@ class RedisWorker:
             clock,
             self._claim_after,
             self._max_item_crashes,
+            self._stats,
         )
         writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
         presence = Presence(

@@ -1,0 +1,100 @@
+"""The Redis backend's lag as Prometheus scrapes it: requests delivered to a
+worker and not yet acknowledged (asked of Redis at the scrape), requests
+taken over from a worker that stopped answering, and entries moved to the
+dead-letter stream, by the worker or by the web process that read them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Tuple
+
+import pytest
+
+from streamer_core.metrics import exposition
+from streamer_core.stats import stats_for
+from tests.conftest import Gate
+from tests.helpers import metric_samples
+from tests.redis.conftest import GROUP, Broker, ThreadWorker, wait_for
+
+pytest.importorskip("prometheus_client")
+
+Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
+
+
+def scrape() -> Samples:
+    body, _ = exposition()
+    return metric_samples(body.decode())
+
+
+def sample(name: str, model: str) -> Any:
+    return scrape().get((name, (("model", model),)))
+
+
+def double(batch: Any) -> Any:
+    return [x * 2 for x in batch]
+
+
+def test_pending_requests_are_asked_of_redis_at_each_scrape(
+    broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+) -> None:
+    web = f"web-{broker.prefix}"
+    streamer = make_streamer(broker, name=web, timeout=10)
+    assert sample("streamer_redis_pending", web) == 0, "no worker yet: no group, nothing pending"
+    gate = Gate()
+    start_worker(broker, gate, name=f"worker-{broker.prefix}")
+    assert streamer.predict(["warm"]) == ["ok:warm"]
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    assert sample("streamer_redis_pending", web) == 1, "the held request is the worker's, unacknowledged"
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert wait_for(lambda: sample("streamer_redis_pending", web) == 0, 5)
+
+
+def test_pending_has_no_sample_while_redis_does_not_answer(
+    fault_broker: Broker, make_streamer: Callable[..., Any]
+) -> None:
+    web = f"web-{fault_broker.prefix}"
+    make_streamer(fault_broker, name=web)
+    assert sample("streamer_redis_pending", web) == 0
+    assert fault_broker.server is not None
+    fault_broker.server.kill()
+    started = time.monotonic()
+    samples = scrape()  # does not raise
+    assert ("streamer_redis_pending", (("model", web),)) not in samples
+    assert samples[("streamer_requests_total", (("model", web), ("outcome", "ok")))] == 0
+    assert time.monotonic() - started < 10
+
+
+def test_requests_taken_over_from_a_dead_worker_count_as_redelivered(
+    broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+) -> None:
+    streamer = make_streamer(broker, name=f"web-{broker.prefix}", timeout=10)
+    broker.conn.xgroup_create(broker.requests, GROUP, id="0", mkstream=True)
+    calls = [streamer.submit([n]) for n in range(3)]
+    broker.wait_queued(3)
+    # A worker that read them and died: they stay pending under its name.
+    assert broker.conn.xreadgroup(GROUP, "dead-worker", {broker.requests: ">"}, count=10)
+    worker = f"worker-{broker.prefix}"
+    start_worker(broker, double, claim_after=0.3, name=worker)
+    assert [call.result(10) for call in calls] == [[0], [2], [4]]
+    assert stats_for(worker).snapshot().redelivered == 3
+    assert sample("streamer_redis_redelivered_total", worker) == 3
+    assert stats_for(worker).snapshot().dead_lettered == 0
+
+
+def test_malformed_entries_count_as_dead_lettered_on_either_side(
+    broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+) -> None:
+    worker, web = f"worker-{broker.prefix}", f"web-{broker.prefix}"
+    start_worker(broker, double, name=worker)
+    streamer = make_streamer(broker, name=web)
+    broker.conn.xadd(broker.requests, {"c": b"\xff", "i": "ab"})  # a request that does not parse
+    assert streamer.predict([21]) == [42]
+    assert wait_for(lambda: sample("streamer_redis_dead_lettered_total", worker) == 1, 5)
+    [results] = broker.result_keys()
+    broker.conn.xadd(results, {"garbage": "1"})  # an answer that does not parse
+    assert wait_for(lambda: sample("streamer_redis_dead_lettered_total", web) == 1, 5)
+    assert streamer.predict([1]) == [2]
+    assert stats_for(worker).snapshot().dead_lettered == 1 and stats_for(web).snapshot().dead_lettered == 1
+    assert broker.conn.xlen(f"streamer:{broker.prefix}:dead") == 2
