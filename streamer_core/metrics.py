@@ -12,6 +12,8 @@ with the label ``model``:
 ``streamer_requests_total``             counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
 ``streamer_queue_depth``                gauge      inputs waiting now
 ``streamer_workers_live``               gauge      workers able to take a batch now
+``streamer_workers_live_by_device``     gauge      the same by ``device`` (``default``: none
+                                                   given); Redis workers count themselves
 ``streamer_oom_splits_total``           counter    batches (or parts) split because the model ran
                                                    out of memory on them
 ``streamer_batch_cost_cap``             gauge      the cap on a batch's cost learned from running
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from .stats import (
     BATCH_SIZE_BUCKETS,
@@ -146,6 +148,13 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         live.add_metric([snap.model], float(snap.workers_live))
     yield depth
     yield live
+    by_device = GaugeMetricFamily(
+        "streamer_workers_live_by_device", "Workers able to take a batch now, by device.", labels=["model", "device"]
+    )
+    for snap in snapshots:
+        for device, count in sorted(snap.workers_by_device.items()):
+            by_device.add_metric([snap.model, device], float(count))
+    yield by_device
     splits = CounterMetricFamily(
         "streamer_oom_splits", "Batches or parts split because the model ran out of memory.", labels=["model"]
     )
@@ -243,6 +252,13 @@ class _Mirrors:
         self.live = Gauge(
             "streamer_workers_live", "Workers able to take a batch now.", ["model"], multiprocess_mode="livesum"
         )
+        self.by_device = Gauge(
+            "streamer_workers_live_by_device",
+            "Workers able to take a batch now, by device.",
+            ["model", "device"],
+            multiprocess_mode="livesum",
+        )
+        self._devices_set: Dict[str, Set[str]] = {}  # by model: devices given a value, set to 0 once gone
         self.oom_splits = Counter(
             "streamer_oom_splits", "Batches or parts split because the model ran out of memory.", ["model"]
         )
@@ -312,6 +328,12 @@ class _Mirrors:
         self.depth.labels(stats.model).set(queued)
         self.live.labels(stats.model).set(live)
         self.cost_cap.labels(stats.model).set(cap)
+        devices = stats.devices()
+        for device in self._devices_set.setdefault(stats.model, set()) - devices.keys():
+            self.by_device.labels(stats.model, device).set(0)
+        for device, count in devices.items():
+            self.by_device.labels(stats.model, device).set(count)
+        self._devices_set[stats.model].update(devices)
 
     def _gauges(self) -> None:
         import time

@@ -41,7 +41,7 @@ import math
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Tuple
 
 from .errors import (
@@ -177,7 +177,9 @@ class StreamerStats:
     the model ran out of memory on them, and ``batch_cost_cap`` is the cap
     on a batch's cost learned from that now (``inf``: none; in inputs for a
     streamer without ``item_cost``), the lowest of this name's streamers.
-    ``redelivered`` counts requests a Redis worker took over from one that
+    ``workers_by_device`` splits the live workers by device, as the logs name
+    it (``default``: none given; a Redis web process has none: each worker
+    counts itself). ``redelivered`` counts requests a Redis worker took over from one that
     stopped answering, ``dead_lettered`` entries that did not parse and went
     to the Redis dead-letter stream (both 0 on the other backends).
     """
@@ -193,6 +195,7 @@ class StreamerStats:
     batch_cost_cap: float
     redelivered: int = 0
     dead_lettered: int = 0
+    workers_by_device: Dict[str, int] = field(default_factory=dict)
 
     @property
     def batches(self) -> int:
@@ -214,6 +217,10 @@ class GaugeSource(Protocol):
 
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory (``inf``: none)."""
+        ...
+
+    def devices(self) -> Dict[str, int]:
+        """Workers live now, by device (a device whose workers are down: 0)."""
         ...
 
 
@@ -366,8 +373,24 @@ class ModelStats:
                 pass
         return queued, live, cap
 
+    def devices(self) -> Dict[str, int]:
+        """Workers live now by device, added up over this name's live
+        streamers (a source that fails to say counts for none)."""
+        with self._lock:
+            sources = list(self._sources)
+        counts: Dict[str, int] = {}
+        for source in sources:
+            try:
+                devices = source.devices()
+            except Exception:  # as for the gauges: a snapshot never fails on a source
+                continue
+            for device, live in devices.items():
+                counts[device] = counts.get(device, 0) + live
+        return counts
+
     def snapshot(self) -> StreamerStats:
         queued, live, cap = self.gauges()
+        devices = self.devices()
         with self._lock:
             return StreamerStats(
                 self.model,
@@ -381,6 +404,7 @@ class ModelStats:
                 cap,
                 self._redelivered,
                 self._dead_lettered,
+                devices,
             )
 
 

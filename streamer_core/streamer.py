@@ -24,10 +24,10 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .batching import Scheduler, _Item
-from .config import BatchingConfig, check_cost, check_seconds, checked
+from .config import BatchingConfig, check_cost, check_seconds, checked, shown_device
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
 from .stats import ModelStats, StreamerStats, stats_for
@@ -86,6 +86,11 @@ class Backend:
     def workers_now(self) -> int:
         """How many workers can take a batch now (the Redis backend asks Redis)."""
         return 1
+
+    def workers_by_device(self) -> Dict[str, int]:
+        """:meth:`workers_now` by device, as the logs name it (``default``:
+        none given); a device whose workers are all down counts 0."""
+        return {shown_device(None): self.workers_now()}
 
     def waiting(self) -> int:
         """Inputs handed to the backend and not answered yet, beyond those
@@ -149,6 +154,10 @@ class _Engine:
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory, for the stats."""
         return self.scheduler.cost_cap
+
+    def devices(self) -> Dict[str, int]:
+        """Workers live now by device, for the stats."""
+        return {} if self.closed else self.backend.workers_by_device()
 
     def _dispatch(self) -> None:
         scheduler, backend = self.scheduler, self.backend

@@ -450,6 +450,14 @@ class ProcessBackend(Backend):
         with self._lock:
             return sum(1 for slot in self._slots if slot.state == "ready" and slot.conn is not None)
 
+    def workers_by_device(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        with self._lock:
+            for slot in self._slots:
+                device = shown_device(slot.device)
+                counts[device] = counts.get(device, 0) + (slot.state == "ready" and slot.conn is not None)
+        return counts
+
     def pids(self) -> List[int]:
         with self._lock:
             return [slot.pid for slot in self._slots if slot.conn is not None and slot.pid is not None]

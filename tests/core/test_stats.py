@@ -314,3 +314,22 @@ def test_multiprocess_mode_adds_up_redelivered_and_dead_lettered(tmp_path: Path)
     assert registry.get_sample_value("streamer_redis_redelivered_total", {"model": name}) == 4
     assert registry.get_sample_value("streamer_redis_dead_lettered_total", {"model": name}) == 2
     assert registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"}) == 0
+
+
+def test_live_workers_are_counted_by_device(closing: Callable[[Any], Any]) -> None:
+    """Each process worker on the device it was given (CUDA_VISIBLE_DEVICES:
+    no GPU is needed for that), the thread backend's one on ``default``,
+    scraped as ``streamer_workers_live_by_device``; none once closed."""
+    name = unique("devices")
+    streamer = closing(Streamer(models.double, 4, 0.01, worker_num=3, cuda_devices=[0, 1], name=name))
+    assert streamer.wait_ready(60)
+    assert wait_for(lambda: streamer.stats().workers_by_device == {"0": 2, "1": 1}, 30), streamer.stats()
+    by_device = scrape()["streamer_workers_live_by_device"]
+    assert by_device[(("device", "0"), ("model", name))] == 2
+    assert by_device[(("device", "1"), ("model", name))] == 1
+    streamer.close()
+    assert streamer.stats().workers_by_device == {}
+    threaded = unique("devices-thread")
+    closing(ThreadedStreamer(models.double, 4, 0.01, name=threaded))
+    assert stats_for(threaded).snapshot().workers_by_device == {"default": 1}
+    assert scrape()["streamer_workers_live_by_device"][(("device", "default"), ("model", threaded))] == 1

@@ -98,3 +98,17 @@ def test_malformed_entries_count_as_dead_lettered_on_either_side(
     assert streamer.predict([1]) == [2]
     assert stats_for(worker).snapshot().dead_lettered == 1 and stats_for(web).snapshot().dead_lettered == 1
     assert broker.conn.xlen(f"streamer:{broker.prefix}:dead") == 2
+
+
+def test_a_worker_counts_itself_on_its_device_and_the_web_side_does_not(
+    broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+) -> None:
+    worker, web = f"worker-{broker.prefix}", f"web-{broker.prefix}"
+    handle = start_worker(broker, double, name=worker)
+    streamer = make_streamer(broker, name=web)
+    assert streamer.predict([1]) == [2]
+    assert stats_for(worker).snapshot().workers_by_device == {"default": 1}
+    assert stats_for(web).snapshot().workers_by_device == {}, "the web process has no device to say"
+    assert stats_for(web).snapshot().workers_live == 1
+    handle.stop()
+    assert stats_for(worker).snapshot().workers_by_device == {}

@@ -57,6 +57,8 @@ def test_worker_metrics_add_up_over_the_supervisors_workers(
     # Each call runs in one batch or more: the calls were made one after another.
     assert found[("streamer_model_seconds_count", (model,))] == batches >= 10
     assert wait_for(lambda: scrape(port)[("streamer_workers_live", (model,))] == 2, 5)
+    # Each worker counts itself on its device (none given here), added up as well.
+    assert scrape(port)[("streamer_workers_live_by_device", (("device", "default"), model))] == 2
     # The web side counts the calls, under its own name.
     assert streamer.stats().requests["ok"] == 10
     assert streamer.stats().workers_live == 2

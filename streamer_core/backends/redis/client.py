@@ -446,6 +446,11 @@ class _RedisClientBackend(Backend):
     def waiting(self) -> int:
         return self.unanswered()
 
+    def workers_by_device(self) -> Dict[str, int]:
+        """None: each worker counts itself on its device, in its own
+        metrics (a web process would have to read every worker's info)."""
+        return {}
+
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
         deadline = time.monotonic() + timeout

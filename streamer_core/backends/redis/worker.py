@@ -38,7 +38,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ...codec import Codec, get_codec
-from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default
+from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
 from ...errors import WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...oom import load_failure
@@ -148,6 +148,7 @@ class RedisWorker:
         self._writer: Optional[AnswerWriter] = None
         self.consumer = ""
         self._serving = False
+        self._device: Optional[str] = None  # CUDA_VISIBLE_DEVICES as it serves
         self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
 
     def stats(self) -> StreamerStats:
@@ -167,6 +168,11 @@ class RedisWorker:
         (``inf``: none), for the stats."""
         return self._handover.former.shaper.cap.limit
 
+    def devices(self) -> Dict[str, int]:
+        """``{its device: 1 while serving}``, for the stats: the device as
+        ``CUDA_VISIBLE_DEVICES`` names it (``default``: not set)."""
+        return {shown_device(self._device): int(self._serving)}
+
     def stop(self) -> None:
         """Finish the batches in hand, then return from :meth:`run_forever`."""
         self._stopping.set()
@@ -182,6 +188,7 @@ class RedisWorker:
         self._check_setup()  # before the model loads: a wrong URL is told at once
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
+        self._device = device
         about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
         with Loading(self._address, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
