@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .batching import Scheduler, _Item
-from .config import BatchingConfig, check_cost, check_seconds, checked, shown_device
+from .config import BatchingConfig, check_cost, check_seconds, checked
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
 from .stats import ModelStats, StreamerStats, stats_for
@@ -89,8 +89,10 @@ class Backend:
 
     def workers_by_device(self) -> Dict[str, int]:
         """:meth:`workers_now` by device, as the logs name it (``default``:
-        none given); a device whose workers are all down counts 0."""
-        return {shown_device(None): self.workers_now()}
+        none given); a device whose workers are all down counts 0. None
+        from a backend whose workers count themselves (Redis's, each in its
+        own metrics)."""
+        return {}
 
     def waiting(self) -> int:
         """Inputs handed to the backend and not answered yet, beyond those

@@ -10,10 +10,10 @@ import queue
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from ..batching import Scheduler, _Item, deliver
-from ..config import BatchingConfig, BatchingOptions, default
+from ..config import BatchingConfig, BatchingOptions, default, shown_device
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import run_batch
@@ -82,6 +82,9 @@ class _ThreadBackend(Backend):
 
     def workers_now(self) -> int:
         return int(self._thread.is_alive())
+
+    def workers_by_device(self) -> Dict[str, int]:
+        return {shown_device(None): self.workers_now()}  # the model's thread, on whichever device it chose
 
     def stop(self, deadline: float) -> None:
         self._inbox.put(None)

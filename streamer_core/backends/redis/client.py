@@ -28,7 +28,6 @@ from .roster import NO_WORKER_S, Roster
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
-    GROUP,
     RESULTS_TTL_S,
     WIRE_VERSION,
     DeadLetters,
@@ -446,11 +445,6 @@ class _RedisClientBackend(Backend):
     def waiting(self) -> int:
         return self.unanswered()
 
-    def workers_by_device(self) -> Dict[str, int]:
-        """None: each worker counts itself on its device, in its own
-        metrics (a web process would have to read every worker's info)."""
-        return {}
-
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
         deadline = time.monotonic() + timeout
@@ -517,20 +511,7 @@ class _RedisClientBackend(Backend):
         self._read_conn.close()
 
     def pending_requests(self) -> int:
-        """Requests of this prefix delivered to a worker and not yet
-        acknowledged (one XPENDING summary, over the sender's connection as
-        the live-worker count is), for ``streamer_redis_pending``: those of
-        every web process, as Redis holds them. 0 before any worker made the
-        group."""
-        import redis
-
-        try:
-            summary = self._send_conn.xpending(self._keys.requests, GROUP)
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                return 0
-            raise
-        return int(summary.get("pending") or 0)
+        return self.roster.pending(self._send_conn)  # streamer_redis_pending: see Roster.pending
 
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""

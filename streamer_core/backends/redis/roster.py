@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 
 from ...errors import NoWorkerError
 from .connection import broker_errors
-from .wire import LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
+from .wire import GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
 
 __all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
 
@@ -54,6 +54,21 @@ class Roster:
         if live:
             self._seen = time.monotonic()
         return live
+
+    def pending(self, conn: Any) -> int:
+        """Requests of this prefix delivered to a worker and not yet
+        acknowledged, by every web process, as Redis holds them (one XPENDING
+        summary), for ``streamer_redis_pending``; 0 before any worker made
+        the group. Raises what the connection raises."""
+        import redis
+
+        try:
+            summary = conn.xpending(self._keys.requests, GROUP)
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                return 0
+            raise
+        return int(summary.get("pending") or 0)
 
     def check(self, conn: Any) -> int:
         """Ask Redis which workers are live, and, while none is, which are
