@@ -74,7 +74,9 @@ def queries(board: Dict[str, Any]) -> List[str]:
         if variable["type"] == "query":
             query = variable["query"]
             text = query["query"] if isinstance(query, dict) else query
-            found.append(re.fullmatch(r"label_values\((.*),\s*\w+\)", text, re.S).group(1))  # type: ignore[union-attr]
+            match = re.fullmatch(r"label_values\((.*),\s*\w+\)", text, re.S)
+            assert match, f"variable {variable['name']}: {text}"
+            found.append(match.group(1))
     return found
 
 
