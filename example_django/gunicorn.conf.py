@@ -26,7 +26,12 @@ import os
 # request, then pinned where that takes no core from a model computing on
 # this CPU (PIN_WORKERS: 1 always, 0 never), what loading made kept out of
 # the collector's sight (streamer_core/web/gunicorn.py says what and why).
-from django_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401
+# With more than one worker (WEB_CONCURRENCY, or -w on the command line),
+# /metrics adds up every worker's numbers: on_starting sets
+# PROMETHEUS_MULTIPROC_DIR to a fresh temporary directory before the first
+# fork (unless it is set already), child_exit drops a dead worker's gauges,
+# on_exit removes the directory.
+from django_streamer.gunicorn import child_exit, on_exit, on_starting, post_worker_init, pre_fork  # noqa: F401
 
 bind = os.environ.get("BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))

@@ -1,7 +1,7 @@
 """gunicorn's server hooks for a Flask app with batched routes, in one line
 of a ``gunicorn.conf.py``::
 
-    from flask_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401
+    from flask_streamer.gunicorn import child_exit, on_exit, on_starting, post_worker_init, pre_fork  # noqa: F401
 
 See :mod:`streamer_core.web.gunicorn` for what each does.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamer_core.web.gunicorn import child_exit, pre_fork, settle
+from streamer_core.web.gunicorn import child_exit, on_exit, on_starting, pre_fork, settle
 
 from .extension import _state, start_streamers
 
-__all__ = ["pre_fork", "post_worker_init", "child_exit"]
+__all__ = ["on_starting", "on_exit", "pre_fork", "post_worker_init", "child_exit"]
 
 
 def post_worker_init(worker: Any) -> None:

@@ -3,11 +3,15 @@ deployment policy of the examples, in one place, for any project's
 ``gunicorn.conf.py``. Each framework layer adds the hook that loads its
 models (``post_worker_init``), so one line takes them all::
 
-    from flask_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401
-    from django_streamer.gunicorn import child_exit, post_worker_init, pre_fork  # noqa: F401
+    from flask_streamer.gunicorn import child_exit, on_exit, on_starting, post_worker_init, pre_fork  # noqa: F401
+    from django_streamer.gunicorn import child_exit, on_exit, on_starting, post_worker_init, pre_fork  # noqa: F401
 
 What they do:
 
+- ``on_starting``: with more than one worker, turn on prometheus_client's
+  multiprocess mode in a fresh temporary directory (``on_exit`` removes
+  it), so that ``/metrics`` adds up every worker's numbers, not the one
+  process's that happens to answer the scrape;
 - ``pre_fork``: each web process gets a core index of its own, the one of
   the process it replaces when it restarts;
 - ``post_worker_init`` (the layer's): load the models in this process
@@ -25,17 +29,71 @@ gunicorn itself is not imported here: the hooks get its objects.
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import shutil
 import signal
-from typing import Any, Iterable
+import sys
+import tempfile
+from typing import Any, Iterable, Optional
 
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 
-__all__ = ["pre_fork", "settle", "quit_once", "child_exit", "GC_THRESHOLD"]
+__all__ = ["on_starting", "on_exit", "pre_fork", "settle", "quit_once", "child_exit", "GC_THRESHOLD"]
+
+logger = logging.getLogger("streamer_core")
+
+#: The multiprocess directory :func:`on_starting` made (``None``: it made
+#: none), and the pid of the master that made it: only that process removes it.
+_own_dir: Optional[str] = None
+_own_pid = 0
 
 #: The collector's thresholds in a settled web process: its first
 #: generation collected once per thousand requests or so, not every 70.
 GC_THRESHOLD = (10_000, 10, 10)
+
+
+def on_starting(server: Any) -> None:
+    """Before the first worker forks: with more than one worker and no
+    ``PROMETHEUS_MULTIPROC_DIR`` set, make a fresh temporary directory and
+    set it, so that every worker writes its metrics there and a scrape of
+    ``/metrics`` on any of them adds up all of them
+    (:func:`streamer_core.metrics.exposition`). Here, not in the config
+    file's body, because only the hook sees the worker count the command
+    line gave (``-w 4`` overrides the file's ``workers``).
+
+    One worker keeps the one-process registry (cheaper to record into, and
+    it carries ``prometheus_client``'s process metrics). A directory set
+    already is the user's: used as it is, never removed. prometheus_client
+    reads the variable when it is first imported, so it must not be
+    imported in the master yet (``--preload`` of an app that imports it):
+    then nothing is set, and a warning says why."""
+    global _own_dir, _own_pid
+    if server.cfg.workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    if "prometheus_client" in sys.modules:
+        logger.warning(
+            "prometheus_client was imported before gunicorn forked its workers: each worker's /metrics "
+            "shows its own numbers only; set PROMETHEUS_MULTIPROC_DIR to an empty directory before "
+            "starting gunicorn to add them up"
+        )
+        return
+    _own_dir = tempfile.mkdtemp(prefix="streamer-prometheus-")
+    _own_pid = os.getpid()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _own_dir  # the workers inherit it
+
+
+def on_exit(server: Any) -> None:
+    """As gunicorn's master exits: remove the directory :func:`on_starting`
+    made, unless a re-executed master (``USR2``) still runs on it."""
+    global _own_dir
+    reexec_pid: int = getattr(server, "reexec_pid", 0)
+    if _own_dir is None or _own_pid != os.getpid() or reexec_pid:
+        return
+    shutil.rmtree(_own_dir, ignore_errors=True)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == _own_dir:
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    _own_dir = None
 
 
 def pre_fork(server: Any, worker: Any) -> None:

@@ -1,0 +1,209 @@
+"""The examples' ``gunicorn.conf.py`` with several workers: ``/metrics``
+adds up every worker's calls by itself, with no setting (issue #43: under
+the README's ``-w 4`` recipe a scrape showed the one process that answered
+it, 608 of some 2,460 calls).
+
+Each test runs real gunicorn on 127.0.0.1 with an example's config and a
+test app whose model answers at once with its process id (the examples'
+own models take seconds to load), so the test knows which worker served
+each call. The hooks it checks are the config's: ``on_starting`` (a fresh
+``PROMETHEUS_MULTIPROC_DIR`` before the first fork), ``child_exit`` and
+``on_exit`` (the directory removed as gunicorn stops)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterator, List, NamedTuple, Set
+
+import pytest
+
+from tests.helpers import metric_samples, wait_for
+from tests.servers import free_port
+
+pytest.importorskip("prometheus_client")
+pytest.importorskip("gunicorn")
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Calls sent to each worker.
+ROUND = 20
+
+
+class Framework(NamedTuple):
+    config: str
+    app: str
+    call: str  # POST {"x": n}: answers [n, the serving process's pid]
+    metrics: str
+    model: str
+    env: Dict[str, str]
+
+
+FRAMEWORKS = {
+    "flask": Framework(
+        "example_flask/gunicorn.conf.py",
+        "tests.flask.warm_app:create_app()",
+        "/marked",
+        "/metrics",
+        "marked",
+        {"FLASK_STREAMER_METRICS_ROUTE": "/metrics"},
+    ),
+    "django": Framework(
+        "example_django/gunicorn.conf.py",
+        "tests.django.wsgi:application",
+        "/pid",
+        "/ops/metrics",
+        "pid",
+        {"DJANGO_SETTINGS_MODULE": "tests.django.settings"},
+    ),
+}
+
+
+class Gunicorn:
+    """gunicorn with an example's config, in a process group of its own."""
+
+    def __init__(self, framework: Framework, workers: int, folder: Path) -> None:
+        self.port = free_port()
+        self.log = folder / "gunicorn.log"
+        argv = [sys.executable, "-m", "gunicorn", "-c", framework.config, "-w", str(workers),
+                "--bind", f"127.0.0.1:{self.port}", "--graceful-timeout", "5", framework.app]  # fmt: skip
+        env = {key: value for key, value in os.environ.items() if key.lower() != "prometheus_multiproc_dir"}
+        env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", PIN_WORKERS="0", MARK_FOLDER=str(folder),
+                   TEST_STREAMER_FOLDER=str(folder), TMPDIR=str(folder), **framework.env)  # fmt: skip
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def call(self, path: str, x: int) -> int:
+        """POST ``{"x": x}``; the pid of the process that answered."""
+        body = json.dumps({"x": x}).encode()
+        request = urllib.request.Request(self.url(path), body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = json.loads(response.read())
+        assert answer[0] in (x, {"x": x}), answer  # Django's view takes "x", Flask's route the whole body
+        return int(answer[1])
+
+    def workers(self) -> List[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == self.process.pid:
+                    found.append(int(entry.name))
+        return found
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        """SIGTERM, as a deployment stops it: the master runs ``on_exit``."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+
+def _made(folder: Path) -> List[Path]:
+    """The multiprocess directories the config made (gunicorn runs with
+    ``TMPDIR=folder``)."""
+    return sorted(folder.glob("streamer-prometheus-*"))
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator:
+    started: List[Gunicorn] = []
+
+    def start(name: str, workers: int) -> Gunicorn:
+        server = Gunicorn(FRAMEWORKS[name], workers, tmp_path)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _ready(server: Gunicorn, framework: Framework, workers: int, folder: Path) -> bool:
+    """Every worker has loaded its models and the server answers a GET of
+    ``/metrics`` (which counts no call)."""
+    if len(server.workers()) != workers or len(list(folder.glob("built-*"))) < workers:
+        return False
+    try:
+        urllib.request.urlopen(server.url(framework.metrics), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def _calls_to(server: Gunicorn, framework: Framework, worker: int, others: List[int]) -> Set[int]:
+    """``ROUND`` calls, 8 at a time, while every other worker is stopped
+    (SIGSTOP): ``worker`` accepts them all. The pids that answered."""
+    for other in others:
+        os.kill(other, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            return set(pool.map(lambda x: server.call(framework.call, x), range(1, ROUND + 1)))
+    finally:
+        for other in others:
+            os.kill(other, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_two_workers_metrics_add_up_with_the_examples_config_alone(start, tmp_path: Path, name: str) -> None:
+    """Two workers and no PROMETHEUS_MULTIPROC_DIR given: ``ROUND`` calls
+    served by each, and one scrape counts all of them, whichever worker
+    answers it; the directory the config made is gone once gunicorn has
+    stopped."""
+    framework = FRAMEWORKS[name]
+    server = start(name, 2)
+    assert wait_for(lambda: _ready(server, framework, 2, tmp_path), 60), server.text()
+    workers = server.workers()
+    [folder] = _made(tmp_path)
+    for worker in workers:
+        served = _calls_to(server, framework, worker, [other for other in workers if other != worker])
+        assert served == {worker}, (served, worker)
+    sent = ROUND * len(workers)
+
+    with urllib.request.urlopen(server.url(framework.metrics), timeout=10) as response:
+        found = metric_samples(response.read().decode())
+    model = ("model", framework.model)
+    assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == sent
+    assert found[("streamer_queue_wait_seconds_count", (model,))] == sent
+
+    server.stop()
+    assert server.process.returncode == 0, server.text()
+    assert not folder.exists(), "on_exit should have removed the directory it made"
+
+
+def test_one_worker_keeps_the_one_process_registry(start, tmp_path: Path) -> None:
+    """With one worker nothing is set: its registry is the default one,
+    process metrics and all."""
+    server = start("flask", 1)
+    framework = FRAMEWORKS["flask"]
+    assert wait_for(lambda: _ready(server, framework, 1, tmp_path), 60), server.text()
+    assert _made(tmp_path) == []
+    server.call(framework.call, 1)
+    with urllib.request.urlopen(server.url(framework.metrics), timeout=10) as response:
+        text = response.read().decode()
+    assert "process_cpu_seconds_total" in text
+    found = metric_samples(text)
+    assert found[("streamer_requests_total", (("model", "marked"), ("outcome", "ok")))] == 1
