@@ -20,7 +20,7 @@ import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Iterator, List, NamedTuple, Set
+from typing import Dict, Iterator, List, NamedTuple, Optional, Set
 
 import pytest
 
@@ -67,10 +67,10 @@ FRAMEWORKS = {
 class Gunicorn:
     """gunicorn with an example's config, in a process group of its own."""
 
-    def __init__(self, framework: Framework, workers: int, folder: Path) -> None:
+    def __init__(self, framework: Framework, workers: int, folder: Path, config: Optional[str] = None) -> None:
         self.port = free_port()
         self.log = folder / "gunicorn.log"
-        argv = [sys.executable, "-m", "gunicorn", "-c", framework.config, "-w", str(workers),
+        argv = [sys.executable, "-m", "gunicorn", "-c", config or framework.config, "-w", str(workers),
                 "--bind", f"127.0.0.1:{self.port}", "--graceful-timeout", "5", framework.app]  # fmt: skip
         env = {key: value for key, value in os.environ.items() if key.lower() != "prometheus_multiproc_dir"}
         env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", PIN_WORKERS="0", MARK_FOLDER=str(folder),
@@ -132,8 +132,8 @@ def _made(folder: Path) -> List[Path]:
 def start(tmp_path: Path) -> Iterator:
     started: List[Gunicorn] = []
 
-    def start(name: str, workers: int) -> Gunicorn:
-        server = Gunicorn(FRAMEWORKS[name], workers, tmp_path)
+    def start(name: str, workers: int, config: Optional[str] = None) -> Gunicorn:
+        server = Gunicorn(FRAMEWORKS[name], workers, tmp_path, config)
         started.append(server)
         return server
 
@@ -177,7 +177,6 @@ def test_two_workers_metrics_add_up_with_the_examples_config_alone(start, tmp_pa
     server = start(name, 2)
     assert wait_for(lambda: _ready(server, framework, 2, tmp_path), 60), server.text()
     workers = server.workers()
-    [folder] = _made(tmp_path)
     for worker in workers:
         served = _calls_to(server, framework, worker, [other for other in workers if other != worker])
         assert served == {worker}, (served, worker)
@@ -189,6 +188,7 @@ def test_two_workers_metrics_add_up_with_the_examples_config_alone(start, tmp_pa
     assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == sent
     assert found[("streamer_queue_wait_seconds_count", (model,))] == sent
 
+    [folder] = _made(tmp_path)
     server.stop()
     assert server.process.returncode == 0, server.text()
     assert not folder.exists(), "on_exit should have removed the directory it made"
@@ -207,3 +207,23 @@ def test_one_worker_keeps_the_one_process_registry(start, tmp_path: Path) -> Non
     assert "process_cpu_seconds_total" in text
     found = metric_samples(text)
     assert found[("streamer_requests_total", (("model", "marked"), ("outcome", "ok")))] == 1
+
+
+def test_prometheus_client_imported_before_the_fork_sets_nothing_and_says_so(start, tmp_path: Path) -> None:
+    """prometheus_client reads the variable when it is first imported: a
+    config that imports it first would leave the workers writing nowhere.
+    Nothing is set then, each worker counts its own calls, and the log
+    says how to add them up."""
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text(
+        "import prometheus_client  # noqa: F401\n"
+        "from flask_streamer.gunicorn import child_exit, on_exit, on_starting, post_worker_init, pre_fork\n"
+    )
+    server = start("flask", 2, config=str(conf))
+    framework = FRAMEWORKS["flask"]
+    assert wait_for(lambda: _ready(server, framework, 2, tmp_path), 60), server.text()
+    assert _made(tmp_path) == []
+    assert "set PROMETHEUS_MULTIPROC_DIR" in server.text()
+    server.call(framework.call, 1)
+    with urllib.request.urlopen(server.url(framework.metrics), timeout=10) as response:
+        assert "process_cpu_seconds_total" in response.read().decode()  # each worker's own registry
