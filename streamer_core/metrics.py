@@ -36,7 +36,21 @@ the plain-Python counting. Under several processes (gunicorn with several
 workers, the Redis worker supervisor) set ``PROMETHEUS_MULTIPROC_DIR``, as
 ``prometheus_client``'s multiprocess mode asks, before the processes start:
 each then writes its numbers to files there as it records them, and
-:func:`exposition` adds up those of every process.
+:func:`exposition` adds up those of every process. The examples'
+``gunicorn.conf.py`` set it by themselves with more than one worker
+(:func:`streamer_core.web.gunicorn.on_starting`).
+
+In multiprocess mode each gauge is combined over the live processes by the
+rule that fits what one process reports: ``streamer_queue_depth`` and
+``streamer_workers_live`` summed (each process has its own queue, and on
+the thread and process backends its own workers), ``streamer_batch_cost_cap``
+the lowest. A web process on the Redis backend reports every worker it
+sees in Redis, the same for all, so there the sum of ``workers_live`` is
+that number times the web processes; the workers' own metrics count each
+once. The one-process collector (``_Collector``) is a custom collector,
+which multiprocess mode cannot add up: it is not registered in that mode,
+where every number is copied into ``prometheus_client``'s own metric types
+as it is recorded (``_Mirrors``).
 """
 
 from __future__ import annotations
