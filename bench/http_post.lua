@@ -25,8 +25,10 @@ function done(summary, latency, requests)
    io.write(string.format(
       'BENCH_RESULT {"requests": %d, "duration_us": %d, "bytes": %d, ' ..
       '"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d, ' ..
-      '"lat_mean_us": %.1f, "lat_p50_us": %.1f, "lat_p90_us": %.1f, "lat_p99_us": %.1f, "lat_max_us": %.1f}\n',
+      '"lat_mean_us": %.1f, "lat_p50_us": %.1f, "lat_p75_us": %.1f, "lat_p90_us": %.1f, ' ..
+      '"lat_p95_us": %.1f, "lat_p99_us": %.1f, "lat_p99.9_us": %.1f, "lat_max_us": %.1f}\n',
       summary.requests, summary.duration, summary.bytes,
       e.connect, e.read, e.write, e.status, e.timeout,
-      latency.mean, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+      latency.mean, latency:percentile(50), latency:percentile(75), latency:percentile(90),
+      latency:percentile(95), latency:percentile(99), latency:percentile(99.9), latency.max))
 end

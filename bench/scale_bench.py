@@ -6,6 +6,7 @@ request costs in each of its processes.
     .venv/bin/python -m bench.scale_bench                        # every deployment, 1 run: 4-5 minutes on 2 cores
     .venv/bin/python -m bench.scale_bench --stub-forward --repeat 3 --variants ours-thread,ours-redis
     .venv/bin/python -m bench.scale_bench --web-workers 8 --model-workers 1 --devices 0   # a 16-core GPU box
+    .venv/bin/python -m bench.scale_bench --stub-forward --connections 8,32,128 --plots bench/plots
 
 Each deployment serves the examples' sentence model (all-MiniLM-L6-v2)
 under gunicorn, ``--web-workers`` processes (default: half the cores),
@@ -39,6 +40,14 @@ answers right-shaped outputs at once (the tokenizer and everything around
 the model still run): what a request costs outside the model, on any
 machine, which is what a GPU box is bound by. The floors of issue #29 are
 printed, PASS or MISS, never asserted.
+
+``--connections`` takes one count or several (``8,32,128``): each
+deployment, once started, is measured at each in turn, a table row each.
+Beside the table, :mod:`bench.plots` draws the same runs as PNG files in
+``--plots`` (default ``bench/results/plots``, git-ignored; ``--plots ''``
+draws none): requests/s against connections per deployment (with two counts
+or more), the latency percentiles of each, and the CPU per request by
+process role, both at the most connections.
 """
 
 from __future__ import annotations
@@ -55,9 +64,9 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-from bench import harness, web_bench
+from bench import harness, plots, web_bench
 from bench.apps.http_app import SENTENCE
 
 #: The deployments with ``--images``: the examples' /classify, and
@@ -81,6 +90,11 @@ BODY = json.dumps({"s": SENTENCE})
 # The floors of issue #29: CPU ms per request outside the forward pass (web +
 # workers + Redis, wrk excluded), measured with --stub-forward.
 FLOORS_MS = {"ours-redis": 1.0, "ours-thread": 0.8}
+#: The latency percentiles wrk reports (bench/http_post.lua); 100: the slowest.
+PERCENTILES = {50.0: "lat_p50_us", 75.0: "lat_p75_us", 90.0: "lat_p90_us", 95.0: "lat_p95_us",
+               99.0: "lat_p99_us", 99.9: "lat_p99.9_us", 100.0: "lat_max_us"}  # fmt: skip
+#: Where the figures go unless --plots says otherwise (git-ignored).
+DEFAULT_PLOTS = os.path.join("bench", "results", "plots")
 
 
 @dataclass
@@ -88,11 +102,13 @@ class Result:
     """One measured run of one deployment."""
 
     variant: str
+    connections: int = 0
     rps: float = 0.0
     p50_ms: Optional[float] = None
     p99_ms: Optional[float] = None
     errors: int = 0
     cpu_ms: Dict[str, float] = field(default_factory=dict)  # by role, per request
+    latency_ms: Dict[float, float] = field(default_factory=dict)  # by percentile (100: the slowest)
     failure: Optional[str] = None
 
     @property
@@ -173,7 +189,7 @@ class Deployment:
         worker_class = self.worker_class()
         gunicorn = [sys.executable, "-m", "gunicorn", "-w", str(args.web_workers), "-k", worker_class]
         if worker_class == "gthread":
-            gunicorn += ["--threads", str(args.threads or math.ceil(args.connections / args.web_workers) + 8)]
+            gunicorn += ["--threads", str(args.threads or math.ceil(max(args.connections) / args.web_workers) + 8)]
         gunicorn += ["-b", f"127.0.0.1:{self.port}", "--timeout", "600"]
         gunicorn += ["--log-level", "warning", *app]
         self.web = self._group(gunicorn, env, "web")
@@ -254,27 +270,59 @@ class Deployment:
             self.redis.stop()
 
 
-def measure(variant: str, args: argparse.Namespace, folder: str) -> Result:
+def measure(variant: str, args: argparse.Namespace, folder: str) -> List[Result]:
+    """Start ``variant`` once and measure it at each of ``--connections``
+    (a warm-up before each): a result per count, or failed ones from the
+    count that failed on."""
     deployment = Deployment(variant, args, folder)
+    results: List[Result] = []
     try:
         deployment.start()
         deployment.wait_ready()
         url = f"http://127.0.0.1:{deployment.port}{deployment.route}"
-        harness.run_wrk(url, args.connections, args.warmup, 30, BODY, deployment.upload)
-        before = deployment.ticks()
-        summary, wrk_cpu_s = harness.run_wrk(url, args.connections, args.duration, 30, BODY, deployment.upload)
-        after = deployment.ticks()
+        for connections in args.connections:
+            harness.run_wrk(url, connections, args.warmup, 30, BODY, deployment.upload)
+            before = deployment.ticks()
+            summary, wrk_cpu_s = harness.run_wrk(url, connections, args.duration, 30, BODY, deployment.upload)
+            after = deployment.ticks()
+            results.append(_result(variant, connections, summary, wrk_cpu_s, before, after))
     except Exception as exc:
-        return Result(variant, failure=f"{type(exc).__name__}: {exc}"[:2000])
+        failure = f"{type(exc).__name__}: {exc}"[:2000]
+        results += [Result(variant, c, failure=failure) for c in args.connections[len(results) :]]
     finally:
         deployment.stop()
+    return results
+
+
+def _result(
+    variant: str, connections: int, summary: Dict[str, Any], wrk_cpu_s: float, before: Dict[str, int],
+    after: Dict[str, int],
+) -> Result:  # fmt: skip
+    """One run's row, from wrk's summary and the CPU ticks around it."""
     requests = max(1, summary["requests"])
-    result = Result(variant, rps=summary["requests"] / (summary["duration_us"] / 1e6))
+    result = Result(variant, connections, rps=summary["requests"] / (summary["duration_us"] / 1e6))
     result.p50_ms, result.p99_ms = summary["lat_p50_us"] / 1000, summary["lat_p99_us"] / 1000
+    result.latency_ms = {rank: summary[key] / 1000 for rank, key in PERCENTILES.items() if key in summary}
     result.errors = sum(summary[kind] for kind in ("connect", "read", "write", "status", "timeout"))
     result.cpu_ms = {role: (after[role] - before[role]) / harness.CLOCK_TICKS * 1000 / requests for role in after}
     result.cpu_ms["wrk"] = wrk_cpu_s * 1000 / requests
     return result
+
+
+def at_connections(runs: List[Result], connections: int) -> List[Result]:
+    """The runs measured at ``connections``."""
+    return [run for run in runs if run.connections == connections]
+
+
+def plot_points(results: Dict[str, List[Result]]) -> List[plots.Point]:
+    """Each deployment's median run at each connection count, for the figures."""
+    points = []
+    for variant, runs in results.items():
+        for connections in sorted({run.connections for run in runs}):
+            run = median_result(at_connections(runs, connections))
+            if run.failure is None:
+                points.append(plots.Point(variant, connections, run.rps, dict(run.latency_ms), dict(run.cpu_ms)))
+    return points
 
 
 def median_result(runs: List[Result]) -> Result:
@@ -282,11 +330,15 @@ def median_result(runs: List[Result]) -> Result:
     return ok[len(ok) // 2] if ok else runs[0]
 
 
-def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
+def report(all_results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
+    """The markdown table (a row per deployment and connection count) and
+    the floors, judged at the most connections."""
+    most = max(args.connections)
+    results = {variant: at_connections(runs, most) for variant, runs in all_results.items()}
     lines = [
         f"scale_bench: {args.web_workers} web process(es) ({args.worker_class}; service_streamer's "
         f"{args.ss_worker_class}), {args.model_workers} model worker(s), "
-        f"{args.connections} connections, {args.duration:g} s runs, {args.repeat} repeat(s)"
+        f"{','.join(map(str, args.connections))} connections, {args.duration:g} s runs, {args.repeat} repeat(s)"
         + (", forward pass stubbed" if args.stub_forward else "")
         + (f", devices {args.devices}" if args.devices else ""),
         "",
@@ -294,19 +346,24 @@ def report(results: Dict[str, List[Result]], args: argparse.Namespace) -> str:
         "| CPU ms/req: web | workers | redis | wrk | server total |",
         "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
     ]
-    for variant, runs in results.items():
-        run = median_result(runs)
-        if run.failure is not None:
-            lines.append(f"| {variant} | failed: {run.failure.splitlines()[0][:100]} | | | | | | | | |")
-            continue
-        rates = [r.rps for r in runs if r.failure is None]
-        spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
-        cpu = [f"{run.cpu_ms.get(role, 0.0):.2f}" for role in ROLES]
-        lines.append(
-            f"| {variant} | {run.rps:.0f}{spread} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
-            + " | ".join(cpu)
-            + f" | {run.server_cpu_ms:.2f} |"
-        )
+    for variant, every in all_results.items():
+        for connections in args.connections:
+            runs = at_connections(every, connections)
+            if not runs:
+                continue
+            name = variant if len(args.connections) == 1 else f"{variant}, {connections} conn."
+            run = median_result(runs)
+            if run.failure is not None:
+                lines.append(f"| {name} | failed: {run.failure.splitlines()[0][:100]} | | | | | | | | |")
+                continue
+            rates = [r.rps for r in runs if r.failure is None]
+            spread = f" ({min(rates):.0f}-{max(rates):.0f})" if len(rates) > 1 else ""
+            cpu = [f"{run.cpu_ms.get(role, 0.0):.2f}" for role in ROLES]
+            lines.append(
+                f"| {name} | {run.rps:.0f}{spread} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
+                + " | ".join(cpu)
+                + f" | {run.server_cpu_ms:.2f} |"
+            )
     lines += ["", "| floor | measured | verdict |", "| --- | --: | --- |"]
     if args.images:
         return "\n".join(lines + image_floors(results, args))
@@ -398,7 +455,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="for service_streamer's views (default gthread: under gevent its model thread is a greenlet "
         "that holds the loop while the model runs)",
     )
-    parser.add_argument("--connections", type=int, default=128, help="wrk connections (default 128)")
+    parser.add_argument(
+        "--connections", default="128", help="wrk connections, one count or several: 8,32,128 (default 128)"
+    )
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument(
         "--warmup", type=float, default=4.0, help="seconds of load before each measured run (default 4)"
@@ -411,7 +470,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="upload a JPEG to /classify instead (variants ours-* and ss-thread, service_streamer's tutorial view)",
     )
     parser.add_argument("--json", default="", help="also write every run here")
+    parser.add_argument(
+        "--plots",
+        default=DEFAULT_PLOTS,
+        help=f"write the figures (PNG) in this folder (default {DEFAULT_PLOTS}; '' for none)",
+    )
     args = parser.parse_args(argv)
+    try:
+        args.connections = [int(c) for c in str(args.connections).split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"--connections takes counts separated by commas, not {args.connections!r}")
+    if not args.connections or min(args.connections) < 1:
+        parser.error("--connections needs at least one count of 1 or more")
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not args.variants:
         args.variants = list(IMAGE_VARIANTS if args.images else VARIANTS)
@@ -435,17 +505,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as folder:
             for round_ in range(args.repeat):
                 for variant in args.variants:
-                    result = measure(variant, args, folder)
-                    results[variant].append(result)
-                    if result.failure:
-                        print(f"[{round_ + 1}/{args.repeat}] {variant}: failed: {result.failure}", flush=True)
-                    else:
-                        cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in result.cpu_ms.items())
-                        print(
-                            f"[{round_ + 1}/{args.repeat}] {variant}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} "
-                            f"ms, p99 {result.p99_ms:.1f} ms, errors {result.errors}; CPU ms/req: {cpu}",
-                            flush=True,
-                        )
+                    for result in measure(variant, args, folder):
+                        results[variant].append(result)
+                        at = f"[{round_ + 1}/{args.repeat}] {variant}, {result.connections} conn."
+                        if result.failure:
+                            print(f"{at}: failed: {result.failure}", flush=True)
+                        else:
+                            cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in result.cpu_ms.items())
+                            print(
+                                f"{at}: {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} "
+                                f"ms, p99 {result.p99_ms:.1f} ms, errors {result.errors}; CPU ms/req: {cpu}",
+                                flush=True,
+                            )
     finally:
         harness.kill_everything_left()
     print()
@@ -454,6 +525,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({v: [r.__dict__ for r in runs] for v, runs in results.items()}, handle, indent=2)
+    if args.plots:
+        subtitle = (
+            f"{args.web_workers} web process(es), {'forward pass stubbed' if args.stub_forward else 'real model'}"
+            + (", /classify uploads" if args.images else "")
+        )
+        name = "scale-images" if args.images else "scale"
+        for path in plots.write_figures(plot_points(results), args.plots, name, subtitle):
+            print(f"wrote {path}")
     return 0
 
 
