@@ -116,12 +116,22 @@ def latency_figure(points: Sequence[Point], path: str, title: str = "", connecti
         ticks.update({_nines(rank): _rank_label(rank) for rank in ranks})
     axes.set_xticks(list(ticks), list(ticks.values()))
     axes.set_yscale("log")
+    plain = _plain_numbers()
+    axes.yaxis.set_major_formatter(plain)
+    axes.yaxis.set_minor_formatter(plain)
     axes.set_xlabel("percentile")
     axes.set_ylabel("latency, ms (log)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     axes.set_title(title or f"Latency at {at} connections", fontsize="medium")
     return _save(figure, path)
+
+
+def _plain_numbers() -> Any:
+    """Tick labels as plain numbers (60, 200), not powers of ten (6x10^1)."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda value, _: f"{value:g}")
 
 
 def _nines(rank: float) -> float:
@@ -148,7 +158,7 @@ def cpu_figure(points: Sequence[Point], path: str, title: str = "", connections:
     deployments = [d for d in _deployments(points) if d in chosen]
     roles = [r for r in ROLE_ORDER if any(r in p.cpu_ms for p in chosen.values())]
     roles += sorted({r for p in chosen.values() for r in p.cpu_ms} - set(roles))
-    figure, axes = pyplot.subplots(figsize=(7.0, 0.9 + 0.55 * max(1, len(deployments))))
+    figure, axes = pyplot.subplots(figsize=(7.0, 1.5 + 0.55 * max(1, len(deployments))))
     left = [0.0] * len(deployments)
     for role in roles:
         widths = [chosen[d].cpu_ms.get(role, 0.0) for d in deployments]
@@ -157,10 +167,11 @@ def cpu_figure(points: Sequence[Point], path: str, title: str = "", connections:
     for row, total in enumerate(left):
         axes.text(total, row, f" {total:.2f}", va="center", fontsize="small")
     axes.invert_yaxis()  # the benchmark's order, top down
-    axes.set_xlabel("CPU ms per request")
+    axes.set_xlabel("CPU ms per request (the load generator's, wrk, included)")
     axes.set_xlim(right=max(left, default=1.0) * 1.15 or 1.0)
     axes.grid(True, axis="x", alpha=0.3)
-    axes.legend(fontsize="small", ncol=len(roles), loc="lower right")
+    # Below the axes, where it covers no bar.
+    axes.legend(fontsize="small", ncol=len(roles), loc="upper center", bbox_to_anchor=(0.5, -0.35), frameon=False)
     axes.set_title(title or f"CPU per request by process role, {at} connections", fontsize="medium")
     return _save(figure, path)
 
