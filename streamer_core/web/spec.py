@@ -239,6 +239,21 @@ class ModelSpec:
         return WorkerGroup(self.name or callable_name(self.model), options, count, devices)
 
 
+def _say_start(spec: ModelSpec, at_boot: bool) -> None:
+    if spec.backend == "redis":  # nothing loads here: the workers have the model
+        when = "as the server starts" if at_boot else "on its first use"
+        logger.info("model %r (redis backend): connecting %s", spec.name, when)
+    elif at_boot:
+        logger.info("model %r (%s backend): loading as the server starts", spec.name, spec.backend)
+    else:
+        logger.info(
+            "model %r (%s backend): loading on its first use; the request that needs it waits "
+            "(start_streamers() as the server boots loads it before any request)",
+            spec.name,
+            spec.backend,
+        )
+
+
 class LazyStreamer:
     """The streamer of one :class:`ModelSpec` in this process, started on
     first use by :meth:`get` (thread-safe) and again after a fork."""
@@ -253,7 +268,11 @@ class LazyStreamer:
         #: Why the last start in the background failed, if it did.
         self.start_error: Optional[BaseException] = None
 
-    def get(self) -> BaseStreamer:
+    def get(self, at_boot: bool = False) -> BaseStreamer:
+        """The streamer, started in this process if it is not yet: on its
+        first use (a request, which then waits for the model to load) or,
+        ``at_boot``, as the server starts. Either is said in one line, so a
+        first answer that takes seconds is explained."""
         streamer = self._streamer
         if streamer is not None and self._pid == os.getpid() and not streamer.closed:
             return streamer
@@ -263,6 +282,7 @@ class LazyStreamer:
                 streamer._finalizer.detach()  # the parent's: its threads are not in this process
                 streamer = None
             if streamer is None or streamer.closed:
+                _say_start(self.spec, at_boot)
                 try:
                     streamer = self.spec.build()
                 except StreamerError:
@@ -316,7 +336,7 @@ def start_all(handles: Iterable[LazyStreamer], wait: bool = True, timeout: float
     layer's models), all at once; with ``wait``, until the models this
     process runs have loaded, for up to ``timeout`` seconds each. Redis
     workers run elsewhere, and are not waited for."""
-    started = [(handle, handle.get()) for handle in handles]
+    started = [(handle, handle.get(at_boot=True)) for handle in handles]
     if wait:
         for handle, streamer in started:
             if handle.spec.backend != "redis":

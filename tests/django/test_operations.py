@@ -61,6 +61,19 @@ def test_a_413_is_counted_too_large_and_a_415_invalid(client: Client, streamer_s
     assert counted == {"ok": 1, "invalid": 1, "too_large": 1}
 
 
+def test_a_model_loading_on_its_first_request_is_said(client: Client, streamer_settings: Any, caplog: Any) -> None:
+    """runserver loads a model on the request that first needs it: a line
+    says so before the wait, not only once it is over."""
+    import logging
+
+    streamer_settings(models={"double": {"MODEL": "tests.django.batch_models.double"}})  # none started yet
+    caplog.set_level(logging.INFO, logger="streamer_core")
+    assert post(client, "/double", {"x": 2}).json() == 4
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model 'double' ")]
+    assert said and said[0].startswith("model 'double' (thread backend): loading on its first use;"), said
+    assert "start_streamers()" in said[0]
+
+
 def test_liveness_and_readiness(client: Client, streamer_settings: Any) -> None:
     streamer_settings(models={"double": {"MODEL": "tests.django.batch_models.double"}})
     assert client.get("/ops/healthz").json() == {"status": "alive"}

@@ -88,6 +88,30 @@ def test_a_413_is_counted_too_large_and_a_415_invalid(make_app: Callable[..., Tu
     assert counted == {"ok": 1, "invalid": 1, "too_large": 1}
 
 
+def test_where_a_model_starts_is_said_first_use_or_boot(
+    make_app: Callable[..., Tuple[Flask, FlaskStreamer]], caplog: Any
+) -> None:
+    import logging
+
+    from flask_streamer import start_streamers
+
+    caplog.set_level(logging.INFO, logger="streamer_core")
+    lazy, lazy_streamer = make_app()
+    lazy_streamer.add_batched_route("/double", "starts_lazily", lambda batch: [x * 2 for x in batch])
+    booted, booted_streamer = make_app()
+    booted_streamer.add_batched_route("/double", "starts_at_boot", lambda batch: [x * 2 for x in batch])
+    assert lazy.test_client().post("/double", json=2).json == 4
+    start_streamers(booted)
+    said = {
+        r.getMessage().split(" (")[0]: r.getMessage() for r in caplog.records if r.getMessage().startswith("model '")
+    }
+    assert said["model 'starts_lazily'"].endswith(
+        "loading on its first use; the request that needs it waits "
+        "(start_streamers() as the server boots loads it before any request)"
+    )
+    assert said["model 'starts_at_boot'"].endswith("loading as the server starts")
+
+
 def test_readiness_waits_for_the_model_without_loading_it_in_the_probe(
     make_app: Callable[..., Tuple[Flask, FlaskStreamer]],
 ) -> None:
