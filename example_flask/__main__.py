@@ -4,6 +4,7 @@ Use gunicorn in production:
 ``gunicorn -w 1 --threads 64 -b 127.0.0.1:5005 'example_flask:create_app()'``."""
 
 import os
+import signal
 import sys
 
 from flask_streamer import start_streamers
@@ -25,6 +26,12 @@ def main() -> int:
     start_streamers(app)  # so that no request waits for it
     print(f" * try: curl -X POST {host}:{port}/stream -d 's=Happy birthday to you.'", flush=True)
     print(f'   and: curl -F "file=@example_flask/cat.jpg" {host}:{port}/classify', flush=True)
+    # SIGTERM (a service manager's stop, kill) ends the server as Ctrl-C
+    # does: exit runs, the streamers close and the process backend's workers
+    # and semaphores go with them, where the default handler would leave them
+    # to the resource tracker ("leaked semaphore objects"). Django's
+    # runserver does the same.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     app.run(host=host, port=port, threaded=True)
     return 0
 

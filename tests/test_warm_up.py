@@ -263,3 +263,27 @@ def test_ctrl_c_stops_the_examples_gevent_gunicorn_without_a_traceback(servers, 
     assert server.process.wait(30) == 0, server.log()[-3000:]
     log = server.log()
     assert "Shutting down: Master" in log and "Traceback" not in log and "SystemExit" not in log, log[-3000:]
+
+
+def test_sigterm_stops_the_flask_dev_server_on_the_process_backend_cleanly(servers, tmp_path):
+    """SIGTERM to the example's dev server (every process of its group, as a
+    service manager sends it): the streamers close, nothing is left to the
+    resource tracker to call leaked, no process is left behind."""
+    port = free_port()
+    server = servers("example_flask", PORT=str(port), FLASK_STREAMER_BACKEND="process")
+    assert wait_for(lambda: _listening("127.0.0.1", port), 120), server.log()[-2000:]
+    assert len(_post(f"http://127.0.0.1:{port}/stream", {"s": "It rains."})) == 384
+    os.killpg(server.process.pid, signal.SIGTERM)
+    assert server.process.wait(30) == 0, server.log()[-3000:]
+    time.sleep(1)  # the resource tracker warns as it ends, after the server
+    log = server.log()
+    assert "leaked" not in log and "Traceback" not in log, log[-3000:]
+    assert wait_for(lambda: not _group_alive(server.process.pid), 10), "a process of the server outlived it"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -38,6 +38,8 @@ def describe_exit(code: Optional[int]) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code == 128 + signal.SIGTERM:  # a worker exits so on SIGTERM (process_worker)
+        return "exited on SIGTERM"
     return f"exited with code {code}"
 
 

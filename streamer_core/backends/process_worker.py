@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from _queue import SimpleQueue  # C's, which gevent never patches (it replaces queue.SimpleQueue)
@@ -84,6 +85,10 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.exit(128 + signum)
+
+
 def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
     from ..managed_model import load_predict
 
@@ -116,6 +121,11 @@ def worker_main(
             pass  # a core taken away since (a container's cpuset changed): keep what was inherited
     os.environ[IN_WORKER_ENV] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # SIGTERM (to the worker, or to a server's whole process group) ends it
+    # through exit, so that what its model made is cleaned up: a progress
+    # bar's multiprocessing lock (tqdm, as transformers loads weights) is
+    # otherwise reported "leaked" by the resource tracker.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _start_thread(_watch_parent, parent_pid)
 
     try:
