@@ -101,8 +101,13 @@ def test_malformed_entries_count_as_dead_lettered_on_either_side(
 
 
 def test_a_worker_counts_itself_on_its_device_and_the_web_side_does_not(
-    broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+    broker: Broker,
+    make_streamer: Callable[..., Any],
+    start_worker: Callable[..., ThreadWorker],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A worker run in this process by an earlier test (run_forever(gpu_id=0)) leaves its device here.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     worker, web = f"worker-{broker.prefix}", f"web-{broker.prefix}"
     handle = start_worker(broker, double, name=worker)
     streamer = make_streamer(broker, name=web)
