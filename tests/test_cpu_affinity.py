@@ -102,7 +102,8 @@ def test_settle_keeps_every_core_where_any_route_computes_here(backends: List[st
     out = run_python(
         "import os; from types import SimpleNamespace; from streamer_core.web.gunicorn import settle; "
         "os.environ.pop('PIN_WORKERS', None); before = sorted(os.sched_getaffinity(0)); "
-        f"settle(SimpleNamespace(cfg=SimpleNamespace(workers=1), core_index=1), {backends!r}); "
+        "worker = SimpleNamespace(cfg=SimpleNamespace(workers=1), core_index=1, handle_quit=print); "
+        f"settle(worker, {backends!r}); "
         "print(len(before), len(os.sched_getaffinity(0)))"
     )
     before, after = map(int, out.split())

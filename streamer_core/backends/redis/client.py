@@ -332,12 +332,8 @@ class _RedisClientBackend(Backend):
                 if isinstance(reply, Exception):
                     raise reply
                 if failing_since is not None:
-                    logger.warning(
-                        "%s: Redis is reachable again after %.1f s",
-                        self._keys.namespace,
-                        time.monotonic() - failing_since,
-                    )
-                    failing_since = None
+                    away_s, failing_since = time.monotonic() - failing_since, None
+                    logger.warning("%s: Redis is reachable again after %.1f s", self._keys.namespace, away_s)
                 if reply:
                     entries = reply[0][1]
                     last_id = entries[-1][0]
@@ -348,9 +344,8 @@ class _RedisClientBackend(Backend):
                 self.roster.unreachable()
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    logger.warning(
-                        "%s: lost Redis: %s; reconnecting", self._keys.namespace, broker_problem(exc, self._address)
-                    )
+                    problem = broker_problem(exc, self._address)
+                    logger.warning("%s: lost Redis: %s; reconnecting", self._keys.namespace, problem)
                 next_check = 0.0
                 self._stopping.wait(min(MAX_BACKOFF_S, 0.05 + (time.monotonic() - failing_since) / 4))
             except redis.ResponseError as exc:
