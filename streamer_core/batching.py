@@ -37,6 +37,7 @@ from .former import BatchFormer
 from .future import BatchFuture, settle
 from .green import Condition
 from .stats import ModelStats
+from .tracing import CallTrace
 
 __all__ = ["Scheduler", "Outcome", "deliver"]
 
@@ -53,14 +54,16 @@ class _Task:
     ``_set_quietly``).
     """
 
-    __slots__ = ("future", "results", "remaining", "size", "timeout")
+    __slots__ = ("future", "results", "remaining", "size", "timeout", "trace")
 
-    def __init__(self, future: BatchFuture, size: int, timeout: float) -> None:
+    def __init__(self, future: BatchFuture, size: int, timeout: float, trace: Optional[CallTrace] = None) -> None:
         self.future: Optional[BatchFuture] = future
         self.results: Optional[List[Any]] = [None] * size
         self.remaining = size
         self.size = size
         self.timeout = timeout
+        #: The span the call was submitted in, when its streamer traces (see :mod:`.tracing`).
+        self.trace = trace
 
     def live(self) -> bool:
         future = self.future
@@ -217,15 +220,22 @@ class Scheduler:
 
     # -- the callers' side -------------------------------------------------
 
-    def put(self, values: Sequence[Any], timeout: float, costs: Optional[Sequence[float]] = None) -> BatchFuture:
+    def put(
+        self,
+        values: Sequence[Any],
+        timeout: float,
+        costs: Optional[Sequence[float]] = None,
+        trace: Optional[CallTrace] = None,
+    ) -> BatchFuture:
         """Queue one call's inputs (already encoded by the backend), with
-        their costs when the streamer has an ``item_cost``."""
+        their costs when the streamer has an ``item_cost``, and the span it
+        was made in when the streamer traces."""
         future = BatchFuture()
         future._stats = self.stats
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout
-        task = _Task(future, n, timeout)
+        task = _Task(future, n, timeout, trace)
         if costs is not None:
             items: Sequence[_Item] = [_Item(task, i, v, now, c) for i, (v, c) in enumerate(zip(values, costs))]
         elif n == 1:

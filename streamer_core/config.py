@@ -166,6 +166,19 @@ def _flag(value: Any) -> bool:
     raise TypeError(f"must be True or False, got {value!r}")
 
 
+def _tracing(value: Any) -> bool:
+    """``tracing``: a flag; on, only where OpenTelemetry's API is installed
+    (checked by finding the package: nothing of it is imported here)."""
+    on = _flag(value)
+    if on:
+        from .tracing import missing_api
+
+        problem = missing_api()
+        if problem is not None:
+            raise ValueError(f"is True, but {problem}")
+    return on
+
+
 def _one_of(choices: Sequence[str], explained: str) -> Check:
     def check(value: Any) -> Any:
         if value not in choices:
@@ -355,6 +368,13 @@ _TABLE = (
         "option",
         "the exception types that mean out of memory; None: torch's, once torch is loaded",
     ),
+    Option(
+        "tracing",
+        False,
+        _tracing,
+        "option",
+        "OpenTelemetry spans of each request and batch, to the tracer provider set up (needs streamer-core[otel])",
+    ),
     # Where the model runs.
     Option("backend", "thread", _backend, "backend", "where the model runs: 'thread', 'process' or 'redis'"),
     Option("worker_num", 1, _whole(1), "size", "worker processes per model (process and redis backends)"),
@@ -452,6 +472,7 @@ class ModelOptions(TypedDict, total=False):
     max_batch_cost: Optional[float]
     batch_cost: str
     oom_errors: Optional[Tuple[Type[BaseException], ...]]
+    tracing: bool
 
 
 class BatchingOptions(ModelOptions, total=False):
@@ -503,6 +524,11 @@ class BatchingConfig:
         ``isolate_errors`` off), and later batches are capped at the cost of
         what ran (see :mod:`streamer_core.shaping`). ``None``: torch's
         ``torch.cuda.OutOfMemoryError`` when torch is loaded; ``()``: none.
+    tracing
+        Make OpenTelemetry spans of each request and batch
+        (:mod:`streamer_core.tracing`), through the tracer provider the
+        process has set up. Off, the engine never imports OpenTelemetry and
+        pays one flag test a call and a batch.
     """
 
     batch_size: int = default("batch_size")
@@ -514,6 +540,7 @@ class BatchingConfig:
     max_batch_cost: Optional[float] = default("max_batch_cost")
     batch_cost: str = default("batch_cost")
     oom_errors: Optional[Tuple[Type[BaseException], ...]] = default("oom_errors")
+    tracing: bool = default("tracing")
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -543,6 +570,7 @@ class BatchingConfig:
             max_batch_cost=self.max_batch_cost,
             batch_cost=self.batch_cost,
             oom_errors=self.oom_errors,
+            tracing=self.tracing,
         )
 
     def call_timeout(self, timeout: Optional[float]) -> float:

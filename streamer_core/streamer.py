@@ -31,6 +31,7 @@ from .config import BatchingConfig, check_cost, check_seconds, checked
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
 from .stats import ModelStats, StreamerStats, stats_for
+from .tracing import capture
 
 __all__ = ["BaseStreamer", "Backend"]
 
@@ -336,7 +337,8 @@ class BaseStreamer:
                 future = BatchFuture()
                 future.set_result([])
                 return future
-            return engine.scheduler.put(values, call_timeout, costs)
+            trace = capture() if self._config.tracing else None
+            return engine.scheduler.put(values, call_timeout, costs, trace)
         except StreamerError as exc:  # refused before it was queued
             self._stats.failed(exc)
             raise

@@ -48,9 +48,11 @@ from ..config import BatchingConfig, DeviceId, shown_device
 from ..errors import StreamerError, WorkerStartError
 from ..green import Condition
 from ..managed_model import ready_line
+from ..shaping import batch_cost
 from ..streamer import Backend, callable_name, logger
+from ..tracing import to_traceparent
 from .process_slots import Sent, Slot, describe_exit
-from .process_worker import IN_WORKER_ENV, decode_exception, decode_outcome, worker_main
+from .process_worker import IN_WORKER_ENV, BatchTrace, decode_exception, decode_outcome, worker_main
 from .shared_memory import BlockPool, PeerBlocks, block_names, encode_input, new_prefix, unlink_leftovers, wire_of
 from .shared_memory import available as shared_memory_available
 from .spawning import spawn_context
@@ -118,6 +120,7 @@ class ProcessBackend(Backend):
         self._hang_timeout = hang_timeout
         self._next_hang_check = 0.0
         self._isolate = config.isolate_errors
+        self._tracing = config.tracing
         self._min_bytes = shared_memory_min_bytes if shared_memory_available() else None
         self._prefix = new_prefix("")
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
@@ -171,7 +174,11 @@ class ProcessBackend(Backend):
             min_bytes = self._min_bytes
             shared = (slot.block_prefix(self._prefix), min_bytes) if min_bytes is not None else None
         config = self._config
-        args = (child_conn, self._spec, slot.device, os.getpid(), self._isolate, config.oom_errors, shared, self._cpus)
+        trace_as = (self._name, f"worker {slot.index}") if config.tracing else None
+        args = (
+            child_conn, self._spec, slot.device, os.getpid(), self._isolate, config.oom_errors, shared, self._cpus,
+            trace_as,
+        )  # fmt: skip
         process = _ctx.Process(
             target=worker_main,
             args=args,
@@ -225,12 +232,20 @@ class ProcessBackend(Backend):
                     if other.state == "ready":  # one still starting has mapped none of them
                         other.gone.extend(gone)
             wires = [wire_of(item.value) for item in items]
-            conn, message = slot.conn, ("batch", sent.batch_id, wires, slot.free, slot.gone)
+            trace = self._trace_of(items) if self._tracing else None
+            conn, message = slot.conn, ("batch", sent.batch_id, wires, slot.free, slot.gone, trace)
             slot.free, slot.gone = [], []
         try:
             conn.send(message)
         except (OSError, ValueError):
             pass  # the worker is dead; the collector sees it and reruns the batch
+
+    def _trace_of(self, items: List[_Item]) -> BatchTrace:
+        """What a worker needs to trace a batch: its cost, and each input's
+        call as a ``traceparent`` and the call's arrival (ns since the epoch)."""
+        calls = [item.task.trace for item in items]
+        cost = batch_cost(self._config.batch_cost, [item.cost for item in items])
+        return cost, [None if call is None else (to_traceparent(call), call.arrived_ns) for call in calls]
 
     # -- the collector thread ------------------------------------------------
 

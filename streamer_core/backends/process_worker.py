@@ -29,6 +29,9 @@ _PARENT_POLL_SECONDS = 0.2
 
 #: An item's outcome on the wire: (True, the result's wire) or (False, pickled error).
 WireOutcome = Tuple[bool, Any]
+#: What a traced batch carries: its cost, and each input's call as its
+#: ``traceparent`` and arrival (ns since the epoch), or ``None`` (no span).
+BatchTrace = Tuple[float, List[Optional[Tuple[str, int]]]]
 
 
 def encode_exception(exc: BaseException) -> bytes:
@@ -105,13 +108,17 @@ def worker_main(
     oom_errors: Any = None,
     shared_memory: Optional[Tuple[str, int]] = None,
     cpus: Optional[FrozenSet[int]] = None,
+    trace_as: Optional[Tuple[str, str]] = None,
 ) -> None:
     """Body of a worker process: load the model, then run batches until told
     to stop or until the parent goes away. ``shared_memory`` is the prefix
     of this worker's block names and the least bytes a buffer of a result
     needs to go through shared memory (``None``: results go through the pipe).
     ``cpus``: the cores to run on, the parent's when its streamer was made
-    (a web process pinned to one core since would hand that core down)."""
+    (a web process pinned to one core since would hand that core down).
+    ``trace_as``: the model's name and this worker's, when the streamer
+    traces: each batch is run in its span (:mod:`streamer_core.tracing`),
+    exported by the tracer provider the model set up as it loaded."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
     if cpus and hasattr(os, "sched_setaffinity") and os.sched_getaffinity(0) != cpus:
@@ -138,7 +145,13 @@ def worker_main(
     from ..managed_model import freeze_loaded, model_facts
 
     freeze_loaded()
-    conn.send(("ready", os.getpid(), model_facts(predict, device)))
+    facts = model_facts(predict, device)
+    tracing = None
+    if trace_as is not None:
+        from ..tracing import BatchFacts
+
+        tracing = BatchFacts(trace_as[0], "process", trace_as[1], facts.device)
+    conn.send(("ready", os.getpid(), facts))
 
     # A reader thread takes batches off the pipe while the model runs, so the
     # parent can send the next batch ahead without blocking on a full pipe.
@@ -152,9 +165,12 @@ def worker_main(
             message = inbox.get()
             if message is None or message[0] == "stop":
                 return  # told to stop, or the parent closed its end
-            _, batch_id, wires, _, gone = message
+            _, batch_id, wires, _, gone, trace = message
             peer.forget(gone)  # the parent's blocks it has unlinked
-            outcomes, ran_out, seconds, splits = _run(predict, wires, isolate_errors, oom_errors, peer, pool, min_bytes)
+            traced = (tracing, trace) if tracing is not None and trace is not None else None
+            outcomes, ran_out, seconds, splits = _run(
+                predict, wires, isolate_errors, oom_errors, peer, pool, min_bytes, traced
+            )
             dropped = pool.dropped() if pool is not None else []
             conn.send(("done", batch_id, outcomes, ran_out, seconds, dropped, splits))
             del outcomes
@@ -196,6 +212,7 @@ def _run(
     peer: PeerBlocks,
     pool: Optional[BlockPool],
     min_bytes: int,
+    traced: Optional[Tuple[Any, BatchTrace]] = None,
 ) -> Tuple[List[Optional[WireOutcome]], Optional[List[Tuple[int, int]]], float, int]:
     """Unpickle a batch, run it, and pickle one outcome per input. Also
     returns, when the model ran out of memory, the spans of the batch (by
@@ -203,7 +220,8 @@ def _run(
     span may take in an input that could not be unpickled between two that
     ran, which only makes the learned cap a little generous), the seconds
     the model ran, and how many times the batch or a part of it was split
-    because it ran out of memory, for the parent's stats."""
+    because it ran out of memory, for the parent's stats. ``traced``: the
+    batch's facts and trace, when it is run in a span of its own."""
     from ..runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
@@ -217,9 +235,19 @@ def _run(
             outcomes[position] = (False, encode_exception(error))
     if not inputs:
         return outcomes, None, 0.0, 0
-    started = time.monotonic()
-    run = run_batch(predict, inputs, isolate_errors, oom_errors)
-    seconds = time.monotonic() - started
+    if traced is None:
+        started = time.monotonic()
+        run = run_batch(predict, inputs, isolate_errors, oom_errors)
+        seconds = time.monotonic() - started
+    else:
+        from ..tracing import from_traceparent, traced_run
+
+        facts, (cost, sent) = traced
+        calls = []
+        for position in positions:
+            call = sent[position]
+            calls.append(None if call is None else from_traceparent(call[0], call[1]))
+        run, seconds = traced_run(lambda: run_batch(predict, inputs, isolate_errors, oom_errors), facts, calls, cost)
     for position, (ok, value) in zip(positions, run.outcomes):
         outcomes[position] = _encode_result(value, pool, min_bytes) if ok else (False, encode_exception(value))
     if not run.out_of_memory:

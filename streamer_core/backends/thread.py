@@ -16,8 +16,10 @@ from ..batching import Scheduler, _Item, deliver
 from ..config import BatchingConfig, BatchingOptions, default, shown_device
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
-from ..runner import run_batch
+from ..runner import BatchRun, run_batch
+from ..shaping import batch_cost
 from ..streamer import Backend, BaseStreamer, callable_name, logger
+from ..tracing import BatchFacts, traced_run
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,10 +30,15 @@ __all__ = ["ThreadedStreamer"]
 class _ThreadBackend(Backend):
     name = "thread"
 
-    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig) -> None:
+    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig, name: str) -> None:
         self._predict = predict
         self._isolate = config.isolate_errors
         self._oom_errors = config.oom_errors
+        self._cost_rule = config.batch_cost
+        # What a batch's span says of it, when the streamer traces.
+        self._facts: Optional[BatchFacts] = None
+        if config.tracing:
+            self._facts = BatchFacts(name, "thread", "thread", model_facts(predict, None).device)
         self._inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
         self._scheduler: Optional[Scheduler] = None
@@ -57,7 +64,7 @@ class _ThreadBackend(Backend):
         scheduler = self._scheduler
         assert scheduler is not None
         predict, isolate, oom_errors, inbox = _off_the_hub(self._predict), self._isolate, self._oom_errors, self._inbox
-        stats = scheduler.stats
+        stats, facts = scheduler.stats, self._facts
         while True:
             items = inbox.get()
             if items is None:
@@ -68,7 +75,10 @@ class _ThreadBackend(Backend):
                 continue
             started = time.monotonic()
             try:
-                run = run_batch(predict, [item.value for item in items], isolate, oom_errors)
+                if facts is None:
+                    run = run_batch(predict, [item.value for item in items], isolate, oom_errors)
+                else:
+                    run = self._traced(facts, predict, items)
                 outcomes = run.outcomes
                 scheduler.learn(items, run.out_of_memory, run.ran, run.oom_splits)
             except BaseException as exc:  # SystemExit and the like: fail the batch, keep serving
@@ -79,6 +89,18 @@ class _ThreadBackend(Backend):
             if stats is not None:
                 stats.batch_ran(started, seconds, [item.arrival for item in items])
             deliver(items, outcomes)
+
+    def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[_Item]) -> BatchRun:
+        """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.tracing`)."""
+        values = [item.value for item in items]
+        cost = batch_cost(self._cost_rule, [item.cost for item in items])
+        run, _ = traced_run(
+            lambda: run_batch(predict, values, self._isolate, self._oom_errors),
+            facts,
+            [item.task.trace for item in items],
+            cost,
+        )
+        return run
 
     def workers_now(self) -> int:
         return int(self._thread.is_alive())
@@ -181,8 +203,7 @@ class ThreadedStreamer(BaseStreamer):
             )
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
-        super().__init__(
-            config, lambda: _ThreadBackend(predict, config), name=callable_name(predict) if name is None else name
-        )
+        shown = callable_name(predict) if name is None else name
+        super().__init__(config, lambda: _ThreadBackend(predict, config, self.name), name=shown)
         facts = model_facts(predict, None)
         logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))

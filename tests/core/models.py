@@ -256,3 +256,17 @@ def slow_double(batch: List[Any]) -> List[Any]:
     """Doubles, taking 0.1 s a batch: a model a few callers keep busy."""
     time.sleep(0.1)
     return [x * 2 for x in batch]
+
+
+class TracedDouble(ManagedModel):
+    """Doubles its inputs; as it loads, sets up OpenTelemetry in its worker
+    process to write the spans there to ``path`` (the hook the README's
+    "Tracing" describes)."""
+
+    def init_model(self, path: str) -> None:
+        from tests.spans import export_to_file
+
+        export_to_file(path)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return [x * 2 for x in batch]

@@ -1,0 +1,275 @@
+"""OpenTelemetry spans of requests and the batches they ran in, made only
+for a streamer configured with ``tracing=True``.
+
+Nothing here imports OpenTelemetry at module level, and nothing imports
+this module's OpenTelemetry parts unless tracing is on: the engine runs
+without the package, and a streamer with tracing off pays one flag test per
+call and per batch. Spans go to whatever tracer provider the process has
+set up (``opentelemetry.trace.set_tracer_provider``), as a library's spans
+do; with none, the API's own no-op one takes them.
+
+What is made, and where::
+
+    web process                               where the batch runs (the model's thread,
+                                              a worker process, a Redis worker)
+    "POST /embed"  (the web layers)
+      +- "parse"
+      +- "queue wait"  <------ child -------- made when the batch has run, from the
+      +- "in batch"    <------ child -------- request's context, sent with its input
+      |       \\--- link --->  "batch <model>"  (one per batch; a root span, linked
+      +- "respond"                             to each request span: fan-in)
+
+A call made outside the web layers is traced the same way from whatever
+span is current when it is submitted; with none, its batch has no link for
+it and no per-request spans. Across processes the request's context travels
+as a W3C ``traceparent`` with its input (the process backend's batch
+message, the Redis backend's request entry, field ``tp``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, SpanContext, Tracer
+
+__all__ = [
+    "TRACER_NAME",
+    "CallTrace",
+    "BatchFacts",
+    "missing_api",
+    "capture",
+    "to_traceparent",
+    "from_traceparent",
+    "traced_run",
+    "request_span",
+    "step",
+]
+
+#: The instrumentation scope of every span made here.
+TRACER_NAME = "streamer_core"
+
+R = TypeVar("R")
+
+_tracer: Optional[Tracer] = None
+
+
+class CallTrace(NamedTuple):
+    """What a traced call carries to where its batch runs: the span context
+    it was submitted in (a request span, or the caller's own), and when it
+    arrived, in nanoseconds since the epoch (the start of its queue wait)."""
+
+    context: SpanContext
+    arrived_ns: int
+
+
+class BatchFacts(NamedTuple):
+    """The attributes of one batch's span: the model's name, the backend,
+    the worker that ran it and its device (as the ready log line names them)."""
+
+    model: str
+    backend: str
+    worker: str
+    device: str
+
+
+def missing_api() -> Optional[str]:
+    """Why tracing cannot be switched on here (OpenTelemetry's API is not
+    installed), or ``None`` when it can."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        return "OpenTelemetry is not installed: pip install 'streamer-core[otel]' (or opentelemetry-api)"
+    return None
+
+
+def tracer() -> Tracer:
+    """This library's tracer, from the global provider. Got once: before the
+    application sets its provider, the API hands out a proxy that follows
+    the provider set later."""
+    global _tracer
+    if _tracer is None:
+        from opentelemetry import trace
+
+        from . import __version__
+
+        _tracer = trace.get_tracer(TRACER_NAME, __version__)
+    return _tracer
+
+
+def capture() -> Optional[CallTrace]:
+    """The current span's context and the time now, for a call being
+    submitted; ``None`` when no span is current (nothing to link to)."""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return CallTrace(context, time.time_ns())
+
+
+def to_traceparent(call: CallTrace) -> str:
+    """The call's context as a W3C ``traceparent`` header value."""
+    context = call.context
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
+    """A call's trace from a ``traceparent`` that crossed a process or
+    Redis (``str`` or ``bytes``); ``None`` for anything that does not parse
+    as one: it came from outside, and a bad one only loses the links."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    from opentelemetry import trace
+
+    context = TraceContextTextMapPropagator().extract({"traceparent": value})
+    span_context = trace.get_current_span(context).get_span_context()
+    if not span_context.is_valid:
+        return None
+    return CallTrace(span_context, arrived_ns)
+
+
+def _distinct(calls: Sequence[Optional[CallTrace]]) -> Dict[Tuple[int, int], Tuple[CallTrace, int]]:
+    """Each request of a batch once (several of its inputs may be in it),
+    with how many of its inputs the batch holds, by ``(trace_id, span_id)``."""
+    found: Dict[Tuple[int, int], Tuple[CallTrace, int]] = {}
+    for call in calls:
+        if call is None:
+            continue
+        key = (call.context.trace_id, call.context.span_id)
+        seen = found.get(key)
+        found[key] = (call, 1) if seen is None else (seen[0], seen[1] + 1)
+    return found
+
+
+def traced_run(
+    run: Callable[[], R], facts: BatchFacts, calls: Sequence[Optional[CallTrace]], cost: float
+) -> Tuple[R, float]:
+    """Run one batch (``run()``, the model call) inside its span, and make
+    each request's ``queue wait`` and ``in batch`` spans once it has run;
+    return what ``run()`` returned and the seconds it took. ``calls``: the
+    trace of each input of the batch (``None`` where its call had none);
+    ``cost``: the batch's cost by the streamer's ``batch_cost`` rule. The
+    batch span is current while the model runs, so spans the model makes
+    are its children."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    requests = _distinct(calls)
+    attributes: Dict[str, Any] = {
+        "streamer.model": facts.model,
+        "streamer.backend": facts.backend,
+        "streamer.worker": facts.worker,
+        "streamer.device": facts.device,
+        "streamer.batch.size": len(calls),
+        "streamer.batch.cost": float(cost),
+    }
+    links = [trace.Link(call.context) for call, _ in requests.values()]
+    started_ns = time.time_ns()
+    started = time.monotonic()
+    name, root = f"batch {facts.model}", otel_context.Context()
+    batch = tracer().start_span(name, context=root, links=links, attributes=attributes, start_time=started_ns)
+    token = otel_context.attach(trace.set_span_in_context(batch))
+    try:
+        result = run()
+    except BaseException as exc:
+        batch.record_exception(exc)
+        batch.set_status(trace.StatusCode.ERROR)
+        raise
+    finally:
+        seconds = time.monotonic() - started
+        otel_context.detach(token)
+        batch.set_attribute("streamer.batch.model_seconds", seconds)
+        ended_ns = started_ns + int(seconds * 1e9)
+        batch.end(ended_ns)
+    _request_spans(requests, batch.get_span_context(), len(calls), started_ns, ended_ns)
+    return result, seconds
+
+
+def _request_spans(
+    requests: Dict[Tuple[int, int], Tuple[CallTrace, int]],
+    batch: SpanContext,
+    size: int,
+    started_ns: int,
+    ended_ns: int,
+) -> None:
+    """Each request's view of the batch, as children of its own span: how
+    long it waited for the batch, and the batch's run, linked to its span."""
+    from opentelemetry import trace
+
+    made = tracer()
+    for call, inputs in requests.values():
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(call.context))
+        waited = made.start_span("queue wait", context=parent, start_time=min(call.arrived_ns, started_ns))
+        waited.end(started_ns)
+        ran = made.start_span(
+            "in batch",
+            context=parent,
+            links=[trace.Link(batch)],
+            start_time=started_ns,
+            attributes={"streamer.batch.size": size, "streamer.request.inputs": inputs},
+        )
+        ran.end(ended_ns)
+
+
+class _Step:
+    """A span made current for a ``with`` block (``parse``, ``respond``)."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self._token: Any = None
+
+    def __enter__(self) -> Span:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+
+        otel_context.detach(self._token)
+        if exc is not None:
+            self.span.record_exception(exc)
+            self.span.set_status(trace.StatusCode.ERROR)
+        self.span.end()
+
+
+def request_span(method: str, route: str, model: str) -> _Step:
+    """The span of one request to a batched endpoint, named by its method
+    and route (``"POST /embed"``), as a child of any span current (a web
+    framework's own instrumentation)."""
+    span = tracer().start_span(
+        f"{method} {route}",
+        attributes={"http.request.method": method, "http.route": route, "streamer.model": model},
+    )
+    return _Step(span)
+
+
+def step(name: str) -> _Step:
+    """A child span of the current one, for one step of a request."""
+    return _Step(tracer().start_span(name))
+
+
+def mark_status(span: Span, status: int) -> None:
+    """Record a request's HTTP status on its span; a 5xx marks it failed."""
+    from opentelemetry import trace
+
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(trace.StatusCode.ERROR)
+
+
+def batch_trace(traces: Sequence[Optional[CallTrace]]) -> List[Optional[str]]:
+    """The traces of a batch's inputs as ``traceparent`` values, to send."""
+    return [None if call is None else to_traceparent(call) for call in traces]
