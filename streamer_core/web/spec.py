@@ -47,6 +47,7 @@ MODEL_SETTINGS: Tuple[str, ...] = (
     "item_cost",
     "max_batch_cost",
     "batch_cost",
+    "tracing",
 )
 _BATCHING = tuple(field.name for field in fields(BatchingConfig))
 
@@ -206,6 +207,7 @@ class ModelSpec:
             max_queue=config.max_queue,
             item_cost=config.item_cost,
             name=name,
+            tracing=config.tracing,
         )
 
     def worker_group(self, worker_num: Optional[int] = None, cuda_devices: Any = None) -> Any:

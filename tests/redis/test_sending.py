@@ -95,7 +95,8 @@ def test_the_packed_script_writes_the_entries_request_fields_describes(broker):
     """Requests without buffers go in one script call whose arguments are
     packed (ADD_PACKED_REQUESTS_SCRIPT); what Redis holds then is, field for
     field and in order, the entry request_fields makes, which every worker
-    reads. Random ids, timeouts, payloads of any bytes, with and without a cost."""
+    reads. Random ids, timeouts, payloads of any bytes, with and without a
+    cost, with and without a traceparent (a web side that traces)."""
     conn = broker.conn
     script = conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
     packed_key, plain_key = broker.requests, f"streamer:{broker.prefix}:plain"
@@ -110,6 +111,7 @@ def test_the_packed_script_writes_the_entries_request_fields_describes(broker):
                 st.integers(1, 86_400_000),  # what parse_request admits
                 st.binary(max_size=300) | st.just(bytes(range(256)) * 40),
                 st.none() | st.floats(min_value=1e-9, max_value=1e12, allow_nan=False, allow_infinity=False),
+                st.none() | st.just("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
             ),
             min_size=1,
             max_size=20,
@@ -119,19 +121,20 @@ def test_the_packed_script_writes_the_entries_request_fields_describes(broker):
         conn.delete(packed_key, plain_key)
         ids = script([packed_key], packed_request_arguments(client, codec, requests), conn)
         assert len(ids) == len(requests)
-        for item_id, timeout_ms, payload, cost in requests:
-            conn.xadd(plain_key, request_fields(client, item_id, timeout_ms, codec, payload, (), cost))
+        for item_id, timeout_ms, payload, cost, trace in requests:
+            conn.xadd(plain_key, request_fields(client, item_id, timeout_ms, codec, payload, (), cost, trace))
         written = conn.xrange(packed_key)
         assert [entry_id for entry_id, _ in written] == ids
         expected = [list(fields.items()) for _, fields in conn.xrange(plain_key)]
         assert [list(fields.items()) for _, fields in written] == expected
-        for (entry_id, fields), (item_id, timeout_ms, payload, cost) in zip(written, requests):
+        for (entry_id, fields), (item_id, timeout_ms, payload, cost, trace) in zip(written, requests):
             request = parse_request(entry_id, fields)
-            assert (request.item_id, request.timeout_ms, request.payload, request.cost) == (
+            assert (request.item_id, request.timeout_ms, request.payload, request.cost, request.trace) == (
                 item_id,
                 timeout_ms,
                 payload,
                 None if cost is None else float(repr(float(cost))),
+                None if trace is None else trace.encode(),
             )
 
     check()

@@ -15,6 +15,7 @@ from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import Backend, BaseStreamer, item_cost_of
+from ...tracing import to_traceparent
 from .connection import (
     MAX_BACKOFF_S,
     LoopErrors,
@@ -73,6 +74,9 @@ _FIRST_RETRY_S = 0.1
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
+
+#: A request to send: request id, timeout in ms, payload, buffers, cost, traceparent.
+_Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
 
 
 class _RedisClientBackend(Backend):
@@ -243,7 +247,10 @@ class _RedisClientBackend(Backend):
                     if future is None:
                         continue
                     payload, buffers, cost = item.value
-                    requests.append((request_id, max(1, int((future._deadline - now) * 1000)), payload, buffers, cost))
+                    call = item.task.trace  # None unless the streamer traces
+                    trace = None if call is None else to_traceparent(call)
+                    timeout_ms = max(1, int((future._deadline - now) * 1000))
+                    requests.append((request_id, timeout_ms, payload, buffers, cost, trace))
                     sent.append(request_id)
                     large = large or bool(buffers)
                 entry_ids = self._add(requests, large)
@@ -267,15 +274,17 @@ class _RedisClientBackend(Backend):
             time.sleep(min(pause, left))
             pause *= 2
 
-    def _add(self, requests: Sequence[Tuple[bytes, int, bytes, Buffers, Optional[float]]], large: bool) -> List[Any]:
+    def _add(self, requests: Sequence[_Request], large: bool) -> List[Any]:
         """Add one request entry each to the stream, in one round trip;
         return their entry ids. ``requests``: request id, timeout in ms,
-        payload, buffers, cost."""
+        payload, buffers, cost, traceparent."""
         import redis
 
         keys = [self._keys.requests]
         if not large and self._packed:
-            packed = [(request_id, timeout_ms, payload, cost) for request_id, timeout_ms, payload, _, cost in requests]
+            packed = [
+                (request_id, timeout, payload, cost, trace) for request_id, timeout, payload, _, cost, trace in requests
+            ]
             try:
                 return cast(
                     List[Any],
@@ -289,8 +298,8 @@ class _RedisClientBackend(Backend):
                 logger.info("this Redis server's Lua has no cmsgpack: requests go in plain arguments")
                 self._packed = False
         added = [
-            request_fields(self._client_id, request_id, timeout_ms, self._codec.name, payload, buffers, cost)
-            for request_id, timeout_ms, payload, buffers, cost in requests
+            request_fields(self._client_id, request_id, timeout_ms, self._codec.name, payload, buffers, cost, trace)
+            for request_id, timeout_ms, payload, buffers, cost, trace in requests
         ]
         if large:
             # Arrays' bytes go to the socket as they are (see connection.py);
@@ -533,7 +542,9 @@ class RedisStreamer(BaseStreamer):
     web service wants), and ``item_cost`` (a function of one input giving its
     cost: computed here, it travels with the request to workers started with
     a ``max_batch_cost``), and ``name`` (this model's name in :meth:`stats`
-    and the metrics, default ``prefix``). Same signature as service_streamer's
+    and the metrics, default ``prefix``), and ``tracing`` (each call's span
+    context travels with its inputs, for workers that trace: see
+    :mod:`streamer_core.tracing`). Same signature as service_streamer's
     ``RedisStreamer``.
     """
 
@@ -548,9 +559,10 @@ class RedisStreamer(BaseStreamer):
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
         name: Optional[str] = None,
+        tracing: bool = default("tracing"),
     ) -> None:
         # Batches here are sends to Redis; workers form the model's, costs sent along (see encode).
-        config = BatchingConfig(_SEND_BATCH, _SEND_HOLD_S, timeout, max_queue)
+        config = BatchingConfig(_SEND_BATCH, _SEND_HOLD_S, timeout, max_queue, tracing=tracing)
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
         item_cost = OPTIONS["item_cost"].checked(item_cost)

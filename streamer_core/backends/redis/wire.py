@@ -19,6 +19,8 @@ A request entry (written by :func:`request_fields`, read by :func:`parse_request
     p   the payload
     b0, b1, ...  the payload's out-of-band buffers (raw bytes of large arrays)
     w   optional: the input's cost, by the web side's ``item_cost``
+    tp  optional: the W3C ``traceparent`` of the span the call was made in,
+        when the web side traces (a worker that does not know it ignores it)
 
 A result entry holds every answer of one batch for one web process
 (written by :func:`result_entry`, read by :func:`parse_results`)::
@@ -158,16 +160,26 @@ return ids
 # The same entries, field for field, as request_fields makes them, from
 # fewer and cheaper arguments (packed_request_arguments): what all of a
 # send's entries share once (ARGV[2..4]: version, client id, codec), and one
-# MessagePack array of four strings per entry (ARGV[1]: request id, timeout
-# in ms, payload, and cost or ''). Packing 64 requests' 832 arguments, and
-# the Python objects behind them, took the web process more time than Redis
-# took to run the script.
+# MessagePack array of five strings per entry (ARGV[1]: request id, timeout
+# in ms, payload, cost or '', traceparent or ''). Packing 64 requests' 832
+# arguments, and the Python objects behind them, took the web process more
+# time than Redis took to run the script. An entry with a traceparent (the
+# web side traces) is built field by field; the others as they always were.
 ADD_PACKED_REQUESTS_SCRIPT = """
 local each, ids = cmsgpack.unpack(ARGV[1]), {}
 local stream, v, c, k = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
-for n = 1, #each, 4 do
-  local w = each[n + 3]
-  if w == '' then
+for n = 1, #each, 5 do
+  local w, tp = each[n + 3], each[n + 4]
+  if tp ~= '' then
+    local fields = {'v', v, 'c', c, 'i', each[n], 't', each[n + 1], 'k', k, 'p', each[n + 2]}
+    if w ~= '' then
+      fields[#fields + 1] = 'w'
+      fields[#fields + 1] = w
+    end
+    fields[#fields + 1] = 'tp'
+    fields[#fields + 1] = tp
+    ids[#ids + 1] = redis.call('XADD', stream, '*', unpack(fields))
+  elseif w == '' then
     ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', v, 'c', c, 'i', each[n], 't', each[n + 1], 'k', k,
       'p', each[n + 2])
   else
@@ -284,6 +296,7 @@ class Request(NamedTuple):
     buffers: Tuple[bytes, ...]
     version: int
     cost: Optional[float] = None  # by the web side's item_cost, when it has one
+    trace: Optional[bytes] = None  # the caller's traceparent, when the web side traces (unchecked)
 
     def created_ms(self) -> int:
         """When Redis added the entry, by the server's clock (its id's first part)."""
@@ -298,20 +311,24 @@ def request_fields(
     payload: bytes,
     buffers: Sequence[Any] = (),
     cost: Optional[float] = None,
+    trace: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The fields of a request entry. ``cost`` (field ``w``, optional: a
     worker that does not know it ignores it) is the input's cost by the web
-    side's ``item_cost``, for workers that shape batches by cost."""
+    side's ``item_cost``, for workers that shape batches by cost; ``trace``
+    (field ``tp``, optional too) the ``traceparent`` of the call's span."""
     fields: Dict[str, Any] = {"v": WIRE_VERSION, "c": client, "i": item_id, "t": timeout_ms, "k": codec, "p": payload}
     if cost is not None:
         fields["w"] = repr(float(cost))
+    if trace is not None:
+        fields["tp"] = trace
     for n, buffer in enumerate(buffers):
         fields[f"b{n}"] = buffer
     return fields
 
 
-#: One request to send: request id, timeout in ms, payload, cost (or ``None``).
-PackedRequest = Tuple[bytes, int, bytes, Optional[float]]
+#: One request to send: request id, timeout in ms, payload, cost and traceparent (or ``None``).
+PackedRequest = Tuple[bytes, int, bytes, Optional[float], Optional[str]]
 
 
 def packed_request_arguments(client: str, codec: str, requests: Sequence[PackedRequest]) -> List[Any]:
@@ -321,8 +338,14 @@ def packed_request_arguments(client: str, codec: str, requests: Sequence[PackedR
     import msgpack  # the redis extra's, as the codecs'
 
     each: List[bytes] = []
-    for item_id, timeout_ms, payload, cost in requests:
-        each += (item_id, b"%d" % timeout_ms, payload, b"" if cost is None else repr(float(cost)).encode())
+    for item_id, timeout_ms, payload, cost, trace in requests:
+        each += (
+            item_id,
+            b"%d" % timeout_ms,
+            payload,
+            b"" if cost is None else repr(float(cost)).encode(),
+            b"" if trace is None else trace.encode(),
+        )
     # Raw strings, not bin: the cmsgpack of Redis's Lua predates bin.
     return [msgpack.packb(each, use_bin_type=False), WIRE_VERSION, client, codec]
 
@@ -347,7 +370,7 @@ def parse_request(entry_id: Any, fields: Any) -> Request:
     timeout_ms = _int(fields, b"t", 1, _MAX_TIMEOUT_MS)
     return Request(
         entry_id, client.decode(), item_id, timeout_ms, _codec_name(fields), _bytes(fields, b"p"),
-        _buffers(fields), _version(fields), _cost(fields),
+        _buffers(fields), _version(fields), _cost(fields), _trace(fields),
     )  # fmt: skip
 
 
@@ -473,6 +496,16 @@ def _cost(fields: Dict[Any, Any]) -> Optional[float]:
     if not math.isfinite(cost) or cost <= 0:
         raise MalformedEntry("field 'w' is not a cost (it must be a finite number > 0)")
     return cost
+
+
+def _trace(fields: Dict[Any, Any]) -> Optional[bytes]:
+    """Field ``tp``, the caller's ``traceparent``: kept when it is short
+    ASCII (a W3C one is 55 bytes), else dropped; parsed, and a bad one
+    ignored, only by a worker that traces. Never a reason to refuse the request."""
+    value = fields.get(b"tp")
+    if not isinstance(value, bytes) or not 0 < len(value) <= 128 or not value.isascii():
+        return None
+    return value
 
 
 def _codec_name(fields: Dict[Any, Any]) -> str:

@@ -43,9 +43,11 @@ from ...errors import WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...oom import load_failure
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-from ...runner import run_batch
+from ...runner import BatchRun, run_batch
+from ...shaping import batch_cost
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name
+from ...tracing import BatchFacts
 from .answers import AnswerWriter, Outcome
 from .connection import (
     broker_errors,
@@ -89,6 +91,9 @@ class RedisWorker:
     ``max_batch_cost``, ``batch_cost``, ``oom_errors``, and ``item_cost``,
     used for requests whose web side sent no cost of its own; ``name``, the
     model's name in :meth:`stats` and the metrics (default ``prefix``);
+    ``tracing``: run each batch in an OpenTelemetry span linked to its
+    callers' (:mod:`streamer_core.tracing`; the process sets up its tracer
+    provider, e.g. in the model's ``init_model``);
     ``hang_timeout`` (seconds, default 60; ``None``: never): a worker that
     has run one batch this long while none of that batch's callers waits
     any more is taken for hung. Under :func:`run_redis_workers_forever` (and
@@ -150,6 +155,7 @@ class RedisWorker:
         self._serving = False
         self._device: Optional[str] = None  # CUDA_VISIBLE_DEVICES as it serves
         self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
+        self._trace_facts: Optional[BatchFacts] = None  # set by run_forever when tracing
 
     def stats(self) -> StreamerStats:
         """This worker process's numbers: its batches, their queue waits (from
@@ -243,7 +249,10 @@ class RedisWorker:
         }
         for thread in threads.values():
             thread.start()
-        line = ready_line(model_facts(predict, gpu_id), self._config.batch_size, self._config.max_latency)
+        facts = model_facts(predict, gpu_id)
+        if self._config.tracing:
+            self._trace_facts = BatchFacts(self._stats.model, "redis", self.consumer, facts.device)
+        line = ready_line(facts, self._config.batch_size, self._config.max_latency)
         logger.info("worker %s serving %s: %s", self.consumer, self._keys.requests, line)
         self._serving = True
         self._stats.watch(self)
@@ -318,7 +327,10 @@ class RedisWorker:
             waits_ms = max(batch[p].request.created_ms() + batch[p].request.timeout_ms - now_ms for p in positions)
             self._watch.started(started, started + waits_ms / 1000)
             try:
-                run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
+                if self._trace_facts is None:
+                    run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
+                else:
+                    run = self._traced(predict, inputs, [batch[p] for p in positions], now_ms)
             finally:
                 self._watch.ended()
             for position, outcome in zip(positions, run.outcomes):
@@ -334,6 +346,28 @@ class RedisWorker:
         assert self._writer is not None  # made by run_forever
         self._writer.put([held.request for held in batch], outcomes)
         return sum(outcome is not None for outcome in outcomes), seconds
+
+    def _traced(self, predict: Any, inputs: List[Any], held: List[Input], now_ms: float) -> BatchRun:
+        """:func:`run_batch` inside the batch's span, linked to each caller's
+        (its ``traceparent`` in the request). A request's queue wait starts
+        when Redis took it in, by the server's clock, as the stats count it."""
+        from ...tracing import from_traceparent, traced_run
+
+        facts = self._trace_facts
+        assert facts is not None
+        now_ns = time.time_ns()
+        calls = [
+            from_traceparent(h.request.trace, now_ns - int(max(0.0, now_ms - h.request.created_ms()) * 1e6))
+            if h.request.trace is not None
+            else None
+            for h in held
+        ]
+        config = self._config
+        cost = batch_cost(config.batch_cost, [h.cost for h in held])
+        run, _ = traced_run(
+            lambda: run_batch(predict, inputs, config.isolate_errors, config.oom_errors), facts, calls, cost
+        )
+        return run
 
     def _withdrawn(self, batch: List[Input]) -> Set[bytes]:
         """The requests of ``batch`` whose callers gave up since they were
