@@ -50,7 +50,7 @@ from django.views import View
 from streamer_core.config import OPTIONS
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
 from streamer_core.web.body import FormLimits, default_input, json_of, limit_body, upload_of
-from streamer_core.web.cycle import Cycle
+from streamer_core.web.cycle import Cycle, Traced
 from streamer_core.web.http import (
     MISSING,
     dumps_json,
@@ -63,7 +63,7 @@ from streamer_core.web.http import (
 
 from . import conf
 from .conf import max_body_bytes
-from .registry import aget_streamer, draining, get_streamer
+from .registry import aget_streamer, draining, get_spec, get_streamer
 
 __all__ = [
     "batched_view",
@@ -269,6 +269,20 @@ def _debug() -> bool:
     return bool(settings.DEBUG)
 
 
+def _traced(request: HttpRequest, model: str) -> Optional[Traced]:
+    """The request's method and route, for its span, when its model traces
+    (``TRACING``); else ``None``. An unknown model or bad settings is not
+    traced: the cycle answers that, as it always has."""
+    try:
+        if not get_spec(model).config.tracing:
+            return None
+    except Exception:
+        return None
+    match = request.resolver_match
+    route = f"/{match.route}" if match is not None and match.route else request.path
+    return request.method or "POST", route
+
+
 _CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", _debug, _read_error)
 
 
@@ -372,6 +386,7 @@ def batched_view(
                     answer,
                     draining(),
                     most(),
+                    _traced(request, model),
                 )
 
             view = async_view
@@ -389,6 +404,7 @@ def batched_view(
                     answer,
                     draining(),
                     most(),
+                    _traced(request, model),
                 )
 
             view = sync_view
@@ -452,6 +468,7 @@ class BatchedView(View):
             self.respond,
             draining(),
             self._most(),
+            _traced(request, model),
         )
 
     def _most(self) -> Optional[int]:
@@ -484,4 +501,5 @@ class AsyncBatchedView(BatchedView):
             self.respond,
             draining(),
             self._most(),
+            _traced(request, model),
         )

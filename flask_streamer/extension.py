@@ -381,13 +381,18 @@ class FlaskStreamer:
         state = _state(app)
         limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
         most = (state.max_inputs if route.max_inputs is _UNSET else route.max_inputs) if route.many else None
+        handle = state.handle(route)
+        # Traced, the request's span is named by its route as Flask matched it ("POST /embed/<kind>").
+        rule = req.url_rule
+        traced = (req.method, rule.rule if rule is not None else req.path) if handle.spec.config.tracing else None
         return state.cycle.serve(
             route.name,
-            state.handle(route).get,
+            handle.get,
             lambda: _parse(route, req, app, limit),
             lambda output: route.respond(output) if route.respond is not None else _respond(app, output),
             state.draining,
             most,
+            traced,
         )
 
 

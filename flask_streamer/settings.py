@@ -16,6 +16,7 @@ setting                      default         meaning
 ``STREAMER_ITEM_COST``       ``None``        a function of one input (or its import path) giving its cost
 ``STREAMER_MAX_BATCH_COST``  ``None``        the most one batch may cost; None: no limit but the size
 ``STREAMER_BATCH_COST``      ``"max"``       ``"max"``: length times the costliest input; ``"sum"``
+``STREAMER_TRACING``         ``False``       OpenTelemetry spans of each request and batch (the otel extra)
 ``STREAMER_METRICS_ROUTE``   ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
 ``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
 ``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve

@@ -45,6 +45,7 @@ __all__ = [
     "traced_run",
     "request_span",
     "step",
+    "mark_status",
 ]
 
 #: The instrumentation scope of every span made here.
@@ -261,13 +262,16 @@ def step(name: str) -> _Step:
     return _Step(tracer().start_span(name))
 
 
-def mark_status(span: Span, status: int) -> None:
-    """Record a request's HTTP status on its span; a 5xx marks it failed."""
+def mark_status(span: Span, status: int, error: BaseException) -> None:
+    """Record on a request's span the error status it is answered with, and
+    the error; a 5xx marks the span failed (a 4xx is the client's)."""
     from opentelemetry import trace
 
     span.set_attribute("http.response.status_code", status)
+    span.set_attribute("error.type", type(error).__name__)
     if status >= 500:
-        span.set_status(trace.StatusCode.ERROR)
+        span.record_exception(error)
+        span.set_status(trace.StatusCode.ERROR, str(error))
 
 
 def batch_trace(traces: Sequence[Optional[CallTrace]]) -> List[Optional[str]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Dict, Generic, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
 from ..errors import InvalidInput, StreamerClosedError
 from ..future import BatchFuture
@@ -33,12 +33,17 @@ from ..streamer import BaseStreamer
 from .body import inputs_of
 from .http import error_response, log_unavailable
 
-__all__ = ["Cycle", "Reply"]
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+__all__ = ["Cycle", "Reply", "Traced"]
 
 R = TypeVar("R")
 
 #: ``reply(status, json_body, headers)``: the framework's response.
 Reply = Callable[[int, Dict[str, Any], Dict[str, str]], R]
+#: A request to trace, as its span names it: its method and route (``("POST", "/embed")``).
+Traced = Tuple[str, str]
 
 
 class Cycle(Generic[R]):
@@ -76,6 +81,7 @@ class Cycle(Generic[R]):
         respond: Callable[[Any], Any],
         draining: bool = False,
         many: Optional[int] = None,
+        traced: Optional[Traced] = None,
     ) -> R:
         """Serve one request to the endpoint ``name``: refuse it while
         ``draining``, ``parse()`` it into the model's input, run that through
@@ -84,13 +90,35 @@ class Cycle(Generic[R]):
         endpoint takes many inputs in a request, at most that many: ``parse()``
         gives their list, each runs as an input of its own (batched with
         others', spread over batches and workers), and ``respond`` gets
-        their outputs, in order; an input that fails is named in the error."""
+        their outputs, in order; an input that fails is named in the error.
+        ``traced``: the request's method and route when its model traces:
+        it is served inside a span of its own (:mod:`streamer_core.tracing`),
+        with one for each of parsing and responding."""
+        if traced is None:
+            return self._serve(name, streamer, parse, respond, draining, many, None)
+        from .. import tracing
+
+        with tracing.request_span(traced[0], traced[1], name) as span:
+            return self._serve(
+                name, streamer, _in_span("parse", parse), _in_span("respond", respond), draining, many, span
+            )
+
+    def _serve(
+        self,
+        name: str,
+        streamer: Callable[[], BaseStreamer],
+        parse: Callable[[], Any],
+        respond: Callable[[Any], Any],
+        draining: bool,
+        many: Optional[int],
+        span: Optional[Span],
+    ) -> R:
         if draining:
-            return self.refuse_while_draining(name)
+            return self.refuse_while_draining(name, span)
         try:
             inputs = self._inputs(parse(), many)
         except Exception as exc:
-            return self.parse_failed(name, exc)
+            return self.parse_failed(name, exc, span)
         future: Optional[BatchFuture] = None
         try:
             future = streamer().submit(inputs)
@@ -102,7 +130,7 @@ class Cycle(Generic[R]):
                     "respond synchronously, or make the view async"
                 )
         except Exception as exc:
-            return self.error(name, exc, _failed_input(future, many))
+            return self.error(name, exc, _failed_input(future, many), span)
         answer: R = response
         return answer
 
@@ -114,20 +142,40 @@ class Cycle(Generic[R]):
         respond: Callable[[Any], Any],
         draining: bool = False,
         many: Optional[int] = None,
+        traced: Optional[Traced] = None,
     ) -> R:
         """:meth:`serve` for an async view: ``parse``, ``streamer`` and
         ``respond`` may each return an awaitable, and the call is awaited
         without blocking the event loop (cancelling the awaiting task gives
         the call up)."""
+        if traced is None:
+            return await self._aserve(name, streamer, parse, respond, draining, many, None)
+        from .. import tracing
+
+        with tracing.request_span(traced[0], traced[1], name) as span:
+            return await self._aserve(
+                name, streamer, _in_span_async("parse", parse), _in_span_async("respond", respond), draining, many, span
+            )
+
+    async def _aserve(
+        self,
+        name: str,
+        streamer: Callable[[], BaseStreamer | Awaitable[BaseStreamer]],
+        parse: Callable[[], Any],
+        respond: Callable[[Any], Any],
+        draining: bool,
+        many: Optional[int],
+        span: Optional[Span],
+    ) -> R:
         if draining:
-            return self.refuse_while_draining(name)
+            return self.refuse_while_draining(name, span)
         try:
             parsed = parse()
             if inspect.isawaitable(parsed):
                 parsed = await parsed
             inputs = self._inputs(parsed, many)
         except Exception as exc:
-            return self.parse_failed(name, exc)
+            return self.parse_failed(name, exc, span)
         future: Optional[BatchFuture] = None
         try:
             running = streamer()
@@ -139,7 +187,7 @@ class Cycle(Generic[R]):
             if inspect.isawaitable(response):
                 response = await response
         except Exception as exc:
-            return self.error(name, exc, _failed_input(future, many))
+            return self.error(name, exc, _failed_input(future, many), span)
         answer: R = response
         return answer
 
@@ -149,14 +197,21 @@ class Cycle(Generic[R]):
 
     # -- its failures ------------------------------------------------------------
 
-    def error(self, name: str, exc: BaseException, failed_input: Optional[int] = None) -> R:
+    def error(
+        self, name: str, exc: BaseException, failed_input: Optional[int] = None, span: Optional[Span] = None
+    ) -> R:
         """The response for ``exc``: its status by
         :func:`~streamer_core.web.http.status_for`; a 500 logged with its
         traceback, a 503 or 504 logged by
         :func:`~streamer_core.web.http.log_unavailable`. ``failed_input``:
         the index of the input of the request it is the error of, named in
-        the message and given as ``"input"``."""
+        the message and given as ``"input"``; ``span``: the request's, when
+        traced, which records the status."""
         status, body, headers = error_response(exc, debug=self.debug())
+        if span is not None:
+            from ..tracing import mark_status
+
+            mark_status(span, status, exc)
         if failed_input is not None:
             error = body["error"]
             error["message"] = f"input {failed_input}: {error['message']}"
@@ -167,7 +222,7 @@ class Cycle(Generic[R]):
             log_unavailable(self.log, f"{self.noun} {name}", status, exc)
         return self.reply(status, body, headers)
 
-    def parse_failed(self, name: str, exc: Exception) -> R:
+    def parse_failed(self, name: str, exc: Exception, span: Optional[Span] = None) -> R:
         """The response when parsing the request raised ``exc``: an
         :class:`InvalidInput` as it is (400, or its own status); what the
         framework raised reading the body, as :attr:`read_error` says; a
@@ -184,13 +239,44 @@ class Cycle(Generic[R]):
             if problem is not exc:
                 problem.__cause__ = exc
         stats_for(name).failed(problem)
-        return self.error(name, problem)
+        return self.error(name, problem, span=span)
 
-    def refuse_while_draining(self, name: str) -> R:
+    def refuse_while_draining(self, name: str, span: Optional[Span] = None) -> R:
         """503 with ``Retry-After``: this process is shutting down."""
         stats_for(name).finished("unavailable")
-        status, body, headers = error_response(StreamerClosedError("this server is shutting down; retry another"))
+        refusal = StreamerClosedError("this server is shutting down; retry another")
+        status, body, headers = error_response(refusal)
+        if span is not None:
+            from ..tracing import mark_status
+
+            mark_status(span, status, refusal)
         return self.reply(status, body, headers)
+
+
+def _in_span(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` (parse, respond), run in a child span ``name`` of the request's."""
+    from ..tracing import step as span_of
+
+    def run(*args: Any) -> Any:
+        with span_of(name):
+            return step(*args)
+
+    return run
+
+
+def _in_span_async(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_in_span` for an async view's hooks, which may return an awaitable:
+    the span lasts until it is awaited."""
+    from ..tracing import step as span_of
+
+    async def run(*args: Any) -> Any:
+        with span_of(name):
+            value = step(*args)
+            if inspect.isawaitable(value):
+                value = await value
+            return value
+
+    return run
 
 
 def _failed_input(future: Optional[BatchFuture], many: Optional[int]) -> Optional[int]:
