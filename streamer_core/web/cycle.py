@@ -99,6 +99,8 @@ class Cycle(Generic[R]):
         from .. import tracing
 
         with tracing.request_span(traced[0], traced[1], name) as span:
+            if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
+                return self._serve(name, streamer, parse, respond, draining, many, None)
             return self._serve(
                 name, streamer, _in_span("parse", parse), _in_span("respond", respond), draining, many, span
             )
@@ -153,6 +155,8 @@ class Cycle(Generic[R]):
         from .. import tracing
 
         with tracing.request_span(traced[0], traced[1], name) as span:
+            if not span.is_recording():
+                return await self._aserve(name, streamer, parse, respond, draining, many, None)
             return await self._aserve(
                 name, streamer, _in_span_async("parse", parse), _in_span_async("respond", respond), draining, many, span
             )

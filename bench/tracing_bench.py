@@ -1,0 +1,138 @@
+"""What tracing costs a request: CPU per request through a Flask batched
+route with ``STREAMER_TRACING`` off and on.
+
+    .venv/bin/pip install -e '.[flask,otel]'
+    .venv/bin/python -m bench.tracing_bench                # about half a minute
+    .venv/bin/python -m bench.tracing_bench --provider none  # no SDK: the API's no-op tracer
+
+As ``bench/web_profile.py`` does, the WSGI app is called in this process,
+one request after another (no server, no network), against a model that
+costs nothing (as ``--stub-forward`` makes the example's): what is left is
+the layer's own work, which is what tracing adds to. One request at a time
+is the costliest case for tracing: every batch holds one request, so each
+request pays for a batch span of its own as well as its six spans (the
+request, parse, queue wait, in batch, respond, and the batch).
+
+Tracing on goes through OpenTelemetry's SDK, as a deployment's does: a
+``TracerProvider`` whose ``BatchSpanProcessor`` hands the spans to an
+exporter that drops them (the cost of sending them on is the exporter's,
+and happens on the processor's thread, counted here too). The engine alone
+(``streamer.predict([s])``, no web framework, under a span of the caller's
+own) is timed the same way. Each path is timed by this process's CPU time
+(every thread's) over ``--requests`` requests, ``--repeat`` times,
+interleaved; the medians are shown. ``--provider none`` sets up no SDK:
+tracing is on, and the API hands out its no-op tracer, as in a process
+where nobody set a provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from bench.web_profile import SENTENCE, call, cpu_per_request, environ, zero_model
+
+
+def sdk_provider() -> Any:
+    """Set up the SDK as a deployment does, exporting to nowhere; return the provider."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def measure(args: Any) -> Dict[str, float]:
+    from flask import Flask
+    from opentelemetry import trace
+
+    from flask_streamer import FlaskStreamer
+    from streamer_core import ThreadedStreamer
+
+    provider = sdk_provider() if args.provider == "sdk" else None
+    app = Flask("tracing_bench")
+    app.config["STREAMER_MAX_LATENCY"] = 0.0
+    streamer = FlaskStreamer(app)
+    streamer.add_batched_route("/off", "off", zero_model(False), field="s")
+    streamer.add_batched_route("/on", "on", zero_model(False), field="s", tracing=True)
+    core_off = ThreadedStreamer(zero_model(False), 64, 0.0)
+    core_on = ThreadedStreamer(zero_model(False), 64, 0.0, tracing=True)
+    tracer = trace.get_tracer("tracing_bench")
+
+    def traced_caller(streamer: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            with tracer.start_as_current_span("caller"):
+                return streamer.predict([SENTENCE])[0]
+
+        return run
+
+    paths: Dict[str, Callable[[], Any]] = {
+        "route, off": lambda base=environ("/off"): call(app, base),  # noqa: B008 - built once, on purpose
+        "route, on": lambda base=environ("/on"): call(app, base),  # noqa: B008
+        "engine, off": traced_caller(core_off),
+        "engine, on": traced_caller(core_on),
+    }
+    try:
+        for run_one in paths.values():  # warm up
+            for _ in range(300):
+                run_one()
+        timings: Dict[str, List[float]] = {name: [] for name in paths}
+        for _ in range(args.repeat):
+            for name, run_one in paths.items():
+                timings[name].append(cpu_per_request(run_one, args.requests))
+                if provider is not None:
+                    provider.force_flush()  # the exporter's work of these requests, counted with them
+        return {name: statistics.median(values) for name, values in timings.items()}
+    finally:
+        streamer.close(app)
+        core_off.close()
+        core_on.close()
+        if provider is not None:
+            provider.shutdown()
+
+
+def report(results: Dict[str, float], args: Any) -> str:
+    lines = [
+        f"CPU µs per request, median of {args.repeat} interleaved timings of {args.requests} requests, "
+        f"provider: {args.provider} (the caller's span included on the engine's rows)",
+        "",
+        "| path | tracing off | tracing on | added | added, % of off |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for path in ("route", "engine"):
+        off, on = results[f"{path}, off"], results[f"{path}, on"]
+        lines.append(f"| {path} | {off:.0f} | {on:.0f} | {on - off:.0f} | {100 * (on - off) / off:.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per timing (default 2000)")
+    parser.add_argument("--repeat", type=int, default=7, help="interleaved timings per path (default 7)")
+    parser.add_argument(
+        "--provider",
+        choices=["sdk", "none"],
+        default="sdk",
+        help="sdk: the SDK, a BatchSpanProcessor, an exporter that drops (default); none: the API's no-op",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = parser.parse_args(argv)
+    results = measure(args)
+    print(report(results, args))
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
