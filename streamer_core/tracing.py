@@ -91,11 +91,12 @@ def tracer() -> Tracer:
     the provider set later."""
     global _tracer
     if _tracer is None:
+        import sys
+
         from opentelemetry import trace
 
-        from . import __version__
-
-        _tracer = trace.get_tracer(TRACER_NAME, __version__)
+        # The package's version, read without importing the package from here.
+        _tracer = trace.get_tracer(TRACER_NAME, getattr(sys.modules.get(TRACER_NAME), "__version__", None))
     return _tracer
 
 

@@ -158,3 +158,13 @@ def test_a_process_worker_makes_the_batch_span_linked_to_the_calls_context(closi
     assert waited.parent == ran.parent == parent.span_id
     assert waited.trace_id == ran.trace_id == parent.trace_id
     assert ran.links == [batch.span_id]
+
+
+def test_a_web_layers_redis_workers_trace_when_its_settings_say_so(closing):
+    from streamer_core.web.spec import ModelSpec
+
+    spec = ModelSpec.checked(
+        "embed", double, {"backend": "redis", "redis_url": "redis://127.0.0.1:6379/0", "tracing": True}
+    )
+    assert spec.worker_group().options["tracing"] is True
+    assert closing(spec.build()).config.tracing is True  # its web side sends each call's context

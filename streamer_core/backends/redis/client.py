@@ -74,7 +74,6 @@ _FIRST_RETRY_S = 0.1
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
 _BLOCK_MS = 500
-
 #: A request to send: request id, timeout in ms, payload, buffers, cost, traceparent.
 _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
 
@@ -247,8 +246,7 @@ class _RedisClientBackend(Backend):
                     if future is None:
                         continue
                     payload, buffers, cost = item.value
-                    call = item.task.trace  # None unless the streamer traces
-                    trace = None if call is None else to_traceparent(call)
+                    trace = None if item.task.trace is None else to_traceparent(item.task.trace)  # traced only
                     timeout_ms = max(1, int((future._deadline - now) * 1000))
                     requests.append((request_id, timeout_ms, payload, buffers, cost, trace))
                     sent.append(request_id)
@@ -541,11 +539,10 @@ class RedisStreamer(BaseStreamer):
     for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
     web service wants), and ``item_cost`` (a function of one input giving its
     cost: computed here, it travels with the request to workers started with
-    a ``max_batch_cost``), and ``name`` (this model's name in :meth:`stats`
+    a ``max_batch_cost``), ``name`` (this model's name in :meth:`stats`
     and the metrics, default ``prefix``), and ``tracing`` (each call's span
-    context travels with its inputs, for workers that trace: see
-    :mod:`streamer_core.tracing`). Same signature as service_streamer's
-    ``RedisStreamer``.
+    context goes with its inputs to workers that trace: :mod:`streamer_core.tracing`).
+    Same signature as service_streamer's ``RedisStreamer``.
     """
 
     def __init__(

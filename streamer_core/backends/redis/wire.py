@@ -172,12 +172,8 @@ for n = 1, #each, 5 do
   local w, tp = each[n + 3], each[n + 4]
   if tp ~= '' then
     local fields = {'v', v, 'c', c, 'i', each[n], 't', each[n + 1], 'k', k, 'p', each[n + 2]}
-    if w ~= '' then
-      fields[#fields + 1] = 'w'
-      fields[#fields + 1] = w
-    end
-    fields[#fields + 1] = 'tp'
-    fields[#fields + 1] = tp
+    if w ~= '' then fields[#fields + 1], fields[#fields + 2] = 'w', w end
+    fields[#fields + 1], fields[#fields + 2] = 'tp', tp
     ids[#ids + 1] = redis.call('XADD', stream, '*', unpack(fields))
   elseif w == '' then
     ids[#ids + 1] = redis.call('XADD', stream, '*', 'v', v, 'c', c, 'i', each[n], 't', each[n + 1], 'k', k,
@@ -339,13 +335,8 @@ def packed_request_arguments(client: str, codec: str, requests: Sequence[PackedR
 
     each: List[bytes] = []
     for item_id, timeout_ms, payload, cost, trace in requests:
-        each += (
-            item_id,
-            b"%d" % timeout_ms,
-            payload,
-            b"" if cost is None else repr(float(cost)).encode(),
-            b"" if trace is None else trace.encode(),
-        )
+        weight = b"" if cost is None else repr(float(cost)).encode()
+        each += (item_id, b"%d" % timeout_ms, payload, weight, b"" if trace is None else trace.encode())
     # Raw strings, not bin: the cmsgpack of Redis's Lua predates bin.
     return [msgpack.packb(each, use_bin_type=False), WIRE_VERSION, client, codec]
 
