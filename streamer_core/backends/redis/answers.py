@@ -1,4 +1,5 @@
-"""The writer thread of a Redis worker: the answers of each batch it ran.
+"""The answers of a batch: written by a Redis worker's writer thread,
+read by the web process (:func:`read_answer`).
 
 While the model runs the next batch, the writer writes the answers of the
 last one: one result entry per web process whose requests it holds, on that
@@ -17,14 +18,25 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ...codec import Codec, encode_error, get_codec
+from ...codec import Codec, decode_error, encode_error, get_codec
 from ...errors import SerializationError
 from ...redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, connect
 from .intake import Hands, ServerClock
-from .wire import GROUP, RESULTS_MAXLEN, RESULTS_TTL_S, Answer, Keys, Request, legacy_result_entry, result_entry
+from .wire import (
+    GROUP,
+    RESULTS_MAXLEN,
+    RESULTS_TTL_S,
+    WIRE_VERSION,
+    Answer,
+    Keys,
+    Request,
+    Result,
+    legacy_result_entry,
+    result_entry,
+)
 
-__all__ = ["AnswerWriter", "Outcome"]
+__all__ = ["AnswerWriter", "Outcome", "read_answer"]
 
 logger = logging.getLogger("streamer_core.redis")
 
@@ -162,3 +174,29 @@ class AnswerWriter:
             except SerializationError as exc:
                 value = SerializationError(f"the model's result cannot be sent back: {exc}")
         return request.item_id, False, self._errors_codec.encode(encode_error(value)), ()
+
+
+def read_answer(answer: Result, codec: Codec, errors_codec: Codec) -> Tuple[bool, Any]:
+    """An answer as the web process reads it: ``(True, output)`` or
+    ``(False, error)``. Outputs are read with this side's ``codec`` only;
+    errors, plain data, with ``errors_codec`` (msgpack) whatever the codec:
+    an answer in another codec (a pickle this side did not opt into) is
+    refused, never loaded."""
+    try:
+        if answer.version > WIRE_VERSION:
+            raise SerializationError(
+                f"it was written by a newer version of streamer_core (wire format {answer.version}; this "
+                f"side reads up to {WIRE_VERSION}): upgrade the web processes"
+            )
+        if answer.codec == codec.name:
+            value = codec.loads(answer.payload, answer.buffers)
+        elif answer.codec == "msgpack":  # plain data: safe to read whatever this side's codec
+            value = errors_codec.loads(answer.payload, answer.buffers)
+        else:
+            raise SerializationError(f"refusing a {answer.codec!r} answer: this side reads {codec.name!r}")
+    except Exception as exc:
+        logger.warning("refused a result from Redis: %s", exc)
+        return False, SerializationError(f"the worker's answer could not be read: {exc}")
+    if answer.ok:
+        return True, value
+    return False, decode_error(value)

@@ -10,12 +10,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver
-from ...codec import Buffers, decode_error, get_codec
+from ...codec import Buffers, get_codec
 from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from ...tracing import to_traceparent
+from .answers import read_answer
 from .connection import (
     MAX_BACKOFF_S,
     LoopErrors,
@@ -25,23 +26,20 @@ from .connection import (
     connect,
     setup_refused,
 )
+from .damage import DeadLetters, is_wrong_type, repair_key
 from .roster import NO_WORKER_S, Roster
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     ADD_REQUESTS_SCRIPT,
     RESULTS_TTL_S,
-    WIRE_VERSION,
-    DeadLetters,
     Keys,
     MalformedEntry,
     Result,
-    is_wrong_type,
     new_client_id,
     new_request_id,
     next_id,
     packed_request_arguments,
     parse_results,
-    repair_key,
     request_arguments,
     request_fields,
 )
@@ -392,7 +390,7 @@ class _RedisClientBackend(Backend):
                     batches.append((items, answers))
         scheduler = self._scheduler
         for items, answers in batches:
-            outcomes = [self._decode_result(answer) for answer in answers]
+            outcomes = [read_answer(answer, self._codec, self._errors_codec) for answer in answers]
             if scheduler is not None:
                 self._let_callers_return(scheduler)
                 scheduler.answered(len(items), time.monotonic() - min(item.arrival for item in items))
@@ -410,27 +408,6 @@ class _RedisClientBackend(Backend):
             if now >= until or not scheduler.callers_returning(now):
                 return
             time.sleep(0.0002)
-
-    def _decode_result(self, answer: Result) -> Tuple[bool, Any]:
-        """An answer as an outcome: ``(True, output)`` or ``(False, error)``."""
-        try:
-            if answer.version > WIRE_VERSION:
-                raise SerializationError(
-                    f"it was written by a newer version of streamer_core (wire format {answer.version}; this "
-                    f"side reads up to {WIRE_VERSION}): upgrade the web processes"
-                )
-            if answer.codec == self._codec.name:
-                value = self._codec.loads(answer.payload, answer.buffers)
-            elif answer.codec == "msgpack":  # plain data: safe to read whatever this side's codec
-                value = self._errors_codec.loads(answer.payload, answer.buffers)
-            else:
-                raise SerializationError(f"refusing a {answer.codec!r} answer: this side reads {self._codec.name!r}")
-        except Exception as exc:
-            logger.warning("refused a result from Redis: %s", exc)
-            return False, SerializationError(f"the worker's answer could not be read: {exc}")
-        if answer.ok:
-            return True, value
-        return False, decode_error(value)
 
     def live_workers(self, conn: Any = None) -> int:
         """How many workers serve this prefix now (beat within the last

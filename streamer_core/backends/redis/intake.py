@@ -24,7 +24,8 @@ from ...errors import ItemCostError, SerializationError, WorkerDiedError
 from ...stats import ModelStats
 from ...streamer import item_cost_of
 from .connection import server_time_ms
-from .wire import GROUP, WIRE_VERSION, DeadLetters, Keys, MalformedEntry, Request, parse_request
+from .damage import DeadLetters
+from .wire import GROUP, WIRE_VERSION, Keys, MalformedEntry, Request, parse_request
 
 __all__ = ["Input", "Hands", "ServerClock", "Intake"]
 

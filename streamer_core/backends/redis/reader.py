@@ -23,8 +23,9 @@ from ...former import BatchFormer
 from ...green import Condition
 from ...redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem
+from .damage import is_wrong_type, repair_key
 from .intake import Input, Intake
-from .wire import GROUP, Keys, is_wrong_type, repair_key
+from .wire import GROUP, Keys
 
 __all__ = ["Handover", "Reader"]
 
