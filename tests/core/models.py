@@ -270,3 +270,29 @@ class TracedDouble(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Any]:
         return [x * 2 for x in batch]
+
+
+class RecordingGate(ManagedModel):
+    """Appends every input it runs to ``folder/ran.jsonl``; a batch holding
+    ``"hold"`` announces itself (file ``inside``) and waits while the file
+    ``hold`` exists in ``folder``. Answers ``ok:<input>``: a test of the
+    process backend sees what reached the model, and holds it busy."""
+
+    def init_model(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        with (self.folder / "ran.jsonl").open("a") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in batch))
+        if "hold" in batch and (self.folder / "hold").exists():
+            (self.folder / "inside").write_text("")
+            deadline = time.monotonic() + 15
+            while (self.folder / "hold").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return [f"ok:{x}" for x in batch]
+
+
+def ran_inputs(folder: Path) -> List[Any]:
+    """What :class:`RecordingGate` ran, in order."""
+    path = folder / "ran.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,59 @@
+"""Work for callers who are gone, over Redis: a request whose caller
+cancelled it or whose deadline passed is not run by a worker, whether the
+worker had read it (it waits there while the model is busy) or not; the
+worker acknowledges and deletes it, so nothing is left pending, and the
+requests of live callers around it are answered as usual."""
+
+from __future__ import annotations
+
+import time
+
+from streamer_core import StreamerTimeoutError
+from tests.redis.conftest import wait_for
+
+
+def test_a_request_cancelled_after_a_busy_worker_read_it_is_skipped_and_acknowledged(
+    broker, make_streamer, start_worker, gate
+):
+    start_worker(broker, gate, batch_size=4)
+    streamer = make_streamer(broker, timeout=10)
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    cancelled = streamer.submit(["cancelled"])
+    kept = streamer.submit(["kept"])
+    assert wait_for(lambda: broker.pending() == 3, 5), "the worker should have read the requests ahead"
+    assert cancelled.cancel()
+    time.sleep(0.1)  # the web side withdraws it from Redis in a thread of its own
+    gate.release()
+    assert held.result(5) == ["ok:hold"] and kept.result(5) == ["ok:kept"]
+    assert gate.seen() == ["hold", "kept"], "the worker ran a request its caller had cancelled"
+    assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the skipped request was left behind"
+
+
+def test_a_request_that_expired_in_a_busy_workers_hands_is_skipped_and_acknowledged(
+    broker, make_streamer, start_worker, gate
+):
+    start_worker(broker, gate, batch_size=4)
+    streamer = make_streamer(broker, timeout=10)
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    expired = streamer.submit(["expired"], timeout=0.3)
+    assert wait_for(lambda: broker.pending() == 2, 5), "the worker should have read the request ahead"
+    assert isinstance(expired.exception(5), StreamerTimeoutError)
+    time.sleep(0.1)
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert gate.seen() == ["hold", "after"], "the worker ran a request past its deadline"
+    assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the skipped request was left behind"
+
+
+def test_a_request_cancelled_before_any_worker_read_it_never_runs(broker, make_streamer, start_worker, gate):
+    streamer = make_streamer(broker, timeout=10)
+    cancelled = streamer.submit(["cancelled"])
+    broker.wait_queued(1)
+    assert cancelled.cancel()
+    assert wait_for(lambda: broker.xlen() == 0, 3), "a cancelled request was left in the stream"
+    start_worker(broker, gate, batch_size=4)
+    assert streamer.predict(["after"]) == ["ok:after"]
+    assert gate.seen() == ["after"]
