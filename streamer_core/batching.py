@@ -39,7 +39,7 @@ from .green import Condition
 from .stats import ModelStats
 from .tracing import CallTrace
 
-__all__ = ["Scheduler", "Outcome", "deliver"]
+__all__ = ["Scheduler", "Outcome", "deliver", "live_items"]
 
 #: A per-item result: ``(True, value)`` or ``(False, exception)``.
 Outcome = Tuple[bool, Any]
@@ -54,7 +54,7 @@ class _Task:
     ``_set_quietly``).
     """
 
-    __slots__ = ("future", "results", "remaining", "size", "timeout", "trace")
+    __slots__ = ("future", "results", "remaining", "size", "timeout", "trace", "gone")
 
     def __init__(self, future: BatchFuture, size: int, timeout: float, trace: Optional[CallTrace] = None) -> None:
         self.future: Optional[BatchFuture] = future
@@ -64,10 +64,17 @@ class _Task:
         self.timeout = timeout
         #: The span the call was submitted in, when its streamer traces (see :mod:`.tracing`).
         self.trace = trace
+        self.gone = "cancelled"  # why it ended, once its future is let go (see why)
 
     def live(self) -> bool:
         future = self.future
         return future is not None and future._state == "PENDING"
+
+    def why(self) -> str:
+        """Why the call ended unanswered (one of ``stats.DROP_REASONS``),
+        asked of an input dropped for it."""
+        future = self.future
+        return self.gone if future is None else future._why
 
     def fail(self, exc: BaseException, index: Optional[int] = None) -> bool:
         """Fail the call with ``exc``; ``index``: the input it is the error of
@@ -78,7 +85,9 @@ class _Task:
         self.future = self.results = None  # drop references: nothing stays in memory for it
         if index is not None:
             future.failed_input = index  # before it completes: a woken caller reads it
-        return settle(future, exc=exc)
+        settled = settle(future, exc=exc)
+        self.gone = future._why  # set by this failure, or by whatever ended the call first
+        return settled
 
     def set_outcome(self, index: int, ok: bool, value: Any) -> Optional[BatchFuture]:
         """Record one item's outcome; return the future if this completed it
@@ -116,6 +125,18 @@ class _Item:
 def _live(item: _Item) -> bool:
     """Whether an item's call still waits for it (the former drops the rest)."""
     return item.task.live()
+
+
+def live_items(items: Sequence[_Item], stats: Optional[ModelStats]) -> List[_Item]:
+    """The items of a batch whose calls still wait for them; the others
+    are dropped unrun, counted by why (a backend's last look before its
+    model runs the batch)."""
+    kept = [item for item in items if item.task.live()]
+    if len(kept) < len(items) and stats is not None:
+        for item in items:
+            if not item.task.live():
+                stats.dropped(item.task.why())
+    return kept
 
 
 def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
@@ -206,7 +227,7 @@ class Scheduler:
         # shaped by cost when the config asks, and while a cap learned from
         # running out of memory holds (on the count, without an item_cost:
         # each input costs 1).
-        self._former: BatchFormer[_Item] = BatchFormer(config, config.item_cost is not None, _live)
+        self._former: BatchFormer[_Item] = BatchFormer(config, config.item_cost is not None, _live, self._dropped)
         self._deadlines = _Deadlines(config.timeout)
         # Worker capacity: each worker holds up to two batches, the one it runs
         # and, when a full batch is waiting, the next one, so it never idles
@@ -217,6 +238,11 @@ class Scheduler:
         self._closing = False
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
+
+    def _dropped(self, item: _Item) -> None:
+        """The former dropped ``item`` unrun: its call had ended."""
+        if self.stats is not None:
+            self.stats.dropped(item.task.why())
 
     # -- the callers' side -------------------------------------------------
 

@@ -20,7 +20,7 @@ everywhere:
 The former holds no lock: its owner calls it under its own. An input is
 anything with a ``cost`` and an ``arrival`` (``time.monotonic()``); the
 owner says which inputs are still wanted (``live``), and given-up ones are
-dropped as they are met.
+dropped as they are met, each told to the owner (``dropped``) to be counted.
 """
 
 from __future__ import annotations
@@ -56,9 +56,16 @@ class BatchFormer(Generic[T]):
     their own (an ``item_cost``, or costs sent by the web side), so a budget
     shapes batches; without, each costs 1 and only a cap learned from
     running out of memory does. ``live(input)``: whether its caller still
-    wants it (default: always)."""
+    wants it (default: always); ``dropped(input)``: told of each input
+    taken out unrun because it is not live."""
 
-    def __init__(self, config: BatchingConfig, costed: bool, live: Optional[Callable[[T], bool]] = None) -> None:
+    def __init__(
+        self,
+        config: BatchingConfig,
+        costed: bool,
+        live: Optional[Callable[[T], bool]] = None,
+        dropped: Optional[Callable[[T], None]] = None,
+    ) -> None:
         self.size = config.batch_size
         #: When a batch that is not full goes: answered callers are awaited, within max_latency.
         self.policy = HoldPolicy(config.max_latency)
@@ -66,6 +73,7 @@ class BatchFormer(Generic[T]):
         #: Whether batches are shaped by cost now: a budget, or a cap learned from running out of memory.
         self.shaped = self.shaper.active
         self._live: Callable[[T], bool] = live if live is not None else _always
+        self._drop: Callable[[T], None] = dropped if dropped is not None else _ignore
         self._queue: Deque[T] = deque()
         self._alone: Deque[T] = deque()  # inputs to run one at a time, first
         self._dead = 0  # inputs in the queue given up, about: triggers a compaction
@@ -127,9 +135,8 @@ class BatchFormer(Generic[T]):
 
     def compact(self) -> None:
         """Drop every given-up input now."""
-        live = self._live
-        self._queue = deque(each for each in self._queue if live(each))
-        self._alone = deque(each for each in self._alone if live(each))
+        self._queue = deque(self._kept(self._queue))
+        self._alone = deque(self._kept(self._alone))
         self._dead = 0
 
     # -- when a batch goes ---------------------------------------------------------
@@ -138,7 +145,7 @@ class BatchFormer(Generic[T]):
         """Whether an input waits to run alone (given-up ones at the head dropped)."""
         alone, live = self._alone, self._live
         while alone and not live(alone[0]):
-            alone.popleft()
+            self._drop(alone.popleft())
         return bool(alone)
 
     def full(self) -> bool:
@@ -178,6 +185,7 @@ class BatchFormer(Generic[T]):
             first = alone.popleft()
             if live(first):
                 return [first], now
+            self._drop(first)
         queue = self._skip_given_up()
         if not queue:
             self._dead = 0
@@ -212,7 +220,7 @@ class BatchFormer(Generic[T]):
         """The queue, after dropping given-up inputs at its head."""
         queue, live = self._queue, self._live
         while queue and not live(queue[0]):
-            queue.popleft()
+            self._drop(queue.popleft())
         return queue
 
     def _pop(self, size: int) -> List[T]:
@@ -222,6 +230,8 @@ class BatchFormer(Generic[T]):
             first = queue.popleft()
             if live(first):
                 batch.append(first)
+            else:
+                self._drop(first)
         return batch
 
     def _pop_shaped(self) -> List[T]:
@@ -236,10 +246,21 @@ class BatchFormer(Generic[T]):
             first = queue.popleft()
             if live(first):
                 window.append(first)
+            else:
+                self._drop(first)
         taken = self.shaper.shape([each.cost for each in window])
         chosen = set(taken)
         queue.extendleft(reversed([each for i, each in enumerate(window) if i not in chosen]))
         return [window[i] for i in taken]
+
+    def _kept(self, inputs: Deque[T]) -> Iterator[T]:
+        """The live ones of ``inputs``; the others told to the owner as dropped."""
+        live, drop = self._live, self._drop
+        for each in inputs:
+            if live(each):
+                yield each
+            else:
+                drop(each)
 
     def _rebound(self) -> None:
         """Make the bound on what the queued inputs cost tight again."""
@@ -249,3 +270,7 @@ class BatchFormer(Generic[T]):
 
 def _always(_: Any) -> bool:
     return True
+
+
+def _ignore(_: Any) -> None:
+    pass

@@ -77,6 +77,9 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     #: A backend's cheaper done-callback: adding a real one makes the
     #: future's condition, and takes its slow path, on every call.
     _unanswered: Optional[Callable[[], None]] = None
+    #: Why the call ended unanswered, once it has (one of
+    #: ``stats.DROP_REASONS``): what its inputs still queued are dropped for.
+    _why: str = "cancelled"
 
     def __init__(self) -> None:
         # Not Future.__init__: its condition and lists are made on first use
@@ -112,6 +115,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         self._wake()
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
+        if isinstance(exception, StreamerTimeoutError):
+            self._why = "expired"
         super().set_exception(exception)
         stats = self._stats
         if stats is not None and exception is not None:
@@ -150,10 +155,18 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     def cancel(self) -> bool:
         return self._cancel("cancelled")
 
-    def _cancel(self, outcome: str) -> bool:
+    def disconnected(self) -> bool:
+        """Give the call up because its HTTP client went away (the web layers
+        call it when the server tells them): as :meth:`cancel`, its inputs
+        still queued are dropped, counted as ``disconnected``."""
+        return self._cancel("cancelled", "disconnected")
+
+    def _cancel(self, outcome: str, why: Optional[str] = None) -> bool:
         with self._condition:
             if self._state not in ("PENDING", "RUNNING"):
                 return self._state in _CANCELLED_STATES
+            # Before the state changes: the dispatcher reads it once the call is not pending.
+            self._why = why or ("expired" if outcome == "timeout" else "cancelled")
             cancelled = super().cancel()
         if cancelled:
             # As an executor does for a cancelled item: concurrent.futures.wait()
@@ -190,6 +203,19 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         self._wait(timeout)
         return super().exception(0)
+
+    def _wait_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the call to end, without giving
+        it up when the time runs out (as :meth:`result` does); return
+        whether it has ended."""
+        if self._state in _DONE_STATES:
+            return True
+        if in_unpatched_greenlet():
+            return self._wait_green(timeout)
+        if self._finished.acquire(timeout=timeout):
+            self._finished.release()  # let any other waiter through too
+            return True
+        return self.done()
 
     def _wait(self, timeout: Optional[float]) -> None:
         if self._state in _DONE_STATES:

@@ -20,6 +20,9 @@ with the label ``model``:
                                                    out of memory (``+Inf``: none; in inputs
                                                    without ``item_cost``); in multiprocess mode,
                                                    the lowest of the live processes'
+``streamer_dropped_total``              counter    inputs taken out unrun because nobody waited
+                                                   for them any more, by ``reason`` (see
+                                                   ``stats.DROP_REASONS``)
 ``streamer_redis_redelivered_total``    counter    requests a Redis worker took over from one
                                                    that stopped answering
 ``streamer_redis_dead_lettered_total``  counter    entries that did not parse, moved to the
@@ -61,6 +64,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from .stats import (
     BATCH_SIZE_BUCKETS,
+    DROP_REASONS,
     OUTCOMES,
     SECONDS_BUCKETS,
     ModelStats,
@@ -180,6 +184,11 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         cap.add_metric([snap.model], snap.batch_cost_cap)
     yield splits
     yield cap
+    dropped = CounterMetricFamily("streamer_dropped", _DROPPED_HELP, labels=["model", "reason"])
+    for snap in snapshots:
+        for reason in DROP_REASONS:
+            dropped.add_metric([snap.model, reason], float(snap.dropped[reason]))
+    yield dropped
     redelivered = CounterMetricFamily(
         "streamer_redis_redelivered",
         "Requests a Redis worker took over from a worker that stopped answering.",
@@ -193,6 +202,9 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         dead.add_metric([snap.model], float(snap.dead_lettered))
     yield redelivered
     yield dead
+
+
+_DROPPED_HELP = "Inputs taken out unrun because nobody waited for them any more, by reason."
 
 
 def render_pending(models: List[ModelStats]) -> Iterator[Any]:
@@ -290,10 +302,11 @@ class _Mirrors:
         self.dead_lettered = Counter(
             "streamer_redis_dead_lettered", "Entries that did not parse, moved to the dead-letter stream.", ["model"]
         )
+        self.dropped = Counter("streamer_dropped", _DROPPED_HELP, ["model", "reason"])
         self._watched: Dict[str, ModelStats] = {}
         # Each model's labelled children, looked up once (a lookup costs as
         # much as a record).
-        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any], Any, Any, Any]] = {}
+        self._children: Dict[str, Tuple[Any, Any, Any, Dict[str, Any], Any, Any, Any, Dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
@@ -310,6 +323,7 @@ class _Mirrors:
                 self.oom_splits.labels(model),
                 self.redelivered.labels(model),
                 self.dead_lettered.labels(model),
+                {reason: self.dropped.labels(model, reason) for reason in DROP_REASONS},
             )
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
@@ -318,9 +332,9 @@ class _Mirrors:
         self._set_gauges(stats)
 
     def record(self, stats: ModelStats, what: str, *args: Any) -> None:
-        batch_size, model_seconds, queue_wait, requests, oom_splits, redelivered, dead_lettered = self._children[
-            stats.model
-        ]
+        batch_size, model_seconds, queue_wait, requests, oom_splits, redelivered, dead_lettered, dropped = (
+            self._children[stats.model]
+        )
         if what == "batch":
             size, seconds, waits = args
             batch_size.observe(size)
@@ -334,6 +348,8 @@ class _Mirrors:
             redelivered.inc(args[0])
         elif what == "dead_lettered":
             dead_lettered.inc(args[0])
+        elif what == "dropped":
+            dropped[args[0]].inc(args[1])
         else:
             requests[what].inc(args[0])
 

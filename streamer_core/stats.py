@@ -24,6 +24,11 @@ What is counted, and where:
   backends (workers report their splits to it), each worker for Redis;
   ``batch_cost_cap``, the cap on a batch's cost learned from those errors,
   read from the live streamers;
+* ``dropped``: inputs taken out unrun because nobody waited for them any
+  more, by reason (see :data:`DROP_REASONS`), where they were dropped: in
+  the web process for the thread and process backends, and for inputs a
+  Redis web process had not sent yet; by the Redis worker that read them
+  otherwise;
 * ``redelivered`` (Redis workers): requests taken over from a worker that
   stopped answering; ``dead_lettered`` (Redis workers and web processes):
   entries that did not parse, moved to the dead-letter stream. Both stay 0
@@ -55,6 +60,7 @@ from .errors import (
 
 __all__ = [
     "OUTCOMES",
+    "DROP_REASONS",
     "Histogram",
     "ModelStats",
     "StreamerStats",
@@ -73,6 +79,15 @@ logger = logging.getLogger("streamer_core.stats")
 #: not read); ``too_large``: a body, file or list of inputs over the route's
 #: limit (HTTP 413); ``cancelled``: the caller gave it up.
 OUTCOMES = ("ok", "model_error", "timeout", "rejected", "unavailable", "invalid", "too_large", "cancelled")
+
+#: Why an input was dropped before it ran: ``cancelled``: its call was
+#: cancelled (``future.cancel()``, a cancelled ``apredict`` task) or ended
+#: otherwise first (another of its inputs failed; over Redis, any
+#: withdrawal by the web process, which the worker cannot tell apart);
+#: ``expired``: its deadline passed (the call's timeout, or a caller's wait
+#: in ``result(timeout)`` ran out); ``disconnected``: the HTTP client went
+#: away while the request waited (see the README's "Callers who leave").
+DROP_REASONS = ("cancelled", "expired", "disconnected")
 
 #: Histogram bucket upper bounds. Batch sizes in powers of two (a batch of 64
 #: is counted at ``le="64"``); seconds from half a millisecond to half a minute.
@@ -182,6 +197,8 @@ class StreamerStats:
     counts itself). ``redelivered`` counts requests a Redis worker took over from one that
     stopped answering, ``dead_lettered`` entries that did not parse and went
     to the Redis dead-letter stream (both 0 on the other backends).
+    ``dropped`` counts inputs taken out unrun because nobody waited for
+    them any more, by reason (every name of :data:`DROP_REASONS` is present).
     """
 
     model: str
@@ -196,6 +213,7 @@ class StreamerStats:
     redelivered: int = 0
     dead_lettered: int = 0
     workers_by_device: Dict[str, int] = field(default_factory=dict)
+    dropped: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
 
     @property
     def batches(self) -> int:
@@ -248,6 +266,7 @@ class ModelStats:
         self._oom_splits = 0
         self._redelivered = 0
         self._dead_lettered = 0
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
         # Live streamers of this name, read for the gauges; weak, so stats
         # never keep a streamer (or its model) alive.
         self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
@@ -332,6 +351,15 @@ class ModelStats:
         if mirror is not None:
             mirror(self, "dead_lettered", entries)
 
+    def dropped(self, reason: str, inputs: int = 1) -> None:
+        """``inputs`` inputs were taken out unrun for ``reason`` (one of
+        :data:`DROP_REASONS`): nobody waited for them any more."""
+        with self._lock:
+            self._dropped[reason] += inputs
+        mirror = self._mirror
+        if mirror is not None:
+            mirror(self, "dropped", reason, inputs)
+
     def succeeded(self, calls: int) -> None:
         """``calls`` calls completed with their results."""
         with self._lock:
@@ -405,6 +433,7 @@ class ModelStats:
                 self._redelivered,
                 self._dead_lettered,
                 devices,
+                dict(self._dropped),
             )
 
 

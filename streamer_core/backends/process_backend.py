@@ -43,7 +43,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..batching import Scheduler, _Item, deliver
+from ..batching import Scheduler, _Item, deliver, live_items
 from ..config import BatchingConfig, DeviceId, shown_device
 from ..errors import StreamerError, WorkerStartError
 from ..green import Condition
@@ -216,7 +216,7 @@ class ProcessBackend(Backend):
     def run(self, items: List[_Item], held: int) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
-        items = [item for item in items if item.task.live()]
+        items = live_items(items, scheduler.stats)
         with self._lock:
             slot = next((s for s in self._slots if s.state == "ready" and len(s.batches) == held), None)
             if slot is None or not items:

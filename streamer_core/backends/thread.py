@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from ..batching import Scheduler, _Item, deliver
+from ..batching import Scheduler, _Item, deliver, live_items
 from ..config import BatchingConfig, BatchingOptions, default, shown_device
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
@@ -69,7 +69,7 @@ class _ThreadBackend(Backend):
             items = inbox.get()
             if items is None:
                 return
-            items = [item for item in items if item.task.live()]  # given up while waiting for this thread
+            items = live_items(items, stats)  # given up while waiting for this thread
             if not items:
                 scheduler.batch_done(0, 0.0, self._finished_one())
                 continue

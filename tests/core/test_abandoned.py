@@ -7,15 +7,17 @@ answer is dropped. (The Redis backend's are in tests/redis/test_abandoned.py.)""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 import pytest
+from prometheus_client import generate_latest
 
 from streamer_core import Streamer, StreamerTimeoutError, ThreadedStreamer
 from streamer_core.streamer import BaseStreamer
 from tests.core import models
-from tests.helpers import wait_for
+from tests.helpers import metric_samples, wait_for
 
 
 class Busy:
@@ -35,17 +37,32 @@ class Busy:
 def busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path) -> Busy:
     """The model running a held batch: what is submitted now waits in the queue."""
     if request.param == "thread":
-        streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=30))
+        streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=30, name=_name()))
         held = streamer.submit(["hold"])
         assert gate.entered.wait(5)
         return Busy(streamer, held, gate.seen, gate.release)
     (tmp_path / "hold").write_text("")
-    streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs={"folder": str(tmp_path)}, timeout=30))
+    folder = {"folder": str(tmp_path)}
+    streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, timeout=30, name=_name()))
     assert streamer.wait_ready(60)
     held = streamer.submit(["hold"])
     assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
     release = lambda: (tmp_path / "hold").unlink(missing_ok=True)  # noqa: E731
     return Busy(streamer, held, lambda: models.ran_inputs(tmp_path), release)
+
+
+def _name() -> str:
+    return f"abandoned-{uuid.uuid4().hex[:8]}"
+
+
+def _dropped(busy: Busy) -> Dict[str, int]:
+    """The inputs dropped unrun so far, by reason, as stats() and a scrape say (they agree)."""
+    dropped = busy.streamer.stats().dropped
+    scraped = metric_samples(generate_latest().decode())
+    model = busy.streamer.name
+    for reason, count in dropped.items():
+        assert scraped[("streamer_dropped_total", (("model", model), ("reason", reason)))] == count
+    return {reason: count for reason, count in dropped.items() if count}
 
 
 def _after(busy: Busy) -> None:
@@ -60,6 +77,7 @@ def test_a_cancelled_call_never_reaches_the_model(busy: Busy) -> None:
     assert future.cancel()
     _after(busy)
     assert busy.seen() == ["hold", "after"], "the model ran a call its caller had cancelled"
+    assert _dropped(busy) == {"cancelled": 2}
 
 
 def test_an_expired_call_never_reaches_the_model(busy: Busy) -> None:
@@ -68,6 +86,7 @@ def test_an_expired_call_never_reaches_the_model(busy: Busy) -> None:
     assert isinstance(future.exception(5), StreamerTimeoutError)
     _after(busy)
     assert busy.seen() == ["hold", "after"], "the model ran a call past its deadline"
+    assert _dropped(busy) == {"expired": 1}
 
 
 def test_a_caller_whose_wait_ran_out_leaves_nothing_to_run(busy: Busy) -> None:
@@ -75,6 +94,7 @@ def test_a_caller_whose_wait_ran_out_leaves_nothing_to_run(busy: Busy) -> None:
         busy.streamer.predict(["gave-up"], timeout=0.2)
     _after(busy)
     assert busy.seen() == ["hold", "after"]
+    assert _dropped(busy) == {"expired": 1}
 
 
 def test_a_cancelled_apredict_task_never_reaches_the_model(busy: Busy) -> None:
@@ -88,6 +108,7 @@ def test_a_cancelled_apredict_task_never_reaches_the_model(busy: Busy) -> None:
     asyncio.run(give_up())
     _after(busy)
     assert busy.seen() == ["hold", "after"]
+    assert _dropped(busy) == {"cancelled": 1}
 
 
 def test_a_call_cancelled_while_its_batch_runs_completes_and_is_dropped(busy: Busy) -> None:
@@ -97,3 +118,4 @@ def test_a_call_cancelled_while_its_batch_runs_completes_and_is_dropped(busy: Bu
     _after(busy)
     assert busy.seen() == ["hold", "after"]
     assert busy.held.cancelled(), "the answer of a cancelled call was handed to it"
+    assert _dropped(busy) == {}, "an input that ran counts as dropped"

@@ -298,10 +298,11 @@ from streamer_core.stats import stats_for
 stats = stats_for(sys.argv[1])
 stats.redelivered(2)
 stats.dead_lettered()
+stats.dropped("disconnected", 3)
 """
 
 
-def test_multiprocess_mode_adds_up_redelivered_and_dead_lettered(tmp_path: Path) -> None:
+def test_multiprocess_mode_adds_up_redelivered_dead_lettered_and_dropped(tmp_path: Path) -> None:
     """As the Redis worker supervisor's workers count them, each in its process."""
     folder = tmp_path / "prom"
     folder.mkdir()
@@ -313,6 +314,8 @@ def test_multiprocess_mode_adds_up_redelivered_and_dead_lettered(tmp_path: Path)
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
     assert registry.get_sample_value("streamer_redis_redelivered_total", {"model": name}) == 4
     assert registry.get_sample_value("streamer_redis_dead_lettered_total", {"model": name}) == 2
+    assert registry.get_sample_value("streamer_dropped_total", {"model": name, "reason": "disconnected"}) == 6
+    assert registry.get_sample_value("streamer_dropped_total", {"model": name, "reason": "expired"}) == 0
     assert registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"}) == 0
 
 

@@ -15,7 +15,7 @@ from tests.redis.conftest import wait_for
 def test_a_request_cancelled_after_a_busy_worker_read_it_is_skipped_and_acknowledged(
     broker, make_streamer, start_worker, gate
 ):
-    start_worker(broker, gate, batch_size=4)
+    worker = start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker, timeout=10)
     held = streamer.submit(["hold"])
     assert gate.entered.wait(5)
@@ -28,12 +28,13 @@ def test_a_request_cancelled_after_a_busy_worker_read_it_is_skipped_and_acknowle
     assert held.result(5) == ["ok:hold"] and kept.result(5) == ["ok:kept"]
     assert gate.seen() == ["hold", "kept"], "the worker ran a request its caller had cancelled"
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the skipped request was left behind"
+    assert worker.worker.stats().dropped == {"cancelled": 1, "expired": 0, "disconnected": 0}
 
 
 def test_a_request_that_expired_in_a_busy_workers_hands_is_skipped_and_acknowledged(
     broker, make_streamer, start_worker, gate
 ):
-    start_worker(broker, gate, batch_size=4)
+    worker = start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker, timeout=10)
     held = streamer.submit(["hold"])
     assert gate.entered.wait(5)
@@ -46,6 +47,7 @@ def test_a_request_that_expired_in_a_busy_workers_hands_is_skipped_and_acknowled
     assert streamer.predict(["after"]) == ["ok:after"]
     assert gate.seen() == ["hold", "after"], "the worker ran a request past its deadline"
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the skipped request was left behind"
+    assert worker.worker.stats().dropped == {"cancelled": 0, "expired": 1, "disconnected": 0}
 
 
 def test_a_request_cancelled_before_any_worker_read_it_never_runs(broker, make_streamer, start_worker, gate):

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ...batching import Scheduler, _Item, deliver
+from ...batching import Scheduler, _Item, deliver, live_items
 from ...codec import Buffers, get_codec
 from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
@@ -152,11 +152,10 @@ class _RedisClientBackend(Backend):
         assert scheduler is not None
         sent = []
         with self._lock:
-            for item in items:
-                if item.task.live():
-                    request_id = new_request_id()
-                    self._pending[request_id] = item
-                    sent.append((request_id, item))
+            for item in live_items(items, scheduler.stats):  # those given up meanwhile counted, not sent
+                request_id = new_request_id()
+                self._pending[request_id] = item
+                sent.append((request_id, item))
         try:
             # Each call is refused within SEND_RETRY_S of its arrival, however
             # long sends before it retried (they went one after another).

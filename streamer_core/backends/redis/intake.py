@@ -161,6 +161,8 @@ class Intake:
                 continue
             if server_now_ms > request.created_ms() + request.timeout_ms:
                 drop.append(entry_id)  # its caller has given up
+                if self._stats is not None:
+                    self._stats.dropped("expired")
                 continue
             accepted.append(self.decode(request))
         if drop:

@@ -24,7 +24,7 @@ from ...green import Condition
 from ...redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem
 from .damage import is_wrong_type, repair_key
-from .intake import Input, Intake
+from .intake import Input, Intake, ServerClock
 from .wire import GROUP, Keys
 
 __all__ = ["Handover", "Reader"]
@@ -44,16 +44,32 @@ class Handover:
     :class:`~streamer_core.former.BatchFormer`. A request taken over from a
     dead worker runs alone, and the next is claimed only once it has run.
     Batches are shaped by cost as in-process; the costs may be the web
-    side's, so a learned cap has no ceiling but the budget."""
+    side's, so a learned cap has no ceiling but the budget. A request whose
+    deadline passes while it waits here (by the server's ``clock``, once the
+    worker has one) is dropped before it is batched, and kept in
+    ``expired`` for the model's thread to acknowledge unrun."""
 
     def __init__(self, config: BatchingConfig) -> None:
         self.cond = Condition()
-        self.former: BatchFormer[Input] = BatchFormer(config, costed=True)
+        self.clock: Optional[ServerClock] = None
+        self.expired: List[Input] = []
+        self.former: BatchFormer[Input] = BatchFormer(config, True, self._live, self.expired.append)
         self.orphan_in_hand = False  # one at a time, each run before the next is claimed
         self.reader_done = False
         self.running = False  # the model is running a batch
         self.running_size = 0  # of how many requests
         self.delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
+
+    def _live(self, held: Input) -> bool:
+        """Whether the caller of ``held`` still waits: its deadline has not passed."""
+        clock = self.clock
+        return clock is None or clock.now_ms(refresh=False) <= held.request.created_ms() + held.request.timeout_ms
+
+    def take_expired(self) -> List[Input]:
+        """The requests dropped as expired since last asked."""
+        with self.cond:
+            expired, self.expired[:] = list(self.expired), []
+        return expired
 
     # -- the reader's side ---------------------------------------------------------
 

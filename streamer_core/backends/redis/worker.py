@@ -205,7 +205,7 @@ class RedisWorker:
         self._conn = connect(self._address)
         self._main_conn = connect(self._address)
         hands, clock = self._hands, ServerClock(self._conn, self._keys.requests)
-        self._clock = clock
+        self._clock = self._handover.clock = clock
         intake = Intake(
             self._conn,
             self.consumer,
@@ -299,6 +299,7 @@ class RedisWorker:
         handover = self._handover
         while True:
             batch, alone = handover.take(self._stopping)
+            self._skip(handover.take_expired(), "expired")  # past their deadline while they waited here
             if batch is None:
                 return
             answered, seconds = self._run(predict, batch)
@@ -314,8 +315,13 @@ class RedisWorker:
         withdrawn = self._withdrawn(batch)
         for position, held in enumerate(batch):
             request = held.request
-            if request.entry_id in withdrawn or now_ms > request.created_ms() + request.timeout_ms:
-                continue  # its caller has given up while it waited here: not run, not answered
+            # Its caller has given up while it waited here: not run, not answered (acknowledged).
+            if request.entry_id in withdrawn:
+                self._stats.dropped("cancelled")
+                continue
+            if now_ms > request.created_ms() + request.timeout_ms:
+                self._stats.dropped("expired")
+                continue
             if held.error is not None:
                 outcomes[position] = (False, held.error)
             else:
@@ -368,6 +374,14 @@ class RedisWorker:
             lambda: run_batch(predict, inputs, config.isolate_errors, config.oom_errors), facts, calls, cost
         )
         return run
+
+    def _skip(self, dropped: List[Input], reason: str) -> None:
+        """Acknowledge and delete ``dropped`` unrun (nobody waits for them),
+        counted as dropped for ``reason``."""
+        if dropped:
+            self._stats.dropped(reason, len(dropped))
+            assert self._writer is not None  # made by run_forever
+            self._writer.put([held.request for held in dropped], [None] * len(dropped))
 
     def _withdrawn(self, batch: List[Input]) -> Set[bytes]:
         """The requests of ``batch`` whose callers gave up since they were
