@@ -60,6 +60,7 @@ from streamer_core.web.http import (
     loads_json,
     read_chunked_body,
 )
+from streamer_core.web.peer import client_socket
 
 from . import conf
 from .conf import max_body_bytes
@@ -405,6 +406,7 @@ def batched_view(
                     draining(),
                     most(),
                     _traced(request, model),
+                    client_socket(request.META),
                 )
 
             view = sync_view
@@ -469,6 +471,7 @@ class BatchedView(View):
             draining(),
             self._most(),
             _traced(request, model),
+            client_socket(request.META),
         )
 
     def _most(self) -> Optional[int]:

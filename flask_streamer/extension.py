@@ -19,6 +19,7 @@ from streamer_core.streamer import BaseStreamer
 from streamer_core.web.body import default_input, json_of, upload_of
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
+from streamer_core.web.peer import client_socket
 from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
 
@@ -393,6 +394,7 @@ class FlaskStreamer:
             state.draining,
             most,
             traced,
+            client_socket(req.environ),
         )
 
 

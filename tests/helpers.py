@@ -91,3 +91,20 @@ def post_chunked(
         return response.status, headers, json.loads(data)
     except ValueError:
         return response.status, headers, data.decode(errors="replace")
+
+
+def post_and_leave(port: int, path: str, payload: Any, stay_s: float = 0.3) -> None:
+    """A client that gives up: ``POST path`` with a JSON body to
+    ``127.0.0.1:port``, wait ``stay_s`` seconds without reading the answer,
+    and close the connection."""
+    import json
+    import socket
+
+    body = json.dumps(payload).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head + body)
+        time.sleep(stay_s)

@@ -21,7 +21,6 @@ counted once in :mod:`streamer_core.stats`, and a 5xx is logged as
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
@@ -32,6 +31,7 @@ from ..stats import stats_for
 from ..streamer import BaseStreamer
 from .body import inputs_of
 from .http import error_response, log_unavailable
+from .peer import await_call, wait_call
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -82,6 +82,7 @@ class Cycle(Generic[R]):
         draining: bool = False,
         many: Optional[int] = None,
         traced: Optional[Traced] = None,
+        client: Optional[Any] = None,
     ) -> R:
         """Serve one request to the endpoint ``name``: refuse it while
         ``draining``, ``parse()`` it into the model's input, run that through
@@ -93,16 +94,20 @@ class Cycle(Generic[R]):
         their outputs, in order; an input that fails is named in the error.
         ``traced``: the request's method and route when its model traces:
         it is served inside a span of its own (:mod:`streamer_core.tracing`),
-        with one for each of parsing and responding."""
+        with one for each of parsing and responding. ``client``: the
+        client's socket where the server gives it
+        (:func:`~streamer_core.web.peer.client_socket`): a client that
+        closes it while the request waits gives the call up
+        (:mod:`streamer_core.web.peer`)."""
         if traced is None:
-            return self._serve(name, streamer, parse, respond, draining, many, None)
+            return self._serve(name, streamer, parse, respond, draining, many, None, client)
         from .. import tracing
 
         with tracing.request_span(traced[0], traced[1], name) as span:
             if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
-                return self._serve(name, streamer, parse, respond, draining, many, None)
+                return self._serve(name, streamer, parse, respond, draining, many, None, client)
             return self._serve(
-                name, streamer, _in_span("parse", parse), _in_span("respond", respond), draining, many, span
+                name, streamer, _in_span("parse", parse), _in_span("respond", respond), draining, many, span, client
             )
 
     def _serve(
@@ -114,6 +119,7 @@ class Cycle(Generic[R]):
         draining: bool,
         many: Optional[int],
         span: Optional[Span],
+        client: Optional[Any],
     ) -> R:
         if draining:
             return self.refuse_while_draining(name, span)
@@ -124,7 +130,7 @@ class Cycle(Generic[R]):
         future: Optional[BatchFuture] = None
         try:
             future = streamer().submit(inputs)
-            outputs = future.result()
+            outputs = wait_call(future, client)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
                 raise TypeError(
@@ -148,8 +154,9 @@ class Cycle(Generic[R]):
     ) -> R:
         """:meth:`serve` for an async view: ``parse``, ``streamer`` and
         ``respond`` may each return an awaitable, and the call is awaited
-        without blocking the event loop (cancelling the awaiting task gives
-        the call up)."""
+        without blocking the event loop; cancelling the awaiting task (as
+        Django does when the ASGI server says the client disconnected) gives
+        the call up, counted as ``disconnected``."""
         if traced is None:
             return await self._aserve(name, streamer, parse, respond, draining, many, None)
         from .. import tracing
@@ -186,7 +193,7 @@ class Cycle(Generic[R]):
             if inspect.isawaitable(running):
                 running = await running
             future = running.submit(inputs)
-            outputs = await asyncio.wrap_future(future)
+            outputs = await await_call(future)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
                 response = await response

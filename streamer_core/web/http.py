@@ -21,6 +21,7 @@ Every body is JSON: ``{"error": {"status", "type", "message"}}``, plus
 
 from __future__ import annotations
 
+import concurrent.futures
 import decimal
 import json
 import logging
@@ -97,6 +98,8 @@ def status_for(exc: BaseException) -> int:
         return 400  # the input could not be costed: the client's to fix
     if isinstance(exc, StreamerTimeoutError):
         return 504
+    if isinstance(exc, concurrent.futures.CancelledError):
+        return 499  # the call was given up for a client that has gone (nginx's "client closed request")
     if isinstance(exc, (UnavailableError, StreamerClosedError)):
         return 503
     return 500

@@ -46,6 +46,7 @@ STREAMER = {
         "marked": {"MODEL": "tests.django.batch_models.MarkedModel", "INIT_KWARGS": {"folder": _FOLDER}},
         "vectors": {"MODEL": "tests.django.batch_models.vectors"},
         "uploads": {"MODEL": "tests.django.batch_models.describe_upload"},
+        "gate": {"MODEL": "tests.core.models.RecordingGate", "INIT_KWARGS": {"folder": _FOLDER}},
     },
 }
 

@@ -23,5 +23,8 @@ urlpatterns = [
     path("unpicklable", views.unpicklable),
     path("vectors", views.vectors),
     path("upload", views.upload),
+    path("agate", views.agate),
+    path("gate", views.gate),
+    path("gate-dropped", views.gate_dropped),
     path("ops/", include("django_streamer.urls")),
 ]

@@ -114,3 +114,21 @@ async def adouble_many(request: HttpRequest) -> Any:
 
 
 double_many_cbv = BatchedView.as_view(model="double", many=True)
+
+
+@batched_view("gate")
+async def agate(request: HttpRequest) -> Any:
+    """The JSON body, to tests.core.models.RecordingGate."""
+    return request_item(request)
+
+
+@batched_view("gate")
+def gate(request: HttpRequest) -> Any:
+    return request_item(request)
+
+
+def gate_dropped(request: HttpRequest) -> HttpResponse:
+    """The gate model's inputs dropped unrun in this process, by reason."""
+    from streamer_core.stats import stats_for
+
+    return JsonResponse(stats_for("gate").snapshot().dropped)

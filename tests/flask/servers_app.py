@@ -10,6 +10,11 @@ development server, gunicorn, gevent's WSGIServer).
   request was batched and which process served it;
 * ``POST /slow``: the same with ``SLOW_SLEEP`` seconds per batch, to keep a
   batch in flight while the tests probe the server;
+* ``POST /gate`` (with ``GATE_FOLDER`` set): batched, on
+  :class:`tests.core.models.RecordingGate` (what reached the model is in
+  ``GATE_FOLDER/ran.jsonl``; an input ``"hold"`` waits while
+  ``GATE_FOLDER/hold`` exists); ``GET /dropped``: its inputs dropped unrun,
+  by reason, in this process;
 * ``GET /ping``: no model; says which process answered, how many batches are
   inside a model right now and how the server runs (gevent, patched or not).
 
@@ -44,6 +49,7 @@ DEFAULTS: Dict[str, Any] = {
     "SLOW_SLEEP": 0.6,
     "BLOCKING_WAIT": False,
     "REQUEST_LOG": None,
+    "GATE_FOLDER": None,
 }
 
 # Batches inside a model right now, per route. Each route's model runs on one
@@ -112,6 +118,16 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
             streamer.add_batched_route(f"/{name}", name, SleepModel, init_kwargs={"name": name, "seconds": seconds})
         else:
             streamer.add_batched_route(f"/{name}", name, _model(name, seconds))
+    if app.config["GATE_FOLDER"]:
+        from streamer_core.stats import stats_for
+        from tests.core.models import RecordingGate
+
+        streamer.add_batched_route("/gate", "gate", RecordingGate, init_kwargs={"folder": app.config["GATE_FOLDER"]})
+
+        @app.get("/dropped")
+        def dropped() -> Any:
+            return jsonify(stats_for("gate").snapshot().dropped)
+
     streamer.init_app(app)
 
     if app.config["REQUEST_LOG"]:
