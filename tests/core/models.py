@@ -273,7 +273,7 @@ class TracedDouble(ManagedModel):
 
 
 class RecordingGate(ManagedModel):
-    """Appends every input it runs to ``folder/ran.jsonl``; a batch holding
+    """Appends every batch it runs to ``folder/ran.jsonl`` (a line each); a batch holding
     ``"hold"`` announces itself (file ``inside``) and waits while the file
     ``hold`` exists in ``folder``. Answers ``ok:<input>``: a test of the
     process backend sees what reached the model, and holds it busy."""
@@ -283,7 +283,7 @@ class RecordingGate(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Any]:
         with (self.folder / "ran.jsonl").open("a") as f:
-            f.write("".join(json.dumps(x) + "\n" for x in batch))
+            f.write(json.dumps(batch) + "\n")
         if "hold" in batch and (self.folder / "hold").exists():
             (self.folder / "inside").write_text("")
             deadline = time.monotonic() + 15
@@ -292,7 +292,12 @@ class RecordingGate(ManagedModel):
         return [f"ok:{x}" for x in batch]
 
 
-def ran_inputs(folder: Path) -> List[Any]:
-    """What :class:`RecordingGate` ran, in order."""
+def ran_batches(folder: Path) -> List[List[Any]]:
+    """The batches :class:`RecordingGate` ran, in order."""
     path = folder / "ran.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def ran_inputs(folder: Path) -> List[Any]:
+    """The inputs :class:`RecordingGate` ran, in order."""
+    return [x for batch in ran_batches(folder) for x in batch]

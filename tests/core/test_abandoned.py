@@ -25,12 +25,19 @@ class Busy:
     ``"hold"``), and what reached its model."""
 
     def __init__(
-        self, streamer: BaseStreamer, held: Any, seen: Callable[[], List[Any]], release: Callable[[], None]
+        self,
+        streamer: BaseStreamer,
+        held: Any,
+        batches: Callable[[], List[List[Any]]],
+        release: Callable[[], None],
     ) -> None:
         self.streamer = streamer
         self.held = held  # the future of the batch running
-        self.seen = seen
+        self.batches = batches
         self.release = release
+
+    def seen(self) -> List[Any]:
+        return [x for batch in self.batches() for x in batch]
 
 
 @pytest.fixture(params=["thread", "process"])
@@ -40,7 +47,7 @@ def busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path)
         streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=30, name=_name()))
         held = streamer.submit(["hold"])
         assert gate.entered.wait(5)
-        return Busy(streamer, held, gate.seen, gate.release)
+        return Busy(streamer, held, lambda: gate.batches, gate.release)
     (tmp_path / "hold").write_text("")
     folder = {"folder": str(tmp_path)}
     streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, timeout=30, name=_name()))
@@ -48,7 +55,7 @@ def busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path)
     held = streamer.submit(["hold"])
     assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
     release = lambda: (tmp_path / "hold").unlink(missing_ok=True)  # noqa: E731
-    return Busy(streamer, held, lambda: models.ran_inputs(tmp_path), release)
+    return Busy(streamer, held, lambda: models.ran_batches(tmp_path), release)
 
 
 def _name() -> str:
@@ -78,6 +85,17 @@ def test_a_cancelled_call_never_reaches_the_model(busy: Busy) -> None:
     _after(busy)
     assert busy.seen() == ["hold", "after"], "the model ran a call its caller had cancelled"
     assert _dropped(busy) == {"cancelled": 2}
+
+
+def test_a_cancelled_input_takes_no_place_in_a_batch(busy: Busy) -> None:
+    """Dropped before the batch forms, not after: the four live inputs
+    behind a cancelled one fill one batch of ``batch_size`` (4)."""
+    busy.streamer.submit(["cancelled"]).cancel()
+    live = [busy.streamer.submit([x]) for x in "abcd"]
+    _after(busy)
+    assert [future.result(5) for future in live] == [[f"ok:{x}"] for x in "abcd"]
+    assert busy.batches() == [["hold"], ["a", "b", "c", "d"], ["after"]]
+    assert _dropped(busy) == {"cancelled": 1}
 
 
 def test_an_expired_call_never_reaches_the_model(busy: Busy) -> None:

@@ -50,3 +50,12 @@ def test_peer_closed_tells_a_closed_peer_from_an_open_or_talking_one() -> None:
         assert ours.recv(100) == b"GET / HTTP/1.1\r\n", "the peek consumed what the client sent"
         theirs.close()
         assert peer_closed(ours) is True
+
+
+def test_a_call_given_up_for_a_client_that_left_answers_499() -> None:
+    """Nobody reads it; but it is no server error, neither logged nor counted as one."""
+    import concurrent.futures
+
+    from streamer_core.web.http import status_for
+
+    assert status_for(concurrent.futures.CancelledError()) == 499

@@ -40,12 +40,13 @@ def test_a_worker_skips_requests_past_their_deadline(broker, start_worker):
     broker.conn.xadd(broker.requests, {"c": client, "i": "new", "t": 60_000, "k": "msgpack", "p": msgpack.packb(7)})
     time.sleep(0.2)  # the first three are past their deadline now
     seen = []
-    start_worker(broker, lambda batch: seen.extend(batch) or [x * 2 for x in batch], batch_size=8)
+    worker = start_worker(broker, lambda batch: seen.extend(batch) or [x * 2 for x in batch], batch_size=8)
     assert wait_for(lambda: broker.conn.exists(broker.results(client)), 5)
     [(_, answer)] = broker.conn.xrange(broker.results(client))
     assert answer[b"i"] == b"new" and msgpack.unpackb(answer[b"p"]) == 14
     assert seen == [7]
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "expired requests must be deleted"
+    assert worker.worker.stats().dropped["expired"] == 3
 
 
 def test_a_call_that_times_out_while_the_worker_is_busy_is_skipped(broker, make_streamer, start_worker, gate):
