@@ -36,17 +36,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from bench.web_profile import SENTENCE, call, cpu_per_request, environ, zero_model
 
 
-def sdk_provider() -> Any:
-    """Set up the SDK as a deployment does, exporting to nowhere; return the provider."""
+def sdk_provider(sample: float = 1.0) -> Any:
+    """Set up the SDK as a deployment does, exporting to nowhere, recording
+    the ``sample`` share of traces (a ratio sampler that follows the
+    parent's decision, the SDK's usual one); return the provider."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     class Dropped(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=ALWAYS_ON if sample >= 1.0 else ParentBased(TraceIdRatioBased(sample)))
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
     return provider
@@ -59,7 +62,7 @@ def measure(args: Any) -> Dict[str, float]:
     from flask_streamer import FlaskStreamer
     from streamer_core import ThreadedStreamer
 
-    provider = sdk_provider() if args.provider == "sdk" else None
+    provider = sdk_provider(args.sample) if args.provider == "sdk" else None
     app = Flask("tracing_bench")
     app.config["STREAMER_MAX_LATENCY"] = 0.0
     streamer = FlaskStreamer(app)
@@ -104,7 +107,7 @@ def measure(args: Any) -> Dict[str, float]:
 def report(results: Dict[str, float], args: Any) -> str:
     lines = [
         f"CPU µs per request, median of {args.repeat} interleaved timings of {args.requests} requests, "
-        f"provider: {args.provider} (the caller's span included on the engine's rows)",
+        f"provider: {args.provider}, sampled: {args.sample:g} (the caller's span included on the engine's rows)",
         "",
         "| path | tracing off | tracing on | added | added, % of off |",
         "|---|--:|--:|--:|--:|",
@@ -124,6 +127,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         choices=["sdk", "none"],
         default="sdk",
         help="sdk: the SDK, a BatchSpanProcessor, an exporter that drops (default); none: the API's no-op",
+    )
+    parser.add_argument(
+        "--sample",
+        type=float,
+        default=1.0,
+        help="the share of traces the SDK records (default 1: all; 0.01: one in a hundred, parent-based)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args(argv)

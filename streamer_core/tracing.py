@@ -102,11 +102,13 @@ def tracer() -> Tracer:
 
 def capture() -> Optional[CallTrace]:
     """The current span's context and the time now, for a call being
-    submitted; ``None`` when no span is current (nothing to link to)."""
+    submitted; ``None`` when no span is current, or the current one is not
+    sampled (nothing to link to: its trace is recorded nowhere, and a call
+    left out of the sample costs its batch no link and no spans)."""
     from opentelemetry import trace
 
     context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
+    if not context.is_valid or not context.trace_flags.sampled:
         return None
     return CallTrace(context, time.time_ns())
 

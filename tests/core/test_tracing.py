@@ -69,6 +69,19 @@ def test_a_batch_span_links_each_call_and_each_call_gets_its_own_spans(closing):
         assert waits[0].start <= waits[0].end
 
 
+def test_a_call_left_out_of_the_sample_costs_its_batch_no_link_and_no_spans(closing):
+    """A call made in a span the sampler did not record (its trace is kept
+    nowhere): its batch links it not, and it gets no spans of its own."""
+    exporter = in_memory()
+    streamer = closing(ThreadedStreamer(double, batch_size=8, max_latency=0.01, tracing=True, name="unsampled"))
+    unsampled = trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
+    with trace.use_span(trace.NonRecordingSpan(unsampled)):
+        assert streamer.predict([3]) == [6]
+    spans = finished(exporter)
+    [batch] = named(spans, "batch unsampled")
+    assert batch.links == [] and not named(spans, "queue wait") and not named(spans, "in batch"), spans
+
+
 def test_the_batch_span_is_current_while_the_model_runs(closing):
     exporter = in_memory()
     tracer = trace.get_tracer("test")
