@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytest
 import redis
@@ -26,20 +26,37 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def worker_children(parent: int) -> List[int]:
-    """Live spawned worker processes of ``parent`` (not its resource tracker)."""
+def child_processes(parent: int, spawned_only: bool = False) -> List[int]:
+    """The child processes of ``parent``, from /proc (gunicorn's workers,
+    say); ``spawned_only``: the live ones multiprocessing spawned (a
+    streamer's workers, not its resource tracker)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes() if spawned_only else b""
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == parent and b"spawn_main" in cmdline and alive(int(entry.name)):
+        if ppid == parent and (not spawned_only or (b"spawn_main" in cmdline and alive(int(entry.name)))):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def worker_children(parent: int) -> List[int]:
+    """Live spawned worker processes of ``parent`` (not its resource tracker)."""
+    return child_processes(parent, spawned_only=True)
+
+
+def kill_group(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL the whole process group of ``process`` (started in a session
+    of its own: a server and everything it started) and reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(10)
 
 
 def free_port() -> int:
@@ -127,11 +144,7 @@ class RedisServer:
     def kill(self) -> None:
         """SIGKILL: the server is gone at once, with everything it held."""
         if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(10)
+            kill_group(self.process)
 
     def restart(self, down_for: float = 0.3) -> None:
         self.kill()

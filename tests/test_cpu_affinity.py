@@ -20,7 +20,7 @@ import pytest
 
 from streamer_core.web.affinity import free_core_index
 from tests.helpers import wait_for
-from tests.servers import free_port
+from tests.servers import child_processes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -129,19 +129,6 @@ def _allowed(pid: int) -> List[int]:
     raise AssertionError(f"no Cpus_allowed_list for {pid}")
 
 
-def _children(parent: int) -> List[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == parent:
-                found.append(int(entry.name))
-    return sorted(found)
-
-
 @pytest.fixture
 def gunicorn(tmp_path: Path) -> Iterator:
     started: List[subprocess.Popen] = []
@@ -177,10 +164,10 @@ def _booted(folder: Path, count: int) -> bool:
 def test_the_examples_pin_each_web_process_to_a_core_of_its_own(gunicorn, tmp_path: Path) -> None:
     """As many web processes as cores: each would have one anyway."""
     master = gunicorn({}, workers=len(CORES)) if len(CORES) == 2 else gunicorn({"PIN_WORKERS": "1"})
-    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(master.pid)) == 2, 90), (
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(child_processes(master.pid)) == 2, 90), (
         tmp_path / "gunicorn-0.log"
     ).read_text()
-    workers = _children(master.pid)
+    workers = child_processes(master.pid)
     assert wait_for(lambda: all(len(_allowed(pid)) == 1 for pid in workers), 30), [_allowed(p) for p in workers]
     cores = {pid: _allowed(pid)[0] for pid in workers}
     assert sorted(cores.values()) == CORES[:2], "two processes, the first two cores"
@@ -188,9 +175,12 @@ def test_the_examples_pin_each_web_process_to_a_core_of_its_own(gunicorn, tmp_pa
     gone = workers[0]
     os.kill(gone, signal.SIGKILL)
     assert wait_for(
-        lambda: gone not in _children(master.pid) and len(_children(master.pid)) == 2 and _booted(tmp_path, 3), 90
+        lambda: (
+            gone not in child_processes(master.pid) and len(child_processes(master.pid)) == 2 and _booted(tmp_path, 3)
+        ),
+        90,
     )
-    [new] = set(_children(master.pid)) - set(workers)
+    [new] = set(child_processes(master.pid)) - set(workers)
     assert wait_for(lambda: len(_allowed(new)) == 1, 30)
     assert _allowed(new) == [cores[gone]], "the new process takes the core of the one it replaced"
 
@@ -201,16 +191,16 @@ def test_a_model_computing_on_this_cpu_keeps_every_core_while_cores_are_to_spare
     threads would share one core; on the process backend its model
     computes in a worker, and the web process is pinned."""
     thread = gunicorn({}, workers=1)
-    assert wait_for(lambda: _booted(tmp_path, 1) and len(_children(thread.pid)) == 1, 90)
-    [web] = _children(thread.pid)
+    assert wait_for(lambda: _booted(tmp_path, 1) and len(child_processes(thread.pid)) == 1, 90)
+    [web] = child_processes(thread.pid)
     time.sleep(1.0)  # post_worker_init, which would pin it, ran before the app was built: time enough to have pinned
     assert _allowed(web) == CORES
     os.killpg(thread.pid, signal.SIGKILL)
     thread.wait(10)
 
     process = gunicorn({"FLASK_STREAMER_BACKEND": "process", "FLASK_STREAMER_WORKER_NUM": "1"}, workers=1)
-    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(process.pid)) == 1, 90)
-    [web] = _children(process.pid)
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(child_processes(process.pid)) == 1, 90)
+    [web] = child_processes(process.pid)
     assert wait_for(lambda: len(_allowed(web)) == 1, 30), _allowed(web)
 
 
@@ -229,8 +219,8 @@ def test_pin_workers_must_say_1_0_or_auto(monkeypatch: pytest.MonkeyPatch) -> No
 @needs_two_cores
 def test_pin_workers_0_leaves_every_core_to_them(gunicorn, tmp_path: Path) -> None:
     master = gunicorn({"PIN_WORKERS": "0"})
-    assert wait_for(lambda: _booted(tmp_path, 2) and len(_children(master.pid)) == 2, 90)
-    for pid in _children(master.pid):
+    assert wait_for(lambda: _booted(tmp_path, 2) and len(child_processes(master.pid)) == 2, 90)
+    for pid in child_processes(master.pid):
         assert _allowed(pid) == CORES
 
 

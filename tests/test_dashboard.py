@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -24,7 +23,7 @@ import pytest
 
 import streamer_core
 from tests.helpers import wait_for
-from tests.servers import free_ports
+from tests.servers import free_ports, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = Path(streamer_core.__file__).parent / "grafana" / "streamer-dashboard.json"
@@ -155,11 +154,7 @@ class Example:
             return False
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
 
 def exported(text: str) -> Set[str]:

@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Set
 import pytest
 
 from tests.helpers import metric_samples, wait_for
-from tests.servers import free_port
+from tests.servers import child_processes, free_port, kill_group
 
 pytest.importorskip("prometheus_client")
 pytest.importorskip("gunicorn")
@@ -93,16 +93,7 @@ class Gunicorn:
         return int(answer[1])
 
     def workers(self) -> List[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid == self.process.pid:
-                    found.append(int(entry.name))
-        return found
+        return child_processes(self.process.pid)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -115,11 +106,7 @@ class Gunicorn:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
 
 def _made(folder: Path) -> List[Path]:

@@ -12,7 +12,6 @@ import base64
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -28,7 +27,7 @@ if importlib.util.find_spec("openai") is None or importlib.util.find_spec("sente
 import openai  # noqa: E402
 
 from tests.helpers import wait_for  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.servers import free_port, kill_group  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "all-MiniLM-L6-v2"
@@ -71,11 +70,7 @@ class Example:
             return np.array(json.loads(response.read()), dtype=np.float32)
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
 
 @pytest.fixture(scope="module", params=["flask", "django"])

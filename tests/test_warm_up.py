@@ -22,7 +22,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from tests.helpers import wait_for
-from tests.servers import free_port
+from tests.servers import free_port, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,11 +47,7 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
 
 @pytest.fixture

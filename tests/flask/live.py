@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from tests.servers import free_port
+from tests.servers import free_port, kill_group
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.flask.servers_app:create_app()"
@@ -143,11 +142,7 @@ class LiveServer:
         """SIGKILL to the whole process group: the server and its workers."""
         if self.process is None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
     def output(self) -> str:
         try:
