@@ -154,6 +154,29 @@ def _calls_to(server: Gunicorn, framework: Framework, worker: int, others: List[
             os.kill(other, signal.SIGCONT)
 
 
+_USERS_DIR = """
+import os, sys
+from types import SimpleNamespace
+from streamer_core.web import gunicorn
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
+server = SimpleNamespace(cfg=SimpleNamespace(workers=4))
+gunicorn.on_starting(server)
+gunicorn.on_exit(server)
+print(os.environ["PROMETHEUS_MULTIPROC_DIR"], os.path.isdir(sys.argv[1]), gunicorn._own_dir)
+"""
+
+
+def test_a_directory_the_user_set_is_used_as_it_is_and_kept(tmp_path: Path) -> None:
+    """``PROMETHEUS_MULTIPROC_DIR`` set before gunicorn starts is the user's:
+    the hooks neither replace it nor remove it (a fresh interpreter:
+    prometheus_client not imported, as in gunicorn's master)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    done = subprocess.run([sys.executable, "-c", _USERS_DIR, str(mine)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(mine), "True", "None"]
+
+
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
 def test_two_workers_metrics_add_up_with_the_examples_config_alone(start, tmp_path: Path, name: str) -> None:
     """Two workers and no PROMETHEUS_MULTIPROC_DIR given: ``ROUND`` calls

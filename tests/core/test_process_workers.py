@@ -267,6 +267,19 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog
     assert "taken for hung (hang_timeout=0.5s)" in caplog.text
 
 
+def test_a_worker_sent_sigterm_exits_through_exit_and_is_said_so(closing, caplog):
+    """SIGTERM to a worker (alone, or with its server's process group) ends
+    it through ``sys.exit``, so what its model made is cleaned up, and the
+    parent says it exited on SIGTERM as it restarts it."""
+    streamer = closing(Streamer(models.double, batch_size=4, max_latency=0.01))
+    assert streamer.wait_ready(60)
+    [worker] = streamer.worker_pids()
+    os.kill(worker, signal.SIGTERM)
+    assert wait_for(lambda: "exited on SIGTERM; restarting it" in caplog.text, 30), caplog.text
+    assert f"(pid {worker}) exited on SIGTERM" in caplog.text
+    assert streamer.predict([4], timeout=30) == [8]
+
+
 def test_each_kill_for_hanging_doubles_the_wait_until_the_worker_answers(closing, caplog):
     # A batch that is only slow (a first call that compiles) must end up
     # finishing, not be killed over and over.

@@ -319,6 +319,35 @@ def test_multiprocess_mode_adds_up_redelivered_dead_lettered_and_dropped(tmp_pat
     assert registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"}) == 0
 
 
+def test_redelivered_and_dead_lettered_are_scraped_each_under_its_own_name() -> None:
+    name = unique("redis-apart")
+    stats = stats_for(name)
+    stats.redelivered(2)
+    stats.dead_lettered()
+    found = scrape()
+    assert found["streamer_redis_redelivered_total"][(("model", name),)] == 2
+    assert found["streamer_redis_dead_lettered_total"][(("model", name),)] == 1
+
+
+def test_a_batchs_last_look_counts_what_it_drops_by_why_the_call_ended() -> None:
+    """The backends' look at a formed batch before the model runs it
+    (``live_items``): each input of a call that ended since is dropped and
+    counted by why, not all as cancelled."""
+    from streamer_core.batching import _Item, _Task, live_items
+    from streamer_core.errors import StreamerTimeoutError
+    from streamer_core.future import BatchFuture
+
+    name = unique("last-look")
+    stats = stats_for(name)
+    futures = [BatchFuture() for _ in range(4)]
+    futures[1].cancel()
+    futures[2].disconnected()
+    futures[3].set_exception(StreamerTimeoutError("past its deadline"))
+    items = [_Item(_Task(future, 1, 10.0), 0, x, 0.0) for x, future in enumerate(futures)]
+    assert [item.value for item in live_items(items, stats)] == [0]
+    assert stats.snapshot().dropped == {"cancelled": 1, "disconnected": 1, "expired": 1}
+
+
 def test_live_workers_are_counted_by_device(closing: Callable[[Any], Any]) -> None:
     """Each process worker on the device it was given (CUDA_VISIBLE_DEVICES:
     no GPU is needed for that), the thread backend's one on ``default``,
