@@ -59,3 +59,28 @@ def test_a_request_cancelled_before_any_worker_read_it_never_runs(broker, make_s
     start_worker(broker, gate, batch_size=4)
     assert streamer.predict(["after"]) == ["ok:after"]
     assert gate.seen() == ["after"]
+
+
+def test_a_worker_acknowledges_what_expired_in_its_hands_with_no_web_process_left_to(
+    broker, make_streamer, start_worker, gate
+):
+    """A request whose web process is gone (nobody withdraws it) expires
+    while a busy worker holds it: the worker itself drops it unrun,
+    acknowledges and deletes it, nothing is left pending, and without
+    waiting for another request to come."""
+    from streamer_core.backends.redis.wire import new_request_id, request_fields
+    from streamer_core.codec import get_codec
+
+    worker = start_worker(broker, gate, batch_size=4)
+    streamer = make_streamer(broker, timeout=10)
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    payload, buffers = get_codec("msgpack").dumps("orphaned")
+    broker.conn.xadd(broker.requests, request_fields("gone-web-process", new_request_id(), 300, "msgpack", payload))
+    assert wait_for(lambda: broker.pending() == 2, 5), "the worker should have read the request ahead"
+    time.sleep(0.5)  # past its 300 ms
+    gate.release()
+    assert held.result(5) == ["ok:hold"]
+    assert wait_for(lambda: worker.worker.stats().dropped["expired"] == 1, 5), worker.worker.stats().dropped
+    assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the expired request was left behind"
+    assert gate.seen() == ["hold"]

@@ -114,7 +114,9 @@ class Handover:
         rule (full, or its oldest input waited ``max_latency``, or no caller
         just answered is still expected back), and take it, with whether it
         is a request run alone. ``(None, False)`` once the reader has stopped
-        and nothing is left."""
+        and nothing is left; ``([], False)`` when requests expired here and
+        nothing is to run yet: the model's thread acknowledges them now, not
+        when the next batch comes (which may be never)."""
         former = self.former
         with self.cond:
             while True:
@@ -126,6 +128,8 @@ class Handover:
                         self.running, self.running_size = True, len(batch)
                         self.cond.notify_all()  # the reader may fill the next one
                         return batch, alone
+                    if self.expired:
+                        return [], False
                     self.cond.wait(None if hold_until == math.inf else hold_until - now)
                 elif self.reader_done:
                     return None, False

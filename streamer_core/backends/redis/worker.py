@@ -302,6 +302,8 @@ class RedisWorker:
             self._skip(handover.take_expired(), "expired")  # past their deadline while they waited here
             if batch is None:
                 return
+            if not batch:  # only expired requests, acknowledged above
+                continue
             answered, seconds = self._run(predict, batch)
             self._watch.answered = self._watch.answered or seconds > 0
             handover.ran(answered, seconds, alone, self._clock.now_ms(refresh=False))
