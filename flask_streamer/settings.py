@@ -1,29 +1,34 @@
 """The ``STREAMER_*`` settings in ``app.config``, their defaults and checks.
 
-===========================  ==============  ==============================================
-setting                      default         meaning
-===========================  ==============  ==============================================
-``STREAMER_BACKEND``         ``"thread"``    ``"thread"``, ``"process"`` or ``"redis"``
-``STREAMER_BATCH_SIZE``      ``64``          the most inputs in one model call
-``STREAMER_MAX_LATENCY``     ``0.1``         seconds the oldest input may wait for companions
-``STREAMER_WORKER_NUM``      ``1``           worker processes per route (process, redis)
-``STREAMER_CUDA_DEVICES``    ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
-``STREAMER_REDIS_URL``       ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
-``STREAMER_PREFIX``          ``app.name``    names this app's Redis keys (web and workers agree)
-``STREAMER_TIMEOUT``         ``20.0``        seconds a request may wait for its result (then 504)
-``STREAMER_MAX_QUEUE``       ``None``        inputs queued per route before 503; None: no limit
-``STREAMER_CODEC``           ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
-``STREAMER_ITEM_COST``       ``None``        a function of one input (or its import path) giving its cost
-``STREAMER_MAX_BATCH_COST``  ``None``        the most one batch may cost; None: no limit but the size
-``STREAMER_BATCH_COST``      ``"max"``       ``"max"``: length times the costliest input; ``"sum"``
-``STREAMER_TRACING``         ``False``       OpenTelemetry spans of each request and batch (the otel extra)
-``STREAMER_METRICS_ROUTE``   ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
-``STREAMER_HEALTH_ROUTE``    ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
-``STREAMER_READY_ROUTE``     ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
-``STREAMER_MAX_BODY_BYTES``  ``10485760``    the largest body a batched route reads (10 MiB); then 413
-``STREAMER_MAX_INPUTS``      ``2048``        the most inputs one request to a ``many=True`` route carries; then 413
-``STREAMER_JSON_ERRORS``     ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
-===========================  ==============  ==============================================
+=================================  ==============  ==============================================
+setting                            default         meaning
+=================================  ==============  ==============================================
+``STREAMER_BACKEND``               ``"thread"``    ``"thread"``, ``"process"`` or ``"redis"``
+``STREAMER_BATCH_SIZE``            ``64``          the most inputs in one model call
+``STREAMER_MAX_LATENCY``           ``0.1``         seconds the oldest input may wait for companions
+``STREAMER_WORKER_NUM``            ``1``           worker processes per route (process, redis)
+``STREAMER_CUDA_DEVICES``          ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
+``STREAMER_REDIS_URL``             ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
+``STREAMER_PREFIX``                ``app.name``    names this app's Redis keys (web and workers agree)
+``STREAMER_TIMEOUT``               ``20.0``        seconds a request may wait for its result (then 504)
+``STREAMER_MAX_QUEUE``             ``None``        inputs queued per route before 503; None: no limit
+``STREAMER_CODEC``                 ``"msgpack"``   Redis wire format; ``"pickle"`` only with a trusted broker
+``STREAMER_ITEM_COST``             ``None``        a function of one input (or its import path) giving its cost
+``STREAMER_MAX_BATCH_COST``        ``None``        the most one batch may cost; None: no limit but the size
+``STREAMER_BATCH_COST``            ``"max"``       ``"max"``: length times the costliest input; ``"sum"``
+``STREAMER_TRACING``               ``False``       OpenTelemetry spans of each request and batch (the otel extra)
+``STREAMER_PRIORITY_LEVELS``       ``1``           how many priority levels, 1 the highest; 1: off
+``STREAMER_DEFAULT_PRIORITY``      ``None``        the level of a call naming none; None: the lowest
+``STREAMER_PRIORITY_AGING``        ``None``        seconds of waiting that serve an input one level higher
+``STREAMER_PRIORITY_MAX_QUEUE``    ``None``        a bound per level (1 first); None: MAX_QUEUE for each
+``STREAMER_PRIORITY_TIMEOUT``      ``None``        a default timeout per level (1 first); None: TIMEOUT
+``STREAMER_METRICS_ROUTE``         ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
+``STREAMER_HEALTH_ROUTE``          ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
+``STREAMER_READY_ROUTE``           ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
+``STREAMER_MAX_BODY_BYTES``        ``10485760``    the largest body a batched route reads (10 MiB); then 413
+``STREAMER_MAX_INPUTS``            ``2048``        the most inputs of one request to a ``many=True`` route; then 413
+``STREAMER_JSON_ERRORS``           ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
+=================================  ==============  ==============================================
 
 Every route may override any of them but the three routes by the keyword of
 the same name (``batch_size=8``, ``redis_url=...``, ``max_body_bytes=...``,

@@ -36,6 +36,7 @@ from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, W
 from .former import BatchFormer
 from .future import BatchFuture, settle
 from .green import Condition
+from .levels import LeveledFormer
 from .stats import ModelStats
 from .tracing import CallTrace
 
@@ -111,15 +112,17 @@ class _Item:
     """One input of a task, queued for the model. ``value`` is what the backend
     sends to its worker (the input itself, or its pickle)."""
 
-    __slots__ = ("task", "index", "value", "arrival", "crashes", "cost")
+    __slots__ = ("task", "index", "value", "arrival", "crashes", "cost", "level")
 
-    def __init__(self, task: _Task, index: int, value: Any, arrival: float, cost: float = 1.0) -> None:
+    def __init__(self, task: _Task, index: int, value: Any, arrival: float, cost: float = 1.0, level: int = 0) -> None:
         self.task = task
         self.index = index
         self.value = value
         self.arrival = arrival
         self.crashes = 0
         self.cost = cost
+        #: Its call's priority level, 0 the highest (see :mod:`streamer_core.levels`).
+        self.level = level
 
 
 def _live(item: _Item) -> bool:
@@ -227,7 +230,12 @@ class Scheduler:
         # shaped by cost when the config asks, and while a cap learned from
         # running out of memory holds (on the count, without an item_cost:
         # each input costs 1).
-        self._former: BatchFormer[_Item] = BatchFormer(config, config.item_cost is not None, _live, self._dropped)
+        costed = config.item_cost is not None
+        self._former: BatchFormer[_Item] = BatchFormer(config, costed, _live, self._dropped)
+        # With priority levels, one line per level (see streamer_core.levels).
+        self._leveled: Optional[LeveledFormer[_Item]] = None
+        if config.priority_levels > 1:
+            self._former = self._leveled = LeveledFormer(config, costed, _live, self._dropped)
         self._deadlines = _Deadlines(config.timeout)
         # Worker capacity: each worker holds up to two batches, the one it runs
         # and, when a full batch is waiting, the next one, so it never idles
@@ -252,18 +260,23 @@ class Scheduler:
         timeout: float,
         costs: Optional[Sequence[float]] = None,
         trace: Optional[CallTrace] = None,
+        level: int = 0,
     ) -> BatchFuture:
         """Queue one call's inputs (already encoded by the backend), with
-        their costs when the streamer has an ``item_cost``, and the span it
-        was made in when the streamer traces."""
+        their costs when the streamer has an ``item_cost``, the span it
+        was made in when the streamer traces, at priority ``level`` (0 the
+        highest; checked by the streamer)."""
         future = BatchFuture()
         future._stats = self.stats
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout
         task = _Task(future, n, timeout, trace)
-        if costs is not None:
-            items: Sequence[_Item] = [_Item(task, i, v, now, c) for i, (v, c) in enumerate(zip(values, costs))]
+        if level:
+            ones = [1.0] * n if costs is None else costs
+            items: Sequence[_Item] = [_Item(task, i, v, now, c, level) for i, (v, c) in enumerate(zip(values, ones))]
+        elif costs is not None:
+            items = [_Item(task, i, v, now, c) for i, (v, c) in enumerate(zip(values, costs))]
         elif n == 1:
             items = (_Item(task, 0, values[0], now),)
         else:
@@ -276,7 +289,9 @@ class Scheduler:
                 raise self._broken()
             former = self._former
             limit = self._config.max_queue
-            if limit is not None and former.in_queue() + n > limit:
+            if self._leveled is not None:
+                self._make_room(self._leveled, level, n)
+            elif limit is not None and former.in_queue() + n > limit:
                 former.compact()
                 if former.in_queue() + n > limit:
                     raise QueueFullError(
@@ -292,6 +307,24 @@ class Scheduler:
             if (self._idle > 0 and (was_empty or due == 0 or full)) or (full and self._busy > 0):
                 cond.notify()
         return future
+
+    def _make_room(self, former: LeveledFormer[_Item], level: int, n: int) -> None:
+        """Raise :class:`QueueFullError` unless ``n`` more inputs fit in ``level``'s bound."""
+        limit = self._config.queue_limit(level)
+        if limit is not None and former.in_level(level) + n > limit:
+            former.compact()
+            if former.in_level(level) + n > limit:
+                raise QueueFullError(
+                    f"priority {level + 1} holds {former.in_level(level)} items and its bound is {limit}: "
+                    "retry later, add workers, or raise its bound (priority_max_queue or max_queue)"
+                )
+
+    def queued_by_level(self) -> List[int]:
+        """Inputs waiting at each priority level, the highest first (one level: all of them)."""
+        with self._cond:
+            if self._leveled is None:
+                return [len(self._former)]
+            return self._leveled.levels_waiting()
 
     # -- the dispatcher's side ---------------------------------------------
 

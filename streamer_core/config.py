@@ -17,11 +17,22 @@ way in, at construction or at start-up, never at the first request.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict
 
+from .checks import (
+    MAX_SECONDS,
+    Check,
+    budget,
+    check_cost,
+    check_seconds,
+    checked,
+    flag,
+    one_of,
+    per_level,
+    seconds,
+    whole,
+)
 from .devices import DeviceId, devices_checked, parse_devices, shown_device
 from .oom import check_oom_errors
 from .redis_address import ADDRESS_FORMS, RedisAddress
@@ -44,20 +55,12 @@ __all__ = [
     "check_seconds",
 ]
 
-#: The longest timeout, max_latency or claim_after taken, seconds (a day).
-#: A wait longer than that is a hang by another name; a request through Redis
-#: carries its timeout within this bound; and far enough above it
-#: (``threading.TIMEOUT_MAX``) a timed wait raises OverflowError, which would
-#: stop a streamer's dispatcher.
-MAX_SECONDS = 86_400.0
 #: How a batch's cost follows from its inputs' costs (``batch_cost``).
 BATCH_COST_RULES = ("max", "sum")
 #: The backends a web layer's settings may name.
 BACKENDS = ("thread", "process", "redis")
 #: The wire formats of the Redis backend.
 CODECS = ("msgpack", "pickle")
-
-Check = Callable[[Any], Any]
 
 
 class Option(NamedTuple):
@@ -81,85 +84,13 @@ class Option(NamedTuple):
         return checked(written_as or self.name, self.check, value)
 
 
-def checked(name: str, check: Check, value: Any) -> Any:
-    """``check(value)``; its ``TypeError`` or ``ValueError`` names ``name``."""
-    try:
-        return check(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{name} {exc}") from None
-
-
 # -- the checks ----------------------------------------------------------------
-
-
-def _whole(minimum: int, *, optional: bool = False, unit: str = "") -> Check:
-    """A whole number >= ``minimum`` (``None`` too, when ``optional``)."""
-    what = f"a whole number{unit} >= {minimum}" + (", or None for no limit;" if optional else ",")
-
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"must be {what} got {value!r}")
-        if value < minimum:
-            raise ValueError(f"must be {what} got {value!r}")
-        return value
-
-    return check
-
-
-def check_seconds(value: Any, *, allow_zero: bool = False) -> float:
-    """A number of seconds: finite, > 0 (or >= 0), at most :data:`MAX_SECONDS`.
-    Raises ``TypeError``/``ValueError`` saying so, without a name."""
-    bound = ">= 0" if allow_zero else "> 0"
-    what = f"is in seconds and must be a finite number {bound}, at most {MAX_SECONDS:.0f} (a day); got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(what)
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > MAX_SECONDS:
-        raise ValueError(what)
-    return seconds
-
-
-def _seconds(*, allow_zero: bool = False, optional: bool = False) -> Check:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        return check_seconds(value, allow_zero=allow_zero)
-
-    return check
-
-
-def check_cost(value: Any) -> float:
-    """A cost: a finite number > 0 (an int, a float, a NumPy scalar).
-    Raises ``TypeError``/``ValueError`` saying so, without a name."""
-    if type(value) is float and 0 < value < math.inf:  # the common case, checked for every input
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"must be a finite number > 0, got {value!r} ({type(value).__name__})")
-    cost = float(value)
-    if not math.isfinite(cost) or cost <= 0:
-        raise ValueError(f"must be a finite number > 0, got {value!r}")
-    return cost
-
-
-def _budget(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    return check_cost(value)
-
-
-def _flag(value: Any) -> bool:
-    """True or False; 1 and 0 too, as a setting read as JSON may give them."""
-    if value in (0, 1) and not isinstance(value, float):
-        return bool(value)
-    raise TypeError(f"must be True or False, got {value!r}")
 
 
 def _tracing(value: Any) -> bool:
     """``tracing``: a flag; on, only where OpenTelemetry's API is installed
     (checked by finding the package: nothing of it is imported here)."""
-    on = _flag(value)
+    on = flag(value)
     if on:
         from .tracing import missing_api
 
@@ -169,19 +100,30 @@ def _tracing(value: Any) -> bool:
     return on
 
 
-def _one_of(choices: Sequence[str], explained: str) -> Check:
-    def check(value: Any) -> Any:
-        if value not in choices:
-            raise ValueError(f"{explained}, got {value!r}")
-        return value
-
-    return check
-
-
 def _backend(value: Any) -> str:
     if value not in BACKENDS:
         raise ValueError(f"is {value!r}; use one of {', '.join(map(repr, BACKENDS))}")
     return str(value)
+
+
+def priority_problem(values: Mapping[str, Any], written_as: Callable[[str], str] = str) -> Optional[str]:
+    """What is wrong between the priority options of ``values`` (each
+    checked alone already, a missing one at its default), or ``None``:
+    ``default_priority`` must be a level, and each per-level list must have
+    one entry per level."""
+    levels = values.get("priority_levels", 1)
+    chosen = values.get("default_priority")
+    if chosen is not None and chosen > levels:
+        name, count = written_as("default_priority"), written_as("priority_levels")
+        return f"{name} is {chosen}, but {count} is {levels}: the levels are 1 (highest) to {levels}"
+    for option in ("priority_max_queue", "priority_timeout"):
+        listed = values.get(option)
+        if listed is not None and len(listed) != levels:
+            return (
+                f"{written_as(option)} has {len(listed)} entries, but {written_as('priority_levels')} is {levels}: "
+                "give one per level, the highest (1) first"
+            )
+    return None
 
 
 def _function(value: Any) -> Optional[Callable[[Any], float]]:
@@ -246,26 +188,26 @@ def _body_bytes(value: Any) -> Optional[int]:
 
 _TABLE = (
     # How requests become batches: BatchingConfig's fields, in order.
-    Option("batch_size", 64, _whole(1), "size", "the most inputs one model call receives"),
+    Option("batch_size", 64, whole(1), "size", "the most inputs one model call receives"),
     Option(
         "max_latency",
         0.1,
-        _seconds(allow_zero=True),
+        seconds(allow_zero=True),
         "seconds",
         "seconds the oldest queued input may wait for companions, counted from its arrival",
     ),
-    Option("timeout", 20.0, _seconds(), "seconds", "seconds a call may take in all; then StreamerTimeoutError (504)"),
+    Option("timeout", 20.0, seconds(), "seconds", "seconds a call may take in all; then StreamerTimeoutError (504)"),
     Option(
         "max_queue",
         None,
-        _whole(1, optional=True),
+        whole(1, optional=True),
         "size",
         "the most inputs waiting; past it a call fails at once with QueueFullError (503). None: no limit",
     ),
     Option(
         "isolate_errors",
         True,
-        _flag,
+        flag,
         "option",
         "when the model raises on a batch, re-run halves of it so only the failing inputs get the error",
     ),
@@ -279,14 +221,14 @@ _TABLE = (
     Option(
         "max_batch_cost",
         None,
-        _budget,
+        budget,
         "option",
         "the most one batch may cost, in item_cost's units (each input costs 1 without it). None: no limit",
     ),
     Option(
         "batch_cost",
         "max",
-        _one_of(
+        one_of(
             BATCH_COST_RULES,
             "must be 'max' (length times the costliest input: a padding model) or 'sum' (the inputs' costs added)",
         ),
@@ -307,9 +249,44 @@ _TABLE = (
         "option",
         "OpenTelemetry spans of each request and batch, to the tracer provider set up (needs streamer-core[otel])",
     ),
+    Option(
+        "priority_levels",
+        1,
+        whole(1),
+        "size",
+        "how many priority levels calls may name, 1 the highest; 1: priorities off",
+    ),
+    Option(
+        "default_priority",
+        None,
+        whole(1, optional=True),
+        "size",
+        "the level of a call that names none (1 the highest); None: the lowest, priority_levels",
+    ),
+    Option(
+        "priority_aging",
+        None,
+        seconds(optional=True),
+        "seconds",
+        "seconds after which a waiting input is served as one level higher, each time again; None: never",
+    ),
+    Option(
+        "priority_max_queue",
+        None,
+        per_level(whole(1, optional=True), "a whole number >= 1 or None"),
+        "option",
+        "one bound per level (1 first) on its waiting inputs, each a number or None; None: max_queue for each",
+    ),
+    Option(
+        "priority_timeout",
+        None,
+        per_level(seconds(optional=True), "seconds or None"),
+        "option",
+        "one default timeout per level (1 first), seconds or None (then timeout); None: timeout for each",
+    ),
     # Where the model runs.
     Option("backend", "thread", _backend, "backend", "where the model runs: 'thread', 'process' or 'redis'"),
-    Option("worker_num", 1, _whole(1), "size", "worker processes per model (process and redis backends)"),
+    Option("worker_num", 1, whole(1), "size", "worker processes per model (process and redis backends)"),
     Option(
         "cuda_devices",
         None,
@@ -320,28 +297,28 @@ _TABLE = (
     Option(
         "max_item_crashes",
         2,
-        _whole(1),
+        whole(1),
         "size",
         "an input in this many batches whose worker died fails with WorkerDiedError instead of being run again",
     ),
     Option(
         "hang_timeout",
         60.0,
-        _seconds(optional=True),
+        seconds(optional=True),
         "seconds",
         "seconds a worker may run one batch nobody waits for any more before it is taken for hung. None: never",
     ),
     Option(
         "shared_memory_min_bytes",
         8 * 1024,
-        _whole(1, optional=True, unit=" of bytes"),
+        whole(1, optional=True, unit=" of bytes"),
         "size",
         "arrays of at least this many bytes cross to and from worker processes through shared memory",
     ),
     Option(
         "claim_after",
         2.0,
-        _seconds(),
+        seconds(),
         "seconds",
         "seconds a Redis request may go without its worker's heartbeat before another worker takes it over",
     ),
@@ -357,7 +334,7 @@ _TABLE = (
     Option(
         "codec",
         "msgpack",
-        _one_of(CODECS, "must be 'msgpack' or 'pickle' (pickle only with a trusted broker)"),
+        one_of(CODECS, "must be 'msgpack' or 'pickle' (pickle only with a trusted broker)"),
         "option",
         "the Redis wire format: 'msgpack', or 'pickle' only with a trusted broker",
     ),
@@ -367,7 +344,7 @@ _TABLE = (
     Option(
         "json_errors",
         False,
-        _flag,
+        flag,
         "option",
         "answer every HTTP error of the app (404, 405, 413, ...) as JSON, as the batched routes answer theirs",
     ),
@@ -381,7 +358,7 @@ _TABLE = (
     Option(
         "max_inputs",
         2048,
-        _whole(1),
+        whole(1),
         "size",
         "the most inputs one request to an endpoint that takes many (many=True) may carry; more gets 413",
     ),
@@ -412,6 +389,11 @@ class BatchingOptions(ModelOptions, total=False):
 
     timeout: float
     max_queue: Optional[int]
+    priority_levels: int
+    default_priority: Optional[int]
+    priority_aging: Optional[float]
+    priority_max_queue: Optional[Sequence[Optional[int]]]
+    priority_timeout: Optional[Sequence[Optional[float]]]
 
 
 @dataclass(frozen=True)
@@ -461,6 +443,9 @@ class BatchingConfig:
         (:mod:`streamer_core.tracing`), through the tracer provider the
         process has set up. Off, the engine never imports OpenTelemetry and
         pays one flag test a call and a batch.
+    priority_levels, default_priority, priority_aging, priority_max_queue, priority_timeout
+        Priority levels: see :mod:`streamer_core.levels`. A call names its
+        level as ``priority``, 1 the highest (as Triton numbers them).
     """
 
     batch_size: int = default("batch_size")
@@ -473,10 +458,18 @@ class BatchingConfig:
     batch_cost: str = default("batch_cost")
     oom_errors: Optional[Tuple[Type[BaseException], ...]] = default("oom_errors")
     tracing: bool = default("tracing")
+    priority_levels: int = default("priority_levels")
+    default_priority: Optional[int] = default("default_priority")
+    priority_aging: Optional[float] = default("priority_aging")
+    priority_max_queue: Optional[Sequence[Optional[int]]] = default("priority_max_queue")
+    priority_timeout: Optional[Sequence[Optional[float]]] = default("priority_timeout")
 
     def __post_init__(self) -> None:
         for field in fields(self):
             object.__setattr__(self, field.name, OPTIONS[field.name].checked(getattr(self, field.name)))
+        problem = priority_problem({field.name: getattr(self, field.name) for field in fields(self)})
+        if problem is not None:
+            raise ValueError(problem)
 
     @classmethod
     def of_checked(cls, values: Mapping[str, Any]) -> BatchingConfig:
@@ -487,7 +480,7 @@ class BatchingConfig:
         config = object.__new__(cls)
         for field in fields(cls):
             object.__setattr__(config, field.name, values.get(field.name, OPTIONS[field.name].default))
-        return config
+        return config  # the priority options checked together too, by the caller (priority_problem)
 
     @property
     def shapes_by_cost(self) -> bool:
@@ -505,10 +498,31 @@ class BatchingConfig:
             tracing=self.tracing,
         )
 
-    def call_timeout(self, timeout: Optional[float]) -> float:
-        """The timeout of one call: its own, validated, or the configured one."""
+    def level_of(self, priority: Optional[int]) -> int:
+        """The level (0 the highest) of a call naming ``priority`` (1 the
+        highest; ``None``: ``default_priority``, else the lowest); raises
+        ``TypeError``/``ValueError`` for one that is not a level."""
+        levels = self.priority_levels
+        if priority is None:
+            return (levels if self.default_priority is None else self.default_priority) - 1
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= levels:
+            raise (TypeError if isinstance(priority, bool) or not isinstance(priority, int) else ValueError)(
+                f"priority must be a whole number from 1 (the highest) to {levels} (priority_levels), got {priority!r}"
+            )
+        return priority - 1
+
+    def queue_limit(self, level: int) -> Optional[int]:
+        """The most inputs waiting at ``level`` (0 the highest) before its calls get ``QueueFullError``."""
+        limits = self.priority_max_queue
+        return self.max_queue if limits is None else limits[level]
+
+    def call_timeout(self, timeout: Optional[float], level: int = 0) -> float:
+        """The timeout of one call at ``level``: its own, validated, or the configured one."""
         if timeout is None:
-            return self.timeout
+            timeouts = self.priority_timeout
+            if timeouts is None or timeouts[level] is None:
+                return self.timeout
+            return float(timeouts[level])  # type: ignore[arg-type]  # checked just above
         if type(timeout) is float and 0.0 < timeout <= MAX_SECONDS:
             return timeout  # the common case, checked without a call
         return float(OPTIONS["timeout"].checked(timeout))

@@ -216,7 +216,7 @@ class BatchFormer(Generic[T]):
 
     # -- inside ------------------------------------------------------------------
 
-    def _skip_given_up(self) -> Deque[T]:
+    def _skip_given_up(self) -> Sequence[T]:
         """The queue, after dropping given-up inputs at its head."""
         queue, live = self._queue, self._live
         while queue and not live(queue[0]):

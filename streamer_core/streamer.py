@@ -302,20 +302,35 @@ class BaseStreamer:
         """The validated batching configuration this streamer runs with."""
         return self._config
 
-    def submit(self, batch: Iterable[Any], timeout: Optional[float] = None) -> BatchFuture:
+    def submit(
+        self, batch: Iterable[Any], timeout: Optional[float] = None, priority: Optional[int] = None
+    ) -> BatchFuture:
         """Queue ``batch`` (a list of inputs) and return a future of its list of
         results, in input order. Its items may be spread over several model
-        calls. ``timeout`` (seconds) defaults to the streamer's ``timeout``.
+        calls. ``timeout`` (seconds) defaults to the streamer's ``timeout``
+        (its ``priority_timeout`` of the call's level, when set).
+        ``priority``: the call's level, 1 the highest, up to
+        ``priority_levels``; default ``default_priority``, else the lowest
+        (see :mod:`streamer_core.levels`).
 
-        Raises at once: :class:`QueueFullError` when ``max_queue`` is reached,
-        :class:`StreamerClosedError` after ``close()``,
+        Raises at once: :class:`QueueFullError` when ``max_queue`` (of the
+        call's level) is reached, :class:`StreamerClosedError` after ``close()``,
         :class:`SerializationError` for an input that cannot reach a worker
-        process, :class:`WorkerStartError` when no worker can start.
+        process, :class:`WorkerStartError` when no worker can start;
+        ``ValueError`` for a ``priority`` that is not a level.
         """
-        return self._submit(batch, self._config.call_timeout(timeout))
+        level = self._level(priority)
+        return self._submit(batch, self._config.call_timeout(timeout, level), level)
 
-    def _submit(self, batch: Iterable[Any], call_timeout: float) -> BatchFuture:
-        """:meth:`submit` with its timeout checked already."""
+    def _level(self, priority: Optional[int]) -> int:
+        """The level (0 the highest) of a call naming ``priority``."""
+        config = self._config
+        if priority is None and config.priority_levels == 1:
+            return 0  # the common case, without a call
+        return config.level_of(priority)
+
+    def _submit(self, batch: Iterable[Any], call_timeout: float, level: int = 0) -> BatchFuture:
+        """:meth:`submit` with its timeout and level checked already."""
         engine = self._engine
         if isinstance(batch, (str, bytes)):
             raise TypeError(
@@ -338,7 +353,7 @@ class BaseStreamer:
                 future.set_result([])
                 return future
             trace = capture() if self._config.tracing else None
-            return engine.scheduler.put(values, call_timeout, costs, trace)
+            return engine.scheduler.put(values, call_timeout, costs, trace, level)
         except StreamerError as exc:  # refused before it was queued
             self._stats.failed(exc)
             raise
@@ -348,19 +363,24 @@ class BaseStreamer:
         :class:`StreamerError` (counted as the call's outcome); a backend's
         streamer adds its own checks here."""
 
-    def predict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
+    def predict(
+        self, batch: Iterable[Any], timeout: Optional[float] = None, priority: Optional[int] = None
+    ) -> List[Any]:
         """Run ``batch`` through the model and return its results in order;
         block until then. Raises the model's own exception if it failed on one
         of these inputs, :class:`StreamerTimeoutError` after ``timeout``
         seconds (default: the streamer's ``timeout``), and the errors of
-        :meth:`submit`."""
-        call_timeout = self._config.call_timeout(timeout)
-        return self._submit(batch, call_timeout).result(call_timeout)
+        :meth:`submit`, which says what ``priority`` is."""
+        level = self._level(priority)
+        call_timeout = self._config.call_timeout(timeout, level)
+        return self._submit(batch, call_timeout, level).result(call_timeout)
 
-    async def apredict(self, batch: Iterable[Any], timeout: Optional[float] = None) -> List[Any]:
+    async def apredict(
+        self, batch: Iterable[Any], timeout: Optional[float] = None, priority: Optional[int] = None
+    ) -> List[Any]:
         """:meth:`predict` for ``async`` code: awaits the result without
         blocking the event loop. Cancelling the awaiting task gives the call up."""
-        future = self.submit(batch, timeout)
+        future = self.submit(batch, timeout, priority)
         return await asyncio.wrap_future(future)
 
     def wait_ready(self, timeout: float = 60.0) -> bool:

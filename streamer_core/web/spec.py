@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..config import OPTIONS, BatchingConfig, DeviceId
+from ..config import OPTIONS, BatchingConfig, DeviceId, priority_problem
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
 from ..redis_address import ADDRESS_FORMS, RedisAddress
@@ -48,6 +48,11 @@ MODEL_SETTINGS: Tuple[str, ...] = (
     "max_batch_cost",
     "batch_cost",
     "tracing",
+    "priority_levels",
+    "default_priority",
+    "priority_aging",
+    "priority_max_queue",
+    "priority_timeout",
 )
 _BATCHING = tuple(field.name for field in fields(BatchingConfig))
 
@@ -137,6 +142,19 @@ class ModelSpec:
                     f"({ADDRESS_FORMS})",
                 )
             )
+        if not problems:
+            problem = priority_problem(kept, written_as)
+            if problem is not None:
+                problems.append(Problem("priority_levels", "option", problem))
+            elif kept["priority_levels"] > 1 and kept["backend"] == "redis":
+                problems.append(
+                    Problem(
+                        "priority_levels",
+                        "option",
+                        f"{written_as('priority_levels')} is {kept['priority_levels']}: priority levels are "
+                        "served by the thread and process backends, not yet by redis",
+                    )
+                )
         if problems:
             return None, problems
         config = BatchingConfig.of_checked(kept)  # each value checked above, under its setting's name

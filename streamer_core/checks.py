@@ -1,0 +1,135 @@
+"""The checks the options of :mod:`streamer_core.config` are made of: each
+takes a value and returns it as kept, or raises ``TypeError``/``ValueError``
+saying what is wrong without the option's name (:func:`checked` puts it in
+front). Apart from the option table so that the table reads as one list."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Optional, Sequence
+
+#: The longest timeout, max_latency or claim_after taken, seconds (a day).
+#: A wait longer than that is a hang by another name; a request through Redis
+#: carries its timeout within this bound; and far enough above it
+#: (``threading.TIMEOUT_MAX``) a timed wait raises OverflowError, which would
+#: stop a streamer's dispatcher.
+MAX_SECONDS = 86_400.0
+
+Check = Callable[[Any], Any]
+
+__all__ = [
+    "Check",
+    "MAX_SECONDS",
+    "checked",
+    "whole",
+    "check_seconds",
+    "seconds",
+    "check_cost",
+    "budget",
+    "flag",
+    "one_of",
+    "per_level",
+]
+
+
+def checked(name: str, check: Check, value: Any) -> Any:
+    """``check(value)``; its ``TypeError`` or ``ValueError`` names ``name``."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name} {exc}") from None
+
+
+def whole(minimum: int, *, optional: bool = False, unit: str = "") -> Check:
+    """A whole number >= ``minimum`` (``None`` too, when ``optional``)."""
+    what = f"a whole number{unit} >= {minimum}" + (", or None for no limit;" if optional else ",")
+
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"must be {what} got {value!r}")
+        if value < minimum:
+            raise ValueError(f"must be {what} got {value!r}")
+        return value
+
+    return check
+
+
+def check_seconds(value: Any, *, allow_zero: bool = False) -> float:
+    """A number of seconds: finite, > 0 (or >= 0), at most :data:`MAX_SECONDS`.
+    Raises ``TypeError``/``ValueError`` saying so, without a name."""
+    bound = ">= 0" if allow_zero else "> 0"
+    what = f"is in seconds and must be a finite number {bound}, at most {MAX_SECONDS:.0f} (a day); got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(what)
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > MAX_SECONDS:
+        raise ValueError(what)
+    return seconds
+
+
+def seconds(*, allow_zero: bool = False, optional: bool = False) -> Check:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        return check_seconds(value, allow_zero=allow_zero)
+
+    return check
+
+
+def check_cost(value: Any) -> float:
+    """A cost: a finite number > 0 (an int, a float, a NumPy scalar).
+    Raises ``TypeError``/``ValueError`` saying so, without a name."""
+    if type(value) is float and 0 < value < math.inf:  # the common case, checked for every input
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"must be a finite number > 0, got {value!r} ({type(value).__name__})")
+    cost = float(value)
+    if not math.isfinite(cost) or cost <= 0:
+        raise ValueError(f"must be a finite number > 0, got {value!r}")
+    return cost
+
+
+def budget(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    return check_cost(value)
+
+
+def flag(value: Any) -> bool:
+    """True or False; 1 and 0 too, as a setting read as JSON may give them."""
+    if value in (0, 1) and not isinstance(value, float):
+        return bool(value)
+    raise TypeError(f"must be True or False, got {value!r}")
+
+
+def one_of(choices: Sequence[str], explained: str) -> Check:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            raise ValueError(f"{explained}, got {value!r}")
+        return value
+
+    return check
+
+
+def per_level(each: Check, what: str) -> Check:
+    """A list of one value per priority level, each checked by ``each``
+    (its count is checked against ``priority_levels`` by
+    :func:`priority_problem`); ``None``: not set."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise TypeError(f"must be a list with one value per priority level, each {what}; got {value!r}")
+        kept = []
+        for index, one in enumerate(value):
+            try:
+                kept.append(each(one))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"[{index}] (priority {index + 1}) {exc}") from None
+        return tuple(kept)
+
+    return check

@@ -1,0 +1,184 @@
+"""Priority levels on the thread and process backends: a batch takes the
+highest level (1) first and fills from lower ones; aging serves a waiting
+low input as a higher one; each level has its own queue bound and default
+timeout; a priority that is not a level is refused. (The rule itself is
+:mod:`streamer_core.levels`.)"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, List
+
+import pytest
+
+from streamer_core import QueueFullError, Streamer, StreamerTimeoutError, ThreadedStreamer
+from streamer_core.config import BatchingConfig
+from streamer_core.future import BatchFuture
+from streamer_core.streamer import BaseStreamer
+from tests.core import models
+from tests.helpers import wait_for
+
+
+class Busy:
+    """A streamer of one backend whose model a test holds busy, with one
+    more batch sent ahead to it, so that what is submitted now waits in
+    its queue until :meth:`release`; and what reached its model."""
+
+    def __init__(self, streamer: BaseStreamer, batches: Callable[[], List[List[Any]]], release: Callable[[], None]):
+        self.streamer = streamer
+        self.batches = batches
+        self.release = release
+        self.ahead = streamer.submit(["a0", "a1", "a2", "a3"], priority=1)  # a full batch: sent ahead
+        assert wait_for(lambda: streamer.queued() == 0, 10), "the batch was not sent ahead"
+
+    def after_ahead(self) -> List[List[Any]]:
+        """The batches run after the one sent ahead."""
+        batches = self.batches()
+        firsts = [index for index, batch in enumerate(batches) if "a0" in batch]
+        return batches[firsts[0] + 1 :] if firsts else []
+
+
+@pytest.fixture(params=["thread", "process"])
+def make_busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path) -> Callable[..., Busy]:
+    def make(**options: Any) -> Busy:
+        name = f"priority-{uuid.uuid4().hex[:8]}"
+        if request.param == "thread":
+            streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, name=name, **options))
+            streamer.submit(["hold"], priority=1)
+            assert gate.entered.wait(5)
+            return Busy(streamer, lambda: gate.batches, gate.release)
+        (tmp_path / "hold").write_text("")
+        folder = {"folder": str(tmp_path)}
+        streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, name=name, **options))
+        assert streamer.wait_ready(60)
+        streamer.submit(["hold"], priority=1)
+        assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
+        return Busy(streamer, lambda: models.ran_batches(tmp_path), lambda: (tmp_path / "hold").unlink())
+
+    return make
+
+
+def _answered(futures: List[BatchFuture]) -> None:
+    for future in futures:
+        future.result(20)
+
+
+def test_a_batch_takes_the_highest_level_first_then_fills_from_lower_ones(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=3, timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit([f"low{i}"], priority=3) for i in range(3)]
+    futures += [streamer.submit([f"mid{i}"], priority=2) for i in range(2)]
+    futures += [streamer.submit([f"high{i}"]) for i in range(2)]  # no priority: the lowest, 3
+    futures += [streamer.submit(["top"], priority=1)]
+    busy.release()
+    _answered(futures + [busy.ahead])
+    first, second = busy.after_ahead()[:2]
+    assert first == ["top", "mid0", "mid1", "low0"], "the highest level first, each level oldest first"
+    assert second == ["low1", "low2", "high0", "high1"]
+
+
+def test_aging_serves_a_waiting_low_input_before_newer_high_ones(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=2, priority_aging=0.2, timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit(["old-low"], priority=2)]
+    time.sleep(0.5)  # past priority_aging: served as priority 1, and older than what comes now
+    futures += [streamer.submit([f"high{i}"], priority=1) for i in range(4)]
+    futures += [streamer.submit(["new-low"], priority=2)]
+    busy.release()
+    _answered(futures + [busy.ahead])
+    first = busy.after_ahead()[0]
+    assert first == ["old-low", "high0", "high1", "high2"], "the aged input goes first, the new low one waits"
+
+
+def test_a_full_level_refuses_only_its_own_calls(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=2, max_queue=4, priority_max_queue=[None, 2], timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit(["low0", "low1"], priority=2)]
+    with pytest.raises(QueueFullError, match="priority 2"):
+        streamer.submit(["low2"], priority=2)
+    futures += [
+        streamer.submit([f"high{i}"], priority=1) for i in range(6)
+    ]  # None: no bound at priority 1, though max_queue is 4
+    busy.release()
+    _answered(futures + [busy.ahead])
+    assert streamer.stats().requests["rejected"] == 1, "the refused call is counted"
+
+
+def test_max_queue_bounds_each_level(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=2, max_queue=4, timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit([f"{name}{i}" for i in range(4)], priority=p) for name, p in (("low", 2), ("high", 1))]
+    for priority in (1, 2):
+        with pytest.raises(QueueFullError, match=f"priority {priority}"):
+            streamer.submit(["more"], priority=priority)
+    busy.release()
+    _answered(futures + [busy.ahead])
+
+
+def test_each_level_has_its_own_default_timeout(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=2, priority_timeout=[None, 0.3], timeout=30)
+    streamer = busy.streamer
+    high = streamer.submit(["high"], priority=1)
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["low"], priority=2)
+    assert 0.2 < time.monotonic() - started < 5
+    assert not high.done(), "the high call keeps the streamer's timeout"
+    busy.release()
+    _answered([high, busy.ahead])
+
+
+def test_a_priority_that_is_not_a_level_is_refused(closing: Callable[[Any], Any]) -> None:
+    streamer = closing(ThreadedStreamer(models.double, batch_size=4, priority_levels=2, name="priority-bad"))
+    for bad in (0, 3, -1):
+        with pytest.raises(ValueError, match="from 1 \\(the highest\\) to 2"):
+            streamer.predict([1], priority=bad)
+    for bad in ("1", 1.0, True):
+        with pytest.raises(TypeError):
+            streamer.predict([1], priority=bad)  # type: ignore[arg-type]
+    assert streamer.predict([1], priority=2) == [2]
+    one_level = closing(ThreadedStreamer(models.double, batch_size=4, name="priority-one"))
+    assert one_level.predict([1], priority=1) == [2], "priority 1 is the only level of a streamer without levels"
+    with pytest.raises(ValueError):
+        one_level.predict([1], priority=2)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"priority_levels": 2, "default_priority": 3}, "default_priority is 3, but priority_levels is 2"),
+        ({"priority_levels": 3, "priority_max_queue": [1, 2]}, "priority_max_queue has 2 entries"),
+        ({"priority_levels": 2, "priority_timeout": [1.0]}, "priority_timeout has 1 entries"),
+        ({"priority_levels": 2, "priority_timeout": [1.0, -1]}, r"priority_timeout \[1\] \(priority 2\)"),
+        ({"priority_levels": 0}, "priority_levels must be a whole number >= 1"),
+        ({"priority_aging": 0}, "priority_aging is in seconds"),
+    ],
+)
+def test_priority_settings_are_checked_together(options: Any, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        BatchingConfig(4, **options)
+
+
+def test_default_priority_is_the_level_of_a_call_naming_none() -> None:
+    config = BatchingConfig(4, priority_levels=3, default_priority=1, priority_timeout=[None, 2.0, 5.0])
+    assert config.level_of(None) == 0 and config.level_of(3) == 2
+    assert BatchingConfig(4, priority_levels=3).level_of(None) == 2, "unset: the lowest level"
+    assert config.call_timeout(None, 0) == config.timeout and config.call_timeout(None, 2) == 5.0
+    assert config.call_timeout(1.5, 2) == 1.5, "a call's own timeout wins"
+
+
+def test_web_settings_check_the_priority_options_together() -> None:
+    from streamer_core.web.spec import ModelSpec
+
+    def problems(**values: Any) -> List[str]:
+        _, found = ModelSpec.from_settings("m", models.double, values, lambda name: f"STREAMER_{name.upper()}")
+        return [problem.message for problem in found]
+
+    assert problems(priority_levels=2, priority_max_queue=[None, 10], priority_timeout=[1.0, None]) == []
+    assert problems(priority_levels=2, default_priority=3) == [
+        "STREAMER_DEFAULT_PRIORITY is 3, but STREAMER_PRIORITY_LEVELS is 2: the levels are 1 (highest) to 2"
+    ]
+    refused = problems(priority_levels=2, backend="redis", redis_url="redis://127.0.0.1:6379/0")
+    assert len(refused) == 1 and "not yet by redis" in refused[0]
