@@ -319,15 +319,9 @@ class BaseStreamer:
         process, :class:`WorkerStartError` when no worker can start;
         ``ValueError`` for a ``priority`` that is not a level.
         """
-        level = self._level(priority)
-        return self._submit(batch, self._config.call_timeout(timeout, level), level)
-
-    def _level(self, priority: Optional[int]) -> int:
-        """The level (0 the highest) of a call naming ``priority``."""
         config = self._config
-        if priority is None and config.priority_levels == 1:
-            return 0  # the common case, without a call
-        return config.level_of(priority)
+        level = 0 if priority is None and config.priority_levels == 1 else config.level_of(priority)
+        return self._submit(batch, config.call_timeout(timeout, level), level)
 
     def _submit(self, batch: Iterable[Any], call_timeout: float, level: int = 0) -> BatchFuture:
         """:meth:`submit` with its timeout and level checked already."""
@@ -371,8 +365,9 @@ class BaseStreamer:
         of these inputs, :class:`StreamerTimeoutError` after ``timeout``
         seconds (default: the streamer's ``timeout``), and the errors of
         :meth:`submit`, which says what ``priority`` is."""
-        level = self._level(priority)
-        call_timeout = self._config.call_timeout(timeout, level)
+        config = self._config
+        level = 0 if priority is None and config.priority_levels == 1 else config.level_of(priority)
+        call_timeout = config.call_timeout(timeout, level)
         return self._submit(batch, call_timeout, level).result(call_timeout)
 
     async def apredict(
