@@ -88,8 +88,12 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+#: A worker's exit status on SIGTERM, as a shell reports a process it ended.
+_SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    sys.exit(128 + signum)
+    sys.exit(_SIGTERM_EXIT)
 
 
 def _load_predict(spec: bytes, device: Optional[Any]) -> Any:
@@ -138,6 +142,8 @@ def worker_main(
     try:
         predict = _load_predict(spec, device)
     except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code == _SIGTERM_EXIT:
+            raise  # told to stop while loading: not a model that cannot load
         from ..oom import load_failure
 
         conn.send(("init_error", encode_exception(load_failure(exc, oom_errors, device))))

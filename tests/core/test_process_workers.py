@@ -280,6 +280,18 @@ def test_a_worker_sent_sigterm_exits_through_exit_and_is_said_so(closing, caplog
     assert streamer.predict([4], timeout=30) == [8]
 
 
+def test_a_worker_sent_sigterm_while_loading_is_restarted_not_taken_for_a_model_that_cannot_load(closing, caplog):
+    before = set(worker_children(os.getpid()))
+    streamer = closing(Streamer(models.SlowLoadingModel, 4, 0.01, model_init_kwargs={"seconds": 2.0}))
+    assert wait_for(lambda: set(worker_children(os.getpid())) - before, 30)
+    [loading] = set(worker_children(os.getpid())) - before
+    time.sleep(0.5)  # inside init_model
+    os.kill(loading, signal.SIGTERM)
+    assert streamer.wait_ready(60), caplog.text
+    assert streamer.predict(["x"], timeout=30) == ["x"]
+    assert "exited on SIGTERM; restarting it" in caplog.text and "could not" not in caplog.text, caplog.text
+
+
 def test_each_kill_for_hanging_doubles_the_wait_until_the_worker_answers(closing, caplog):
     # A batch that is only slow (a first call that compiles) must end up
     # finishing, not be killed over and over.
