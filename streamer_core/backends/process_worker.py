@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import traceback
-from _queue import SimpleQueue  # C's, which gevent never patches (it replaces queue.SimpleQueue)
+from _queue import Empty, SimpleQueue  # C's, which gevent never patches (it replaces queue.SimpleQueue)
 from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
@@ -90,6 +90,11 @@ def _watch_parent(parent_pid: int) -> None:
 
 #: A worker's exit status on SIGTERM, as a shell reports a process it ended.
 _SIGTERM_EXIT = 128 + signal.SIGTERM
+#: The longest the worker's main thread waits for a batch without waking
+#: (seconds). Python runs a signal's handler in the main thread only, and the
+#: kernel may hand SIGTERM to another thread (the pipe reader's, the model's
+#: own): the main thread must come round to run it.
+_WAKE_S = 0.5
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -168,7 +173,10 @@ def worker_main(
     _start_thread(_read_pipe, conn, inbox, pool)
     try:
         while True:
-            message = inbox.get()
+            try:
+                message = inbox.get(timeout=_WAKE_S)
+            except Empty:
+                continue  # awake now and then: a SIGTERM that another thread took is handled here
             if message is None or message[0] == "stop":
                 return  # told to stop, or the parent closed its end
             _, batch_id, wires, _, gone, trace = message

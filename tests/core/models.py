@@ -134,6 +134,18 @@ class SlowLoadingModel(ManagedModel):
         return batch
 
 
+class MarkedSlowLoading(ManagedModel):
+    """Writes ``folder/loading-<pid>`` as its loading starts, then takes
+    ``seconds`` to load: a test knows the worker is inside ``init_model``."""
+
+    def init_model(self, folder: str, seconds: float = 2.0) -> None:
+        (Path(folder) / f"loading-{os.getpid()}").write_text("")
+        time.sleep(seconds)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return batch
+
+
 class GatedFailOnNegative(ManagedModel):
     """Several callers' inputs in one batch: a batch holding ``0`` waits while
     ``folder/hold`` exists (announcing itself with ``inside-<pid>``), so the

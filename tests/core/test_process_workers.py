@@ -275,18 +275,18 @@ def test_a_worker_sent_sigterm_exits_through_exit_and_is_said_so(closing, caplog
     assert streamer.wait_ready(60)
     [worker] = streamer.worker_pids()
     os.kill(worker, signal.SIGTERM)
-    assert wait_for(lambda: "exited on SIGTERM; restarting it" in caplog.text, 30), caplog.text
+    assert wait_for(lambda: "exited on SIGTERM; restarting it" in caplog.text, 30), (caplog.text, alive(worker))
     assert f"(pid {worker}) exited on SIGTERM" in caplog.text
     assert streamer.predict([4], timeout=30) == [8]
 
 
-def test_a_worker_sent_sigterm_while_loading_is_restarted_not_taken_for_a_model_that_cannot_load(closing, caplog):
-    before = set(worker_children(os.getpid()))
-    streamer = closing(Streamer(models.SlowLoadingModel, 4, 0.01, model_init_kwargs={"seconds": 2.0}))
-    assert wait_for(lambda: set(worker_children(os.getpid())) - before, 30)
-    [loading] = set(worker_children(os.getpid())) - before
-    time.sleep(0.5)  # inside init_model
-    os.kill(loading, signal.SIGTERM)
+def test_a_worker_sent_sigterm_while_loading_is_restarted_not_taken_for_a_model_that_cannot_load(
+    closing, caplog, tmp_path
+):
+    streamer = closing(Streamer(models.MarkedSlowLoading, 4, 0.01, model_init_kwargs={"folder": str(tmp_path)}))
+    assert wait_for(lambda: list(tmp_path.glob("loading-*")), 60)
+    [mark] = tmp_path.glob("loading-*")
+    os.kill(int(mark.name.split("-")[1]), signal.SIGTERM)  # inside init_model
     assert streamer.wait_ready(60), caplog.text
     assert streamer.predict(["x"], timeout=30) == ["x"]
     assert "exited on SIGTERM; restarting it" in caplog.text and "could not" not in caplog.text, caplog.text

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Set, Tuple
 
 import pytest
 from flask import Flask
@@ -230,16 +230,23 @@ def test_gunicorn_workers_metrics_add_up_in_multiprocess_mode(tmp_path: Path, mo
     port = free_port()
     settings: Dict[str, Any] = {"STREAMER_METRICS_ROUTE": "/metrics", "MODEL_SLEEP": 0.01}
     with live_server(gunicorn_argv(port, "-w", "2", "-k", "gthread", "--threads", "16"), port, settings):
-        volley = fire(port, "/predict", 16, 10, tag="metrics")
-        volley.check_answers()
-        assert len(volley.pids()) == 2, "both workers should have served"
+        served: Set[int] = set()
+        sent = 0
+        for _ in range(8):  # on a loaded machine one worker may take a whole volley: send more
+            volley = fire(port, "/predict", 16, 10, tag="metrics")
+            volley.check_answers()
+            served |= volley.pids()
+            sent += 160
+            if len(served) == 2:
+                break
+        assert len(served) == 2, "both workers should have served"
         for _ in range(4):  # whichever worker answers, the sums are the same
             status, text, _ = get(port, "/metrics")
             assert status == 200
             found = metric_samples(text)
             model = ("model", "predict")
-            assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == 160
-            assert found[("streamer_batch_size_sum", (model,))] == 160
-            assert found[("streamer_queue_wait_seconds_count", (model,))] == 160
+            assert found[("streamer_requests_total", (model, ("outcome", "ok")))] == sent
+            assert found[("streamer_batch_size_sum", (model,))] == sent
+            assert found[("streamer_queue_wait_seconds_count", (model,))] == sent
             batches = found[("streamer_batch_size_count", (model,))]
-            assert found[("streamer_model_seconds_count", (model,))] == batches < 160
+            assert found[("streamer_model_seconds_count", (model,))] == batches < sent
