@@ -114,6 +114,7 @@ def test_a_worker_counts_itself_on_its_device_and_the_web_side_does_not(
     assert streamer.predict([1]) == [2]
     assert stats_for(worker).snapshot().workers_by_device == {"default": 1}
     assert stats_for(web).snapshot().workers_by_device == {}, "the web process has no device to say"
-    assert stats_for(web).snapshot().workers_live == 1
+    # The web side's count of live workers is Redis's, asked once a second.
+    assert wait_for(lambda: stats_for(web).snapshot().workers_live == 1, 10), stats_for(web).snapshot()
     handle.stop()
     assert stats_for(worker).snapshot().workers_by_device == {}
