@@ -1,0 +1,47 @@
+"""mosec serving the examples' sentence model, for ``bench/scale_bench.py``
+(variant ``mosec``); run by the Python of a venv with mosec in it
+(``bench/peer_venvs.py``), never imported by the project.
+
+    BENCH_PEER_MODEL=/path/to/all-MiniLM-L6-v2 python bench/peers/mosec_server.py --port 8000
+
+One Server, one Worker process, batches of up to 64 sentences formed within
+10 ms (``max_batch_size``, ``max_wait_time``). Each request is the load's
+JSON ``{"s": "<a sentence>"}`` POSTed to ``/inference``; the worker sees
+only whole batches, encodes them with ``SentenceTransformer.encode`` and
+answers each request its unit-length embedding as a JSON list. mosec reads
+its own command line (``--port``, ``--address``, ...); the model's path
+comes in ``BENCH_PEER_MODEL``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List
+
+from mosec import Server, Worker
+
+BATCH = 64
+WAIT_MS = 10
+
+
+class Embed(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(os.environ["BENCH_PEER_MODEL"], device="cpu")
+        self.model.eval()
+
+    def forward(self, data: List[Any]) -> List[Any]:
+        sentences = [request["s"] for request in data]
+        vectors = self.model.encode(
+            sentences, batch_size=len(sentences), normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        )  # fmt: skip
+        return vectors.tolist()
+
+
+if __name__ == "__main__":
+    server = Server()
+    server.append_worker(Embed, num=1, max_batch_size=BATCH, max_wait_time=WAIT_MS)
+    server.run()
