@@ -26,7 +26,21 @@ interleaved:
 ``naive``           example_flask's ``/naive``: the model called once per request
 ``django-thread``   example_django, the thread backend, gunicorn (named with ``--variants`` only)
 ``django-asgi``     example_django, the thread backend, uvicorn, async views (``/astream``)
+``mosec``           mosec 0.9.8: one Worker process seeing whole batches (``bench/peers/mosec_server.py``)
+``litserve``        LitServe 0.2.19: a LitAPI with batching (``bench/peers/litserve_server.py``)
+``infinity``        infinity-emb 0.0.78: ``infinity_emb v2``, the torch engine on the CPU (real model only)
 ==================  ==========================================================
+
+The last three, the peers (``--variants peers`` names them all), run only
+when named, each from a virtual environment of its own that
+:mod:`bench.peer_venvs` makes on first use under ``--venvs`` (default
+``bench/.venvs``, git-ignored): pinned versions, torch 2.13.0. Each is one
+server process tree, serving the same model directory, batches of up to 64
+formed within 10 ms as their docs advise (infinity: ``--batch-size 64``, its
+own timing); its whole tree's CPU is counted under ``web``.
+``--stub-forward`` reaches mosec's and LitServe's model (they load it with
+sentence-transformers, as the examples do), not infinity's engine: with it,
+infinity is left out.
 
 ``--images`` uploads a JPEG of a cat (451 x 300, 35 KB, as ``curl -F
 "file=@cat.jpg"`` sends it) to the examples' ``/classify`` instead, and to
@@ -62,11 +76,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from bench import harness, plots, web_bench
+from bench import harness, peer_venvs, plots, web_bench
 from bench.apps.http_app import SENTENCE
 
 #: The deployments with ``--images``: the examples' /classify, and
@@ -83,6 +98,13 @@ VARIANTS = ("ours-thread", "ours-process", "ours-redis", "ss-thread", "ss-proces
 #: Not run unless named: the Django example on the thread backend, under
 #: gunicorn (/stream) and under uvicorn (async views, /astream).
 DJANGO_VARIANTS = ("django-thread", "django-asgi")
+#: Not run unless named (``peers`` names all three): other serving
+#: frameworks on the same model and load, each from a venv of its own.
+PEER_VARIANTS = ("mosec", "litserve", "infinity")
+#: The model, as the examples name it (resolved to the packaged copy's folder).
+MODEL = "all-MiniLM-L6-v2"
+#: infinity's OpenAI-style body: the same sentence, one input a request.
+INFINITY_BODY = json.dumps({"model": MODEL, "input": [SENTENCE]})
 ROLES = ("web", "workers", "redis", "wrk")
 STUB_PATH = os.path.join(harness.REPO_ROOT, "bench", "apps", "stub_forward")
 READY_LIMIT_S = 300.0  # a model per process, loaded on a busy machine
@@ -129,7 +151,11 @@ class Deployment:
         self.redis: Optional[harness.PrivateRedis] = None
         self.workers: Optional[subprocess.Popen] = None
         self.web: Optional[subprocess.Popen] = None
-        self.route = {"naive": "/naive", "django-asgi": "/astream"}.get(variant, "/stream")
+        self.route = {
+            "naive": "/naive", "django-asgi": "/astream", "mosec": "/inference", "litserve": "/predict",
+            "infinity": "/embeddings",
+        }.get(variant, "/stream")  # fmt: skip
+        self.body = INFINITY_BODY if variant == "infinity" else BODY
         if args.images:
             self.route = "/classify"
         self.upload = web_bench.upload_body(folder) if args.images else None
@@ -152,6 +178,10 @@ class Deployment:
         if variant.endswith("redis"):
             self.redis = harness.PrivateRedis(shutil.which("redis-server") or "redis-server", self.folder)
             self.redis.start()
+        if variant in PEER_VARIANTS:
+            command, env = self.peer_command()
+            self.web = self._group(command, dict(env, HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0"), "web")
+            return
         if variant.startswith("django"):
             env = {"STREAMER_BACKEND": "thread", "DJANGO_SETTINGS_MODULE": "example_django.settings"}
             if variant == "django-asgi":
@@ -194,6 +224,25 @@ class Deployment:
         gunicorn += ["--log-level", "warning", *app]
         self.web = self._group(gunicorn, env, "web")
 
+    def peer_command(self) -> Tuple[List[str], Dict[str, str]]:
+        """The command line of a peer's server, from its venv, and what it
+        needs in its environment."""
+        from example_flask.embedding import resolve_model
+
+        model, venv = resolve_model(MODEL), self.args.peer_venvs[self.variant]
+        python = peer_venvs.python_of(venv)
+        if self.variant == "mosec":
+            script = os.path.join(harness.REPO_ROOT, "bench", "peers", "mosec_server.py")
+            # mosec reads its own command line: the model comes in the environment.
+            return [python, script, "--port", str(self.port), "--address", "127.0.0.1"], {"BENCH_PEER_MODEL": model}
+        if self.variant == "litserve":
+            script = os.path.join(harness.REPO_ROOT, "bench", "peers", "litserve_server.py")
+            return [python, script, "--model", model, "--port", str(self.port)], {}
+        command = [os.path.join(venv, "bin", "infinity_emb"), "v2", "--model-id", model, "--served-model-name", MODEL,
+                "--host", "127.0.0.1", "--port", str(self.port), "--engine", "torch", "--device", "cpu",
+                "--batch-size", "64", "--no-bettertransformer", "--no-vector-disk-cache"]  # fmt: skip
+        return command, {}
+
     def worker_class(self) -> str:
         """gunicorn's worker class for this deployment: service_streamer's
         plain views under ``--ss-worker-class``, the rest under
@@ -223,6 +272,11 @@ class Deployment:
                 request = self.request(url)
                 with urllib.request.urlopen(request, timeout=60) as response:
                     ok = ok + 1 if response.status == 200 else 0
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500:  # the request itself is refused: waiting will not help
+                    raise RuntimeError(f"{self.variant}: {url} answers {exc.code}: {exc.read()[:300]!r}") from exc
+                ok = 0
+                time.sleep(0.5)
             except OSError:
                 ok = 0
                 time.sleep(0.5)
@@ -233,7 +287,7 @@ class Deployment:
     def request(self, url: str) -> urllib.request.Request:
         """One request of this deployment's load: the sentence, or the upload."""
         if self.upload is None:
-            return urllib.request.Request(url, BODY.encode(), {"Content-Type": "application/json"})
+            return urllib.request.Request(url, self.body.encode(), {"Content-Type": "application/json"})
         path, content_type = self.upload
         with open(path, "rb") as handle:
             return urllib.request.Request(url, handle.read(), {"Content-Type": content_type})
@@ -281,9 +335,10 @@ def measure(variant: str, args: argparse.Namespace, folder: str) -> List[Result]
         deployment.wait_ready()
         url = f"http://127.0.0.1:{deployment.port}{deployment.route}"
         for connections in args.connections:
-            harness.run_wrk(url, connections, args.warmup, 30, BODY, deployment.upload)
+            body, upload = deployment.body, deployment.upload
+            harness.run_wrk(url, connections, args.warmup, 30, body, upload)
             before = deployment.ticks()
-            summary, wrk_cpu_s = harness.run_wrk(url, connections, args.duration, 30, BODY, deployment.upload)
+            summary, wrk_cpu_s = harness.run_wrk(url, connections, args.duration, 30, body, upload)
             after = deployment.ticks()
             results.append(_result(variant, connections, summary, wrk_cpu_s, before, after))
     except Exception as exc:
@@ -364,6 +419,7 @@ def report(all_results: Dict[str, List[Result]], args: argparse.Namespace) -> st
                 + " | ".join(cpu)
                 + f" | {run.server_cpu_ms:.2f} |"
             )
+    lines += ratios(results)
     lines += ["", "| floor | measured | verdict |", "| --- | --: | --- |"]
     if args.images:
         return "\n".join(lines + image_floors(results, args))
@@ -392,6 +448,26 @@ def report(all_results: Dict[str, List[Result]], args: argparse.Namespace) -> st
         ratio = ours.rps / best_ss
         lines.append(f"| ours-redis / service_streamer's best deployment (>= 2x on the GPU box) | {ratio:.2f}x | - |")
     return "\n".join(lines)
+
+
+def ratios(results: Dict[str, List[Result]]) -> List[str]:
+    """Each deployment's req/s and server CPU per request over mosec's and
+    over ours (the first ``ours-*`` deployment run), at the most
+    connections: rows, or none without either to divide by."""
+    references = [name for name in ("mosec", next((v for v in results if v.startswith("ours-")), "")) if name]
+    bases = {name: median_result(results[name]) for name in references if name in results}
+    bases = {name: run for name, run in bases.items() if run.failure is None and run.rps and run.server_cpu_ms}
+    if not bases:
+        return []
+    head = " | ".join(f"req/s ÷ {name} | CPU/req ÷ {name}" for name in bases)
+    lines = ["", f"| deployment | {head} |", "| --- |" + " --: | --: |" * len(bases)]
+    for variant, runs in results.items():
+        run = median_result(runs)
+        if run.failure is not None:
+            continue
+        cells = [f"{run.rps / b.rps:.2f}x | {run.server_cpu_ms / b.server_cpu_ms:.2f}x" for b in bases.values()]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def image_floors(results: Dict[str, List[Result]], args: argparse.Namespace) -> List[str]:
@@ -469,6 +545,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         action="store_true",
         help="upload a JPEG to /classify instead (variants ours-* and ss-thread, service_streamer's tutorial view)",
     )
+    parser.add_argument(
+        "--venvs",
+        default=peer_venvs.DEFAULT_ROOT,
+        help=f"where the peers' venvs are made on first use (default {peer_venvs.DEFAULT_ROOT})",
+    )
+    parser.add_argument(
+        "--infinity", default="", metavar="VENV", help="a venv with infinity-emb made elsewhere: use it as it is"
+    )
     parser.add_argument("--json", default="", help="also write every run here")
     parser.add_argument(
         "--plots",
@@ -482,15 +566,21 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"--connections takes counts separated by commas, not {args.connections!r}")
     if not args.connections or min(args.connections) < 1:
         parser.error("--connections needs at least one count of 1 or more")
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    named = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.variants = [p for v in named for p in (PEER_VARIANTS if v == "peers" else (v,))]
+    if args.stub_forward and "infinity" in args.variants:
+        print("scale_bench: --stub-forward does not reach infinity's engine: infinity left out", file=sys.stderr)
+        args.variants.remove("infinity")
     if not args.variants:
         args.variants = list(IMAGE_VARIANTS if args.images else VARIANTS)
     unfit = [v for v in args.variants if v not in IMAGE_VARIANTS]
     if args.images and unfit:
         parser.error(f"--images serves {', '.join(IMAGE_VARIANTS)}; not {', '.join(unfit)}")
-    unknown = set(args.variants) - set(VARIANTS) - set(DJANGO_VARIANTS)
+    known = VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS
+    unknown = set(args.variants) - set(known)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS + DJANGO_VARIANTS)}")
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}, or peers for the last three")
+    args.peer_venvs = {}
     return args
 
 
@@ -499,6 +589,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if shutil.which("wrk") is None:
         print("scale_bench: wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
+    for variant in args.variants:
+        if variant in PEER_VARIANTS:  # made before any run, so none is measured beside pip
+            override = args.infinity if variant == "infinity" else None
+            args.peer_venvs[variant] = peer_venvs.ensure(variant, args.venvs, override)
     started = time.monotonic()
     results: Dict[str, List[Result]] = {variant: [] for variant in args.variants}
     try:
