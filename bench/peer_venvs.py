@@ -44,7 +44,8 @@ class Peer:
 
 
 PEERS: Dict[str, Peer] = {
-    "mosec": Peer("mosec", "0.9.8", ["mosec==0.9.8", TORCH, *SENTENCE_TRANSFORMERS]),
+    # orjson: the server writes its answers as the examples do (see bench/peers/mosec_server.py).
+    "mosec": Peer("mosec", "0.9.8", ["mosec==0.9.8", "orjson==3.13.0", TORCH, *SENTENCE_TRANSFORMERS]),
     "litserve": Peer("litserve", "0.2.19", ["litserve==0.2.19", TORCH, *SENTENCE_TRANSFORMERS]),
     "infinity": Peer("infinity", "0.0.78", ["infinity-emb[server,torch]==0.0.78", TORCH]),
 }
@@ -73,7 +74,8 @@ def ensure(name: str, root: str = DEFAULT_ROOT, override: Optional[str] = None, 
     if is_made(folder, peer):
         return folder
     print(f"peer_venvs: making {folder} ({' '.join(peer.requirements)}): minutes", file=log, flush=True)
-    venv.EnvBuilder(with_pip=True, clear=True).create(folder)
+    if not os.path.exists(python_of(folder)):  # else the pins changed: pip brings it to them
+        venv.EnvBuilder(with_pip=True, clear=True).create(folder)
     subprocess.run(
         [python_of(folder), "-m", "pip", "install", "--quiet", *peer.requirements],
         check=True, stdout=log, stderr=subprocess.STDOUT,
