@@ -1,0 +1,78 @@
+"""The peers in ``bench/scale_bench.py`` (issue #41), without installing any
+of them: which variants ``--variants`` names, the ratios to mosec and to
+ours, where each peer's venv lives and when it counts as made, and the
+commands and bodies a peer deployment starts and sends."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from bench import peer_venvs, scale_bench
+from bench.scale_bench import Result
+
+
+def test_peers_names_all_three_and_stubbing_leaves_infinity_out() -> None:
+    args = scale_bench.parse_args(["--variants", "ours-thread,peers"])
+    assert args.variants == ["ours-thread", "mosec", "litserve", "infinity"]
+    stubbed = scale_bench.parse_args(["--variants", "peers", "--stub-forward"])
+    assert stubbed.variants == ["mosec", "litserve"]
+    # Not run unless named.
+    assert not set(scale_bench.PEER_VARIANTS) & set(scale_bench.parse_args([]).variants)
+
+
+def test_ratios_to_mosec_and_to_ours() -> None:
+    def run(variant: str, rps: float, web_ms: float) -> Result:
+        return Result(variant, 128, rps=rps, p50_ms=1.0, p99_ms=2.0, cpu_ms={"web": web_ms, "wrk": 9.0})
+
+    results = {
+        "ours-thread": [run("ours-thread", 2000.0, 0.4)],
+        "mosec": [run("mosec", 8000.0, 0.1)],
+        "litserve": [Result("litserve", 128, failure="boom")],
+    }
+    lines = scale_bench.ratios(results)
+    assert lines[1] == "| deployment | req/s ÷ mosec | CPU/req ÷ mosec | req/s ÷ ours-thread | CPU/req ÷ ours-thread |"
+    assert "| ours-thread | 0.25x | 4.00x | 1.00x | 1.00x |" in lines  # wrk's CPU is not the server's
+    assert "| mosec | 1.00x | 1.00x | 4.00x | 0.25x |" in lines
+    assert not any(line.startswith("| litserve") for line in lines)
+    assert scale_bench.ratios({"ss-thread": [run("ss-thread", 100.0, 1.0)]}) == []
+
+
+def test_a_venv_counts_as_made_only_with_its_pins(tmp_path: Path) -> None:
+    peer = peer_venvs.PEERS["mosec"]
+    folder = peer.folder(str(tmp_path))
+    assert folder == os.path.join(str(tmp_path), "mosec-0.9.8")
+    assert not peer_venvs.is_made(folder, peer)
+    os.makedirs(folder)
+    marker = os.path.join(folder, peer_venvs.MARKER)
+    with open(marker, "w") as handle:
+        handle.write("mosec==0.9.7\n")
+    assert not peer_venvs.is_made(folder, peer)
+    with open(marker, "w") as handle:
+        handle.write("\n".join(peer.requirements) + "\n")
+    assert peer_venvs.is_made(folder, peer)
+    assert peer_venvs.ensure("mosec", str(tmp_path)) == folder  # made: nothing installed
+    assert peer_venvs.ensure("infinity", str(tmp_path), override="/elsewhere") == "/elsewhere"
+    for each in peer_venvs.PEERS.values():
+        assert peer_venvs.TORCH in each.requirements  # the CPU build on this machine; a looser pin fetches CUDA
+
+
+def test_peer_deployments_start_from_their_venvs(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        peer_venvs={name: f"/venvs/{name}" for name in scale_bench.PEER_VARIANTS}, images=False, stub_forward=False
+    )
+    mosec = scale_bench.Deployment("mosec", args, str(tmp_path))
+    command, env = mosec.peer_command()
+    assert command[0] == "/venvs/mosec/bin/python" and command[1].endswith(os.path.join("peers", "mosec_server.py"))
+    assert os.path.isdir(env["BENCH_PEER_MODEL"]) or env["BENCH_PEER_MODEL"] == scale_bench.MODEL
+    assert (mosec.route, json.loads(mosec.body)) == ("/inference", {"s": scale_bench.SENTENCE})
+    litserve = scale_bench.Deployment("litserve", args, str(tmp_path))
+    assert litserve.route == "/predict" and "--model" in litserve.peer_command()[0]
+    infinity = scale_bench.Deployment("infinity", args, str(tmp_path))
+    command, _ = infinity.peer_command()
+    assert (
+        command[:2] == ["/venvs/infinity/bin/infinity_emb", "v2"] and command[command.index("--batch-size") + 1] == "64"
+    )
+    assert (infinity.route, json.loads(infinity.body)["input"]) == ("/embeddings", [scale_bench.SENTENCE])
