@@ -593,6 +593,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if variant in PEER_VARIANTS:  # made before any run, so none is measured beside pip
             override = args.infinity if variant == "infinity" else None
             args.peer_venvs[variant] = peer_venvs.ensure(variant, args.venvs, override)
+    # Killed (timeout(1), a CI limit): through the finally below, which
+    # kills the servers; each leads a session of its own, and would outlive us.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     results: Dict[str, List[Result]] = {variant: [] for variant in args.variants}
     try:
