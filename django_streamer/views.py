@@ -47,9 +47,8 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
-from streamer_core.config import OPTIONS
 from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
-from streamer_core.web.body import FormLimits, default_input, json_of, limit_body, upload_of
+from streamer_core.web.body import FormLimits, check_many, default_input, json_of, limit_body, upload_of
 from streamer_core.web.cycle import Cycle, Traced
 from streamer_core.web.http import (
     MISSING,
@@ -329,12 +328,7 @@ def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str
 
 
 def _check_many(model: Any, many: Any, max_inputs: Any) -> None:
-    if not isinstance(many, bool):
-        raise TypeError(f"many of the batched view of {model!r} must be True or False, got {many!r}")
-    if max_inputs is not None:
-        if not many:
-            raise TypeError(f"max_inputs of the batched view of {model!r} goes with many=True")
-        OPTIONS["max_inputs"].checked(max_inputs, f"max_inputs of the batched view of {model!r}")
+    check_many(many, max_inputs, max_inputs is not None, f"the batched view of {model!r}")
 
 
 def batched_view(

@@ -16,7 +16,7 @@ from streamer_core.config import OPTIONS
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
-from streamer_core.web.body import default_input, json_of, upload_of
+from streamer_core.web.body import check_many, default_input, json_of, upload_of
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
 from streamer_core.web.peer import client_socket
@@ -276,12 +276,7 @@ class FlaskStreamer:
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
-        if not isinstance(many, bool):
-            raise TypeError(f"many of the batched route {rule!r} must be True or False, got {many!r}")
-        if max_inputs is not _UNSET:
-            if not many:
-                raise TypeError(f"max_inputs of the batched route {rule!r} goes with many=True")
-            OPTIONS["max_inputs"].checked(max_inputs, f"max_inputs of the batched route {rule!r}")
+        check_many(many, max_inputs, max_inputs is not _UNSET, f"the batched route {rule!r}")
         if model is None:
             raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
         for name, hook in (("parse", parse), ("respond", respond)):

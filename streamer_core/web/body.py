@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
+from ..config import OPTIONS
 from ..errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from .http import (
     MISSING,
@@ -28,6 +29,7 @@ __all__ = [
     "READ_WHOLE_BYTES",
     "FormLimits",
     "RequestBody",
+    "check_many",
     "default_input",
     "inputs_of",
     "json_of",
@@ -102,6 +104,19 @@ def limit_body(
         return
     refuse_undecoded_chunks(True, input_terminated)
     check_read_size(read_chunks(limit), limit)
+
+
+def check_many(many: Any, max_inputs: Any, max_inputs_given: bool, where: str) -> None:
+    """Check an endpoint's ``many`` and ``max_inputs`` as declared, naming
+    it as ``where`` ("the batched route '/embed'"): ``many`` a bool, and
+    ``max_inputs``, where given, only with ``many=True`` and a whole number
+    of at least 1. Both layers' routes and views, one wording."""
+    if not isinstance(many, bool):
+        raise TypeError(f"many of {where} must be True or False, got {many!r}")
+    if max_inputs_given:
+        if not many:
+            raise TypeError(f"max_inputs of {where} goes with many=True")
+        OPTIONS["max_inputs"].checked(max_inputs, f"max_inputs of {where}")
 
 
 def inputs_of(parsed: Any, most: int) -> List[Any]:
