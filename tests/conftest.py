@@ -19,6 +19,12 @@ settings.register_profile("shared-machine", deadline=None, suppress_health_check
 settings.load_profile("shared-machine")
 
 
+#: The longest a Gate holds its model for a test (seconds): 100,000 calls
+#: timing out under tracemalloc (tests/core/test_timeouts.py) took past 30 s
+#: beside stress --cpu 8, and the gate gave way under it.
+GATE_HOLD_S = 180
+
+
 class Gate:
     """A model for ThreadedStreamer that records every batch, and blocks on
     inputs equal to ``"hold"`` until ``release()``."""
@@ -32,7 +38,7 @@ class Gate:
         self.batches.append(list(batch))
         if "hold" in batch:
             self.entered.set()
-            assert self.open.wait(30), "the test never released the gate"
+            assert self.open.wait(GATE_HOLD_S), "the test never released the gate"
         return [f"ok:{x}" for x in batch]
 
     def release(self) -> None:
