@@ -112,7 +112,8 @@ class Server:
             command = [os.path.join(self.args.infinity, "bin", "infinity_emb"), "v2", "--model-id",
                        resolve_model(MODEL), "--served-model-name", MODEL, "--host", "127.0.0.1", "--port",
                        str(self.port), "--engine", "torch", "--device", "cpu", "--batch-size", "64",
-                       "--no-bettertransformer", "--no-vector-disk-cache"]  # fmt: skip
+                       "--no-bettertransformer", "--no-vector-disk-cache",
+                       "--dtype", self.args.infinity_dtype]  # fmt: skip
         log = open(os.path.join(self.folder, f"{self.name}.log"), "w")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
             command, cwd=harness.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -235,6 +236,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="a setting of the example's, as FLASK_STREAMER_X (repeatable), e.g. STREAMER_MAX_BATCH_COST=2048",
     )
     parser.add_argument("--infinity", metavar="VENV", help="a virtual environment with infinity-emb: run it beside")
+    parser.add_argument(
+        "--infinity-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="infinity-emb's --dtype (default auto: float32 on a CPU); the example's is EMBEDDING_PRECISION",
+    )
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds of load before each run (default 4)")
     return parser.parse_args(argv)
