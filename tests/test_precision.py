@@ -97,3 +97,18 @@ def test_the_django_example_refuses_to_start_with_a_wrong_precision():
     assert "ImproperlyConfigured: EMBEDDING_PRECISION must be one of auto, float32, bfloat16, got 'half'" in (
         result.stderr
     )
+
+
+def test_bfloat16_keeps_linear_weights_in_bfloat16_and_autocasts_numbers():
+    """The linear layers' weights are kept in bfloat16, not rounded again
+    from float32 for each batch: the same vectors autocast gives over
+    float32 weights."""
+    import torch
+
+    kept = load_sentence_model(precision="bfloat16")
+    linears = [m for m in kept.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    rounded_each_time = load_sentence_model(precision="float32")
+    rounded_each_time._example_precision = "bfloat16"  # autocast over its float32 weights
+    assert all(m.weight.dtype == torch.float32 for m in rounded_each_time.modules() if isinstance(m, torch.nn.Linear))
+    assert np.abs(embed(kept, TEXTS) - embed(rounded_each_time, TEXTS)).max() < 1e-6
