@@ -15,6 +15,7 @@ delivers those signals to the main thread or to a thread the program made.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any, Callable, Tuple
@@ -49,7 +50,7 @@ def block_process_signals() -> None:
     Does nothing where the platform cannot (no ``pthread_sigmask``)."""
     if not hasattr(signal, "pthread_sigmask"):
         return
-    if threading.get_native_id() == _main_native_id():
+    if threading.get_native_id() == _main_native_id:
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, PROCESS_SIGNALS)
 
@@ -66,7 +67,22 @@ def background(target: Callable[..., Any], name: str, args: Tuple[Any, ...] = ()
     return threading.Thread(target=run, name=name, daemon=True)
 
 
-def _main_native_id() -> int:
-    main = threading.main_thread()
-    native = getattr(main, "native_id", None)
+def _native_id_of_main() -> int:
+    native = threading.main_thread().native_id
     return native if native is not None else -1
+
+
+#: The OS thread id of the process's main thread. After a fork the child's
+#: main thread is the one that forked, but ``threading.main_thread().native_id``
+#: still names the parent's (CPython 3.11): a gunicorn worker had its one OS
+#: thread's signals blocked, and never quit on Ctrl-C. Made again in the child.
+_main_native_id = _native_id_of_main()
+
+
+def _after_fork_in_child() -> None:
+    global _main_native_id
+    _main_native_id = threading.get_native_id()  # the forking thread: the child's main one
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

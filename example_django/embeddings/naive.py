@@ -19,5 +19,7 @@ def naive_model() -> Any:
     if _model is None:
         with _lock:
             if _model is None:
-                _model = load_sentence_model(settings.EMBEDDING_MODEL, precision=settings.EMBEDDING_PRECISION)
+                _model = load_sentence_model(
+                    settings.EMBEDDING_MODEL, precision=getattr(settings, "EMBEDDING_PRECISION", "auto")
+                )
     return _model
