@@ -335,7 +335,7 @@ class BaseStreamer:
         try:
             if engine.closed:
                 raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
-            self._admit(inputs)
+            self._admit(inputs, level)
             costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
             if engine.backend.copies_inputs:
                 encode = engine.backend.encode
@@ -352,10 +352,11 @@ class BaseStreamer:
             self._stats.failed(exc)
             raise
 
-    def _admit(self, inputs: List[Any]) -> None:
-        """Refuse a call before its inputs are costed and queued, by raising a
-        :class:`StreamerError` (counted as the call's outcome); a backend's
-        streamer adds its own checks here."""
+    def _admit(self, inputs: List[Any], level: int = 0) -> None:
+        """Refuse a call at priority ``level`` (0 the highest) before its
+        inputs are costed and queued, by raising a :class:`StreamerError`
+        (counted as the call's outcome); a backend's streamer adds its own
+        checks here."""
 
     def predict(
         self, batch: Iterable[Any], timeout: Optional[float] = None, priority: Optional[int] = None

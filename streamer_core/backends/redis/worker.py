@@ -57,7 +57,7 @@ from .connection import (
 from .intake import Hands, Input, Intake, ServerClock
 from .presence import Loading, ModelWatch, Presence
 from .reader import Handover, Reader
-from .wire import GROUP, Keys
+from .wire import GROUP, Keys, by_level
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -195,7 +195,9 @@ class RedisWorker:
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
         self._device = device
-        about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
+        # "levels": the priority levels it reads (a stream each), which web processes check their own against.
+        levels = self._config.priority_levels
+        about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device, "levels": levels}
         with Loading(self._address, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
         freeze_loaded()
@@ -217,6 +219,7 @@ class RedisWorker:
             self._claim_after,
             self._max_item_crashes,
             self._stats,
+            levels,
         )
         writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
         presence = Presence(
@@ -230,6 +233,7 @@ class RedisWorker:
             self._hang_timeout,
             self._stopping,
             self._exit_when_hung,
+            levels,
         )
         reader = Reader(
             self._conn,
@@ -253,7 +257,8 @@ class RedisWorker:
         if self._config.tracing:
             self._trace_facts = BatchFacts(self._stats.model, "redis", self.consumer, facts.device)
         line = ready_line(facts, self._config.batch_size, self._config.max_latency)
-        logger.info("worker %s serving %s: %s", self.consumer, self._keys.requests, line)
+        served = self._keys.requests if levels == 1 else f"{self._keys.requests} and {levels - 1} lower level(s)"
+        logger.info("worker %s serving %s: %s", self.consumer, served, line)
         self._serving = True
         self._stats.watch(self)
         try:
@@ -318,7 +323,7 @@ class RedisWorker:
         for position, held in enumerate(batch):
             request = held.request
             # Its caller has given up while it waited here: not run, not answered (acknowledged).
-            if request.entry_id in withdrawn:
+            if (held.level, request.entry_id) in withdrawn:
                 self._stats.dropped("cancelled")
                 continue
             if now_ms > request.created_ms() + request.timeout_ms:
@@ -385,7 +390,7 @@ class RedisWorker:
             assert self._writer is not None  # made by run_forever
             self._writer.put([held.request for held in dropped], [None] * len(dropped))
 
-    def _withdrawn(self, batch: List[Input]) -> Set[bytes]:
+    def _withdrawn(self, batch: List[Input]) -> Set[Tuple[int, bytes]]:
         """The requests of ``batch`` whose callers gave up since they were
         read (their web process deleted them from the stream). Claiming the
         batch again tells: Redis 7 skips deleted entries (and drops them from
@@ -396,13 +401,16 @@ class RedisWorker:
         answer is dropped by its web process."""
         if time.monotonic() - min((held.arrival for held in batch), default=0.0) < _RECHECK_AFTER_S:
             return set()
-        ids = [held.request.entry_id for held in batch]
-        try:
-            kept = self._main_conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, ids, justid=True)
-        except Exception as exc:
-            logger.debug("could not re-claim a batch before running it: %s", exc)
-            return set()
-        return set(ids).difference(kept)
+        withdrawn: Set[Tuple[int, bytes]] = set()  # ids are per stream: two levels' may be equal
+        for level, ids in by_level((held.level, held.request.entry_id) for held in batch).items():
+            stream = self._keys.request_stream(level)
+            try:
+                kept = self._main_conn.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
+            except Exception as exc:
+                logger.debug("could not re-claim a batch before running it: %s", exc)
+                continue
+            withdrawn.update((level, entry_id) for entry_id in set(ids).difference(kept))
+        return withdrawn
 
     def _refuse(self, held: Input, error: BaseException) -> None:
         """Answer a request with ``error`` without running it."""
