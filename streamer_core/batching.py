@@ -152,8 +152,12 @@ def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
             completed.append(future)
     if completed:
         stats = completed[0]._stats  # a batch's calls are all of one streamer
-        if stats is not None:
-            stats.succeeded(len(completed))  # counted before the callers wake to read the numbers
+        if stats is not None:  # counted before the callers wake to read the numbers
+            if stats.leveled:  # each at its priority level
+                for future in completed:
+                    future._stats.succeeded(1)  # type: ignore[union-attr]  # of one streamer: all set
+            else:
+                stats.succeeded(len(completed))
     for future in completed:
         future._wake()
 
@@ -267,7 +271,8 @@ class Scheduler:
         was made in when the streamer traces, at priority ``level`` (0 the
         highest; checked by the streamer)."""
         future = BatchFuture()
-        future._stats = self.stats
+        stats = self.stats
+        future._stats = stats if stats is None or self._leveled is None else stats.at(level)
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout

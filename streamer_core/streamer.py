@@ -100,6 +100,10 @@ class Backend:
         the scheduler holds (the Redis backend's, sent to Redis)."""
         return 0
 
+    def waiting_by_level(self, levels: int) -> List[int]:
+        """:meth:`waiting` at each of ``levels`` priority levels, the highest first."""
+        return [0] * levels
+
     def drain(self, deadline: float) -> None:
         """While closing, after the queue is empty: wait, until ``deadline``,
         for work the backend passed on elsewhere (a broker) to be answered."""
@@ -153,6 +157,13 @@ class _Engine:
         if self.closed:
             return 0, 0
         return self.scheduler.queued() + self.backend.waiting(), self.backend.workers_now()
+
+    def levels_waiting(self) -> List[int]:
+        """Inputs waiting at each priority level, the highest first, for the stats."""
+        if self.closed:
+            return []
+        queued = self.scheduler.queued_by_level()
+        return [n + m for n, m in zip(queued, self.backend.waiting_by_level(len(queued)))]
 
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory, for the stats."""
@@ -216,6 +227,8 @@ class BaseStreamer:
     ) -> None:
         self._config = config
         self._stats = stats_for(self._default_name() if name is None else name)
+        if config.priority_levels > 1:
+            self._stats.use_levels(config.priority_levels)
         self._make_backend = make_backend  # called again in a forked process
         self._max_item_crashes = max_item_crashes
         self._start_engine()
@@ -349,7 +362,7 @@ class BaseStreamer:
             trace = capture() if self._config.tracing else None
             return engine.scheduler.put(values, call_timeout, costs, trace, level)
         except StreamerError as exc:  # refused before it was queued
-            self._stats.failed(exc)
+            self._stats.at(level).failed(exc)
             raise
 
     def _admit(self, inputs: List[Any], level: int = 0) -> None:

@@ -81,7 +81,7 @@ def test_every_worker_reads_a_levels_requests_before_a_lower_levels(broker, make
 def test_a_busy_worker_takes_the_next_interactive_request_before_the_bulk_it_read_ahead(
     broker, make_streamer, start_worker, gate
 ):
-    worker = start_worker(broker, gate, batch_size=4, max_latency=0.01, **TWO)
+    worker = start_worker(broker, gate, batch_size=4, max_latency=0.01, name=f"worker-{broker.prefix}", **TWO)
     streamer = make_streamer(broker, **TWO)
     held = streamer.submit(["hold"], priority=2)
     assert gate.entered.wait(10)
@@ -89,10 +89,13 @@ def test_a_busy_worker_takes_the_next_interactive_request_before_the_bulk_it_rea
     assert wait_for(lambda: worker.worker.gauges()[0] == 4, 5), "a full bulk batch is read ahead"
     query = streamer.submit(["query"], priority=1)
     assert wait_for(lambda: worker.worker.gauges()[0] == 5, 5), "the interactive request is read beside it"
+    assert [level.queue_depth for level in worker.worker.stats().priorities] == [1, 4], "read ahead, by level"
     gate.release()
     assert query.result(10) == ["ok:query"] and held.result(10) == ["ok:hold"]
     assert [f.result(10) for f in bulk] == [[f"ok:bulk{i}"] for i in range(8)]
     assert gate.batches[1] == ["query", "bulk0", "bulk1", "bulk2"], "the next batch: the interactive request first"
+    waits = [level.queue_wait_seconds.count for level in worker.worker.stats().priorities]
+    assert waits == [1, 9], "the worker counts each input's wait at its level"
 
 
 def test_a_dead_workers_requests_of_every_level_are_taken_over_the_highest_first(
@@ -179,6 +182,8 @@ def test_each_level_has_its_own_bound_and_default_timeout_on_the_web_side(broker
     with pytest.raises(QueueFullError, match="priority 2 of this process wait for an answer and its bound is 2"):
         streamer.submit(["more"], priority=2)
     assert streamer.stats().requests["rejected"] >= 1
+    assert wait_for(lambda: streamer._backend.ledger.by_level() == [5, 2], 5), "all sent to Redis"
+    assert [level.queue_depth for level in streamer.stats().priorities] == [5, 2], "waiting, by level"
 
 
 def test_a_web_tier_of_more_levels_than_its_workers_read_refuses_the_calls_they_would_not_read(

@@ -404,6 +404,9 @@ class _RedisClientBackend(Backend):
     def waiting(self) -> int:
         return self.unanswered()
 
+    def waiting_by_level(self, levels: int) -> List[int]:
+        return self.ledger.by_level()
+
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
         deadline = time.monotonic() + timeout

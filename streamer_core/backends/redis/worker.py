@@ -122,6 +122,8 @@ class RedisWorker:
     ) -> None:
         self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
         self._config = config = BatchingConfig(batch_size, max_latency, **options)
+        if config.priority_levels > 1:
+            self._stats.use_levels(config.priority_levels)
         check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
@@ -168,6 +170,14 @@ class RedisWorker:
         """``(inputs read ahead, 1 while serving)``, for the stats."""
         with self._handover.cond:
             return len(self._handover.former), int(self._serving)
+
+    def levels_waiting(self) -> List[int]:
+        """The inputs read ahead at each priority level, the highest first, for the stats."""
+        leveled = self._handover.leveled
+        if leveled is None:
+            return []
+        with self._handover.cond:
+            return leveled.levels_waiting()
 
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory
@@ -355,7 +365,8 @@ class RedisWorker:
         if inputs:
             # Each request's wait, by the server's clock: from its entry's time to now.
             arrivals = [started - max(0.0, now_ms - batch[p].request.created_ms()) / 1000 for p in positions]
-            self._stats.batch_ran(started, seconds, arrivals)
+            levels = [batch[p].level for p in positions] if self._stats.levels else None
+            self._stats.batch_ran(started, seconds, arrivals, levels)
         assert self._writer is not None  # made by run_forever
         self._writer.put([held.request for held in batch], outcomes)
         return sum(outcome is not None for outcome in outcomes), seconds
