@@ -352,7 +352,7 @@ class Scheduler:
                         self._handed(0)
                         return batch, 0
                     wake = min(wake, hold_until)
-                elif self._busy > 0 and not former.alone_waiting() and former.full():
+                elif self._busy > 0 and not former.alone_waiting() and former.full() and self._may_hand_ahead():
                     # Not while inputs of a crashed batch wait to run alone:
                     # only a free worker takes those (decide), and under
                     # load a busy one always handed the next full batch
@@ -362,6 +362,14 @@ class Scheduler:
                         self._handed(1)
                         return batch, 1
                 cond.wait(None if wake == float("inf") else max(0.0, wake - now))
+
+    def _may_hand_ahead(self) -> bool:
+        """Whether a busy worker may be handed the next full batch now.
+        With priority levels, only one of the highest level's inputs alone:
+        a batch of lower levels handed ahead would hold up every higher
+        input that comes while the worker runs the batch before it."""
+        leveled = self._leveled
+        return leveled is None or leveled.in_level(0) >= leveled.size
 
     def _handed(self, held: int) -> None:
         self._count(held, -1)

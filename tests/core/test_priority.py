@@ -26,36 +26,39 @@ class Busy:
     more batch sent ahead to it, so that what is submitted now waits in
     its queue until :meth:`release`; and what reached its model."""
 
-    def __init__(self, streamer: BaseStreamer, batches: Callable[[], List[List[Any]]], release: Callable[[], None]):
+    def __init__(
+        self, streamer: BaseStreamer, batches: Callable[[], List[List[Any]]], release: Callable[[], None], ahead: bool
+    ):
         self.streamer = streamer
         self.batches = batches
         self.release = release
-        self.ahead = streamer.submit(["a0", "a1", "a2", "a3"], priority=1)  # a full batch: sent ahead
+        self.first = "a0" if ahead else "hold"
+        self.ahead = streamer.submit(["a0", "a1", "a2", "a3"], priority=1) if ahead else None  # a full batch
         assert wait_for(lambda: streamer.queued() == 0, 10), "the batch was not sent ahead"
 
     def after_ahead(self) -> List[List[Any]]:
-        """The batches run after the one sent ahead."""
+        """The batches run after the one sent ahead (without one: the held one)."""
         batches = self.batches()
-        firsts = [index for index, batch in enumerate(batches) if "a0" in batch]
+        firsts = [index for index, batch in enumerate(batches) if self.first in batch]
         return batches[firsts[0] + 1 :] if firsts else []
 
 
 @pytest.fixture(params=["thread", "process"])
 def make_busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path) -> Callable[..., Busy]:
-    def make(**options: Any) -> Busy:
+    def make(ahead: bool = True, **options: Any) -> Busy:
         name = f"priority-{uuid.uuid4().hex[:8]}"
         if request.param == "thread":
             streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, name=name, **options))
             streamer.submit(["hold"], priority=1)
             assert gate.entered.wait(5)
-            return Busy(streamer, lambda: gate.batches, gate.release)
+            return Busy(streamer, lambda: gate.batches, gate.release, ahead)
         (tmp_path / "hold").write_text("")
         folder = {"folder": str(tmp_path)}
         streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, name=name, **options))
         assert streamer.wait_ready(60)
         streamer.submit(["hold"], priority=1)
         assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
-        return Busy(streamer, lambda: models.ran_batches(tmp_path), lambda: (tmp_path / "hold").unlink())
+        return Busy(streamer, lambda: models.ran_batches(tmp_path), lambda: (tmp_path / "hold").unlink(), ahead)
 
     return make
 
@@ -77,6 +80,20 @@ def test_a_batch_takes_the_highest_level_first_then_fills_from_lower_ones(make_b
     first, second = busy.after_ahead()[:2]
     assert first == ["top", "mid0", "mid1", "low0"], "the highest level first, each level oldest first"
     assert second == ["low1", "low2", "high0", "high1"]
+
+
+def test_a_busy_worker_is_handed_no_lower_level_batch_ahead_so_a_high_input_runs_next(
+    make_busy: Callable[..., Busy],
+) -> None:
+    busy = make_busy(ahead=False, priority_levels=2, timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit([f"low{i}"], priority=2) for i in range(4)]  # a full batch, of level 2
+    time.sleep(0.2)
+    assert streamer.queued() == 4, "kept in the queue, not handed to the busy worker"
+    futures.append(streamer.submit(["high"], priority=1))
+    busy.release()
+    _answered(futures)
+    assert busy.after_ahead()[0] == ["high", "low0", "low1", "low2"], "the high input runs in the next batch"
 
 
 def test_aging_serves_a_waiting_low_input_before_newer_high_ones(make_busy: Callable[..., Busy]) -> None:
