@@ -65,6 +65,9 @@ class Backend:
     #: Whether inputs are encoded (copied) before they are queued; when not,
     #: ``encode`` is never called.
     copies_inputs = False
+    #: Whether the scheduler's batches are the model's, whose times tell
+    #: which inputs could not be answered in time (see :mod:`.batching`).
+    sheds_late = True
 
     def start(self, scheduler: Scheduler) -> None:
         """Start the workers; report each one ready with ``scheduler.add_slot()``."""
@@ -143,7 +146,7 @@ class _Engine:
     def __init__(self, config: BatchingConfig, backend: Backend, max_item_crashes: int, stats: ModelStats) -> None:
         self.config = config
         self.backend = backend
-        self.scheduler = Scheduler(config, max_item_crashes, stats)
+        self.scheduler = Scheduler(config, max_item_crashes, stats, backend.sheds_late)
         self._close_lock = threading.Lock()
         self.closed = False
         backend.start(self.scheduler)

@@ -80,6 +80,7 @@ _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
 class _RedisClientBackend(Backend):
     name = "redis"
     copies_inputs = True
+    sheds_late = False  # batches here are sends to Redis
 
     def __init__(
         self,

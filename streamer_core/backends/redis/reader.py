@@ -58,7 +58,10 @@ class Handover:
     side's, so a learned cap has no ceiling but the budget. A request whose
     deadline passes while it waits here (by the server's ``clock``, once the
     worker has one) is dropped before it is batched, and kept in
-    ``expired`` for the model's thread to acknowledge unrun."""
+    ``expired`` for the model's thread to acknowledge unrun; so is one that
+    a batch forming now could not answer in time, its deadline sooner than
+    the fastest of this worker's latest batches could end, as in-process
+    (:mod:`streamer_core.batching`)."""
 
     def __init__(self, config: BatchingConfig) -> None:
         self.cond = Condition()
@@ -74,11 +77,13 @@ class Handover:
         self.running = False  # the model is running a batch
         self.running_size = 0  # of how many requests
         self.delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
+        self._late_ms = 0.0  # while a batch forms: how long before its deadline a request is late
 
     def _live(self, held: Input) -> bool:
         """Whether the caller of ``held`` still waits: its deadline has not passed."""
         clock = self.clock
-        return clock is None or clock.now_ms(refresh=False) <= held.request.created_ms() + held.request.timeout_ms
+        request = held.request
+        return clock is None or clock.now_ms(refresh=False) + self._late_ms <= request.created_ms() + request.timeout_ms
 
     def take_expired(self) -> List[Input]:
         """The requests dropped as expired since last asked."""
@@ -138,7 +143,10 @@ class Handover:
                 if len(former):
                     now = time.monotonic()
                     alone = former.alone_waiting()
+                    fastest = former.policy.fastest(now)
+                    self._late_ms = 0.0 if fastest is None else fastest * 1000
                     batch, hold_until = former.decide(now, go_now=stopping.is_set() or self.reader_done)
+                    self._late_ms = 0.0
                     if batch:
                         self.running, self.running_size = True, len(batch)
                         self.cond.notify_all()  # the reader may fill the next one
