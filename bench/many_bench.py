@@ -105,6 +105,11 @@ class Server:
                 env.setdefault("PIN_WORKERS", "1")
             command = [sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "-b",
                        f"127.0.0.1:{self.port}", "--log-level", "warning", "example_flask:create_app()"]  # fmt: skip
+            if self.args.server == "granian":
+                threads = str(max(8, self.args.inputs_in_flight + 8))
+                command = [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port",
+                           str(self.port), "--workers", str(self.args.web_workers), "--blocking-threads", threads,
+                           "--no-ws", "--log-level", "warning", "example_flask.wsgi:app"]  # fmt: skip
         else:
             from example_flask.embedding import resolve_model
 
@@ -112,7 +117,8 @@ class Server:
             command = [os.path.join(self.args.infinity, "bin", "infinity_emb"), "v2", "--model-id",
                        resolve_model(MODEL), "--served-model-name", MODEL, "--host", "127.0.0.1", "--port",
                        str(self.port), "--engine", "torch", "--device", "cpu", "--batch-size", "64",
-                       "--no-bettertransformer", "--no-vector-disk-cache"]  # fmt: skip
+                       "--no-bettertransformer", "--no-vector-disk-cache",
+                       "--dtype", self.args.infinity_dtype]  # fmt: skip
         log = open(os.path.join(self.folder, f"{self.name}.log"), "w")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
             command, cwd=harness.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -179,7 +185,7 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
     settings = ", ".join(args.setting) or "the example's"
     lines = [
         f"forward pass {'stubbed' if args.stub_forward else 'real'}, {args.inputs_in_flight} inputs in flight, "
-        f"{args.web_workers} web process(es), backend {args.backend}, settings: {settings}",
+        f"{args.web_workers} web process(es) under {args.server}, backend {args.backend}, settings: {settings}",
         "",
         "| server | inputs/request | connections | inputs/s | p50 ms | p99 ms | errors | server CPU ms/input |",
         "| --- | --: | --: | --: | --: | --: | --: | --: |",
@@ -226,6 +232,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--inputs-in-flight", type=int, default=128, help="inputs wrk keeps in flight (default 128)")
     parser.add_argument("--web-workers", type=int, default=1, help="gunicorn processes of the example (default 1)")
     parser.add_argument("--backend", default="thread", choices=("thread", "process"), help="the example's backend")
+    parser.add_argument(
+        "--server",
+        default="gunicorn",
+        choices=("gunicorn", "granian"),
+        help="the example's server: gunicorn with its gunicorn.conf.py (default), or granian on its WSGI module",
+    )
     parser.add_argument("--stub-forward", action="store_true", help="the model's forward pass answers at once")
     parser.add_argument(
         "--setting",
@@ -235,6 +247,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="a setting of the example's, as FLASK_STREAMER_X (repeatable), e.g. STREAMER_MAX_BATCH_COST=2048",
     )
     parser.add_argument("--infinity", metavar="VENV", help="a virtual environment with infinity-emb: run it beside")
+    parser.add_argument(
+        "--infinity-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="infinity-emb's --dtype (default auto: float32 on a CPU); the example's is EMBEDDING_PRECISION",
+    )
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds of load before each run (default 4)")
     return parser.parse_args(argv)

@@ -31,6 +31,18 @@ interleaved:
 ``infinity``        infinity-emb 0.0.78: ``infinity_emb v2``, the torch engine on the CPU (real model only)
 ==================  ==========================================================
 
+Each ``ours-*`` deployment and ``django-thread`` also runs under granian (a
+Rust HTTP server, ``--interface wsgi``, ``--threads`` blocking threads per
+process) instead of gunicorn when named with ``-granian``:
+``ours-thread-granian``, ``ours-redis-granian``, ``django-thread-granian``.
+
+``--precision`` gives every server the same precision: ``float32`` or
+``bfloat16`` (the examples' ``EMBEDDING_PRECISION``; mosec's and LitServe's
+forward pass under torch's autocast, as the examples'; infinity's
+``--dtype``, which casts its whole model). Left at ``defaults``, each runs
+as it ships: the examples ``auto`` (bfloat16 on a CPU with AMX), the others
+float32 on a CPU.
+
 The last three, the peers (``--variants peers`` names them all), run only
 when named, each from a virtual environment of its own that
 :mod:`bench.peer_venvs` makes on first use under ``--venvs`` (default
@@ -101,6 +113,9 @@ DJANGO_VARIANTS = ("django-thread", "django-asgi")
 #: Not run unless named (``peers`` names all three): other serving
 #: frameworks on the same model and load, each from a venv of its own.
 PEER_VARIANTS = ("mosec", "litserve", "infinity")
+#: The deployments that run under granian instead of gunicorn when named with this suffix.
+GRANIAN = "-granian"
+GRANIAN_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "django-thread")
 #: The model, as the examples name it (resolved to the packaged copy's folder).
 MODEL = "all-MiniLM-L6-v2"
 #: infinity's OpenAI-style body: the same sentence, one input a request.
@@ -172,7 +187,8 @@ class Deployment:
         return env
 
     def start(self) -> None:
-        args, variant = self.args, self.variant
+        args = self.args
+        variant, granian = self.variant.removesuffix(GRANIAN), self.variant.endswith(GRANIAN)
         prefix = f"scale-{variant}"
         env: Dict[str, str] = {}
         if variant.endswith("redis"):
@@ -180,10 +196,15 @@ class Deployment:
             self.redis.start()
         if variant in PEER_VARIANTS:
             command, env = self.peer_command()
-            self.web = self._group(command, dict(env, HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0"), "web")
+            env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0")
+            if args.precision != "defaults":
+                env["BENCH_PEER_PRECISION"] = args.precision
+            self.web = self._group(command, env, "web")
             return
+        if args.precision != "defaults":
+            env.update(FLASK_EMBEDDING_PRECISION=args.precision, EMBEDDING_PRECISION=args.precision)
         if variant.startswith("django"):
-            env = {"STREAMER_BACKEND": "thread", "DJANGO_SETTINGS_MODULE": "example_django.settings"}
+            env.update(STREAMER_BACKEND="thread", DJANGO_SETTINGS_MODULE="example_django.settings")
             if variant == "django-asgi":
                 self.web = self._group(
                     [sys.executable, "-m", "uvicorn", "example_django.asgi:application", "--workers",
@@ -192,9 +213,10 @@ class Deployment:
                 )  # fmt: skip
                 return
             app = ["-c", "example_django/gunicorn.conf.py", "example_django.wsgi"]
+            module = "example_django.wsgi:application"
         elif variant.startswith("ours") or variant == "naive":
             backend = variant.split("-")[1] if variant != "naive" else "thread"
-            env = dict(FLASK_STREAMER_BACKEND=backend, FLASK_STREAMER_WORKER_NUM=str(args.model_workers))
+            env.update(FLASK_STREAMER_BACKEND=backend, FLASK_STREAMER_WORKER_NUM=str(args.model_workers))
             if args.devices:
                 env["FLASK_STREAMER_CUDA_DEVICES"] = json.dumps(args.devices)
             if self.redis is not None:
@@ -207,8 +229,9 @@ class Deployment:
                     command += ["--devices", args.devices]
                 self.workers = self._group(command, env, "workers")
             app = ["-c", "example_flask/gunicorn.conf.py", "example_flask:create_app()"]
+            module = "example_flask.wsgi:app"
         else:
-            env = dict(BENCH_WEB_KIND=variant.split("-")[1], BENCH_WEB_WORKERS=str(args.model_workers))
+            env.update(BENCH_WEB_KIND=variant.split("-")[1], BENCH_WEB_WORKERS=str(args.model_workers))
             env["BENCH_WEB_DEVICES"] = args.devices or ""
             if self.redis is not None:
                 broker = f"127.0.0.1:{self.redis.port}"  # service_streamer takes host:port
@@ -216,6 +239,13 @@ class Deployment:
                 command = [sys.executable, "-m", "bench.apps.ss_workers", broker, prefix, str(args.model_workers)]
                 self.workers = self._group(command + [args.devices or ""], env, "workers")
             app = ["bench.apps.web_apps:flask_classify_app()" if args.images else "bench.apps.web_apps:flask_app()"]
+        if granian:
+            threads = args.threads or math.ceil(max(args.connections) / args.web_workers) + 8
+            command = [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port",
+                       str(self.port), "--workers", str(args.web_workers), "--blocking-threads", str(threads),
+                       "--runtime-threads", "1", "--no-ws", "--log-level", "warning", module]  # fmt: skip
+            self.web = self._group(command, env, "web")
+            return
         worker_class = self.worker_class()
         gunicorn = [sys.executable, "-m", "gunicorn", "-w", str(args.web_workers), "-k", worker_class]
         if worker_class == "gthread":
@@ -240,7 +270,8 @@ class Deployment:
             return [python, script, "--model", model, "--port", str(self.port)], {}
         command = [os.path.join(venv, "bin", "infinity_emb"), "v2", "--model-id", model, "--served-model-name", MODEL,
                 "--host", "127.0.0.1", "--port", str(self.port), "--engine", "torch", "--device", "cpu",
-                "--batch-size", "64", "--no-bettertransformer", "--no-vector-disk-cache"]  # fmt: skip
+                "--batch-size", "64", "--no-bettertransformer", "--no-vector-disk-cache",
+                "--dtype", "auto" if self.args.precision == "defaults" else self.args.precision]  # fmt: skip
         return command, {}
 
     def worker_class(self) -> str:
@@ -541,6 +572,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each deployment, interleaved (default 1)")
     parser.add_argument("--stub-forward", action="store_true", help="the model's forward pass answers at once")
     parser.add_argument(
+        "--precision",
+        default="defaults",
+        choices=("defaults", "float32", "bfloat16"),
+        help="every server's precision (default: each its own: the examples bfloat16 on a CPU with AMX, "
+        "the peers float32)",
+    )
+    parser.add_argument(
         "--images",
         action="store_true",
         help="upload a JPEG to /classify instead (variants ours-* and ss-thread, service_streamer's tutorial view)",
@@ -576,10 +614,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     unfit = [v for v in args.variants if v not in IMAGE_VARIANTS]
     if args.images and unfit:
         parser.error(f"--images serves {', '.join(IMAGE_VARIANTS)}; not {', '.join(unfit)}")
-    known = VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS
+    known = VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
     unknown = set(args.variants) - set(known)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}, or peers for the last three")
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}; peers: mosec, litserve, infinity")
     args.peer_venvs = {}
     return args
 

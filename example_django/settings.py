@@ -12,6 +12,8 @@ STREAMER_BATCH_SIZE       64                            most sentences per model
 STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits for companions
 STREAMER_MAX_BATCH_COST   1024                          padded tokens per batch (token_estimate)
 EMBEDDING_MODEL           all-MiniLM-L6-v2              a model name or a local path
+EMBEDDING_PRECISION       auto                          float32, bfloat16, or auto: bfloat16 on
+                                                        a CPU with AMX, else float32
 IMAGE_MODEL               efficientnet-lite0            /classify's model: a name or a .pth file
 CLASSIFY_BATCH_SIZE       4                             most images per model call
 DJANGO_DEBUG              0                             1: Django's debug mode
@@ -73,6 +75,8 @@ USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 EMBEDDING_MODEL = os.environ.get("EMBEDDING_MODEL", DEFAULT_MODEL)
+# Checked when the embeddings app is ready (example_django.embeddings.apps).
+EMBEDDING_PRECISION = os.environ.get("EMBEDDING_PRECISION", "auto")
 IMAGE_MODEL = os.environ.get("IMAGE_MODEL", DEFAULT_IMAGE_MODEL)
 
 STREAMER = {
@@ -93,7 +97,7 @@ STREAMER = {
             "MAX_BATCH_COST": _number("STREAMER_MAX_BATCH_COST", 1024),
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
-            "INIT_KWARGS": {"model_name": EMBEDDING_MODEL},
+            "INIT_KWARGS": {"model_name": EMBEDDING_MODEL, "precision": EMBEDDING_PRECISION},
         },
         "classify": {
             # example_flask's /classify model, the same module: EfficientNet-Lite0.

@@ -11,7 +11,9 @@ and answers its embedding (384 floats) as JSON::
 Settings come from ``FLASK_*`` environment variables (Flask's
 ``from_prefixed_env``): ``FLASK_STREAMER_BACKEND=process`` or ``redis``,
 ``FLASK_STREAMER_REDIS_URL``, ``FLASK_STREAMER_WORKER_NUM``,
-``FLASK_EMBEDDING_MODEL`` (a model name or a local path).
+``FLASK_EMBEDDING_MODEL`` (a model name or a local path),
+``FLASK_EMBEDDING_PRECISION`` (``auto``, ``float32`` or ``bfloat16``: see
+``example_flask.embedding.PRECISIONS``).
 """
 
 from .app import create_app

@@ -82,6 +82,7 @@ from .stats import (
     all_stats,
     export_new_stats,
 )
+from .threads import background
 
 __all__ = ["available", "exposition", "multiprocess_mode", "render"]
 #: Seconds between two updates of a process's gauges in multiprocess mode.
@@ -368,7 +369,7 @@ class _Mirrors:
             )
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._gauges, name="streamer-metrics-gauges", daemon=True)
+                self._thread = background(self._gauges, "streamer-metrics-gauges")
                 self._thread.start()
         self._set_gauges(stats)
 

@@ -31,6 +31,7 @@ from .config import BatchingConfig, check_cost, check_seconds, checked
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
 from .stats import ModelStats, StreamerStats, stats_for
+from .threads import background
 from .tracing import capture
 
 __all__ = ["BaseStreamer", "Backend"]
@@ -150,9 +151,7 @@ class _Engine:
         self._close_lock = threading.Lock()
         self.closed = False
         backend.start(self.scheduler)
-        self._dispatcher = threading.Thread(
-            target=self._dispatch, name=f"streamer-{backend.name}-dispatch", daemon=True
-        )
+        self._dispatcher = background(self._dispatch, f"streamer-{backend.name}-dispatch")
         self._dispatcher.start()
 
     def gauges(self) -> Tuple[int, int]:

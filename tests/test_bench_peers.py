@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any, Dict, List
 
 from bench import peer_venvs, scale_bench
 from bench.scale_bench import Result
@@ -61,7 +62,10 @@ def test_a_venv_counts_as_made_only_with_its_pins(tmp_path: Path) -> None:
 
 def test_peer_deployments_start_from_their_venvs(tmp_path: Path) -> None:
     args = argparse.Namespace(
-        peer_venvs={name: f"/venvs/{name}" for name in scale_bench.PEER_VARIANTS}, images=False, stub_forward=False
+        peer_venvs={name: f"/venvs/{name}" for name in scale_bench.PEER_VARIANTS},
+        images=False,
+        stub_forward=False,
+        precision="defaults",
     )
     mosec = scale_bench.Deployment("mosec", args, str(tmp_path))
     command, env = mosec.peer_command()
@@ -76,3 +80,27 @@ def test_peer_deployments_start_from_their_venvs(tmp_path: Path) -> None:
         command[:2] == ["/venvs/infinity/bin/infinity_emb", "v2"] and command[command.index("--batch-size") + 1] == "64"
     )
     assert (infinity.route, json.loads(infinity.body)["input"]) == ("/embeddings", [scale_bench.SENTENCE])
+    assert command[command.index("--dtype") + 1] == "auto"  # as it ships: float32 on a CPU
+
+
+def test_one_precision_reaches_every_server_of_the_comparison(tmp_path: Path, monkeypatch: Any) -> None:
+    """``--precision bfloat16``: the examples' EMBEDDING_PRECISION, the
+    peers' autocast (BENCH_PEER_PRECISION), infinity's --dtype; granian
+    variants serve the examples' WSGI module."""
+    args = scale_bench.parse_args(["--precision", "bfloat16", "--variants", "ours-thread-granian,mosec,infinity"])
+    args.peer_venvs = {name: f"/venvs/{name}" for name in scale_bench.PEER_VARIANTS}
+    started: Dict[str, Any] = {}
+
+    def record(self: Any, command: List[str], env: Dict[str, str], name: str) -> Any:
+        started[self.variant] = (command, env)
+        return None
+
+    monkeypatch.setattr(scale_bench.Deployment, "_group", record)  # what would start, not started
+    for variant in args.variants:
+        scale_bench.Deployment(variant, args, str(tmp_path)).start()
+    command, env = started["ours-thread-granian"]
+    assert command[1:3] == ["-m", "granian"] and command[-1] == "example_flask.wsgi:app"
+    assert env["FLASK_EMBEDDING_PRECISION"] == "bfloat16" and env["FLASK_STREAMER_BACKEND"] == "thread"
+    assert started["mosec"][1]["BENCH_PEER_PRECISION"] == "bfloat16"
+    infinity = started["infinity"][0]
+    assert infinity[infinity.index("--dtype") + 1] == "bfloat16"

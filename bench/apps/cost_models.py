@@ -4,6 +4,7 @@ its workers' model derives from its own class)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, List
 
 import service_streamer
@@ -16,7 +17,8 @@ class LegacySentenceEmbedder(service_streamer.ManagedModel):  # type: ignore[mis
     workers (which call ``init_model()`` without arguments)."""
 
     def init_model(self, *args: Any, **kwargs: Any) -> None:
-        self.model = load_sentence_model()
+        # As the examples: EMBEDDING_PRECISION (scale_bench --precision), else auto.
+        self.model = load_sentence_model(precision=os.environ.get("EMBEDDING_PRECISION", "auto"))
 
     def predict(self, batch: List[str]) -> List[List[float]]:
         return embed(self.model, batch)

@@ -49,7 +49,7 @@ def _streamer() -> Any:
         return RedisStreamer(os.environ["BENCH_WEB_REDIS"], prefix=os.environ.get("BENCH_WEB_PREFIX", ""))
     from example_flask.embedding import embed, load_sentence_model
 
-    model = load_sentence_model()
+    model = load_sentence_model(precision=os.environ.get("EMBEDDING_PRECISION", "auto"))
 
     def predict(batch: List[str]) -> List[List[float]]:
         result: List[List[float]] = embed(model, batch).tolist()

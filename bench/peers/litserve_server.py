@@ -16,6 +16,7 @@ unit-length embedding as a JSON list.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import List
 
 import litserve as ls
@@ -34,6 +35,8 @@ class Embed(ls.LitAPI):
 
         self.model = SentenceTransformer(self.model_path, device=device)
         self.model.eval()
+        # As mosec_server.py: bfloat16 under autocast when the benchmark asks.
+        self.bfloat16 = os.environ.get("BENCH_PEER_PRECISION", "float32") == "bfloat16"
 
     # Neither of these two is annotated: LitServe reads the annotations to
     # type its route (none: the JSON body as a dict, the answer as JSON).
@@ -41,10 +44,13 @@ class Embed(ls.LitAPI):
         return request["s"]
 
     def predict(self, sentences: List[str]) -> List[List[float]]:
-        vectors = self.model.encode(
-            list(sentences), batch_size=len(sentences), normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        )  # fmt: skip
+        import torch
+
+        with torch.autocast("cpu", torch.bfloat16, enabled=self.bfloat16):
+            vectors = self.model.encode(
+                list(sentences), batch_size=len(sentences), normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            )  # fmt: skip
         return vectors.tolist()
 
     def encode_response(self, output):  # type: ignore[no-untyped-def]

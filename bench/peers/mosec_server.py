@@ -15,7 +15,10 @@ orjson from the float32 row as it is, as the examples write theirs
 on this machine (timeit), more than its whole per-request cost otherwise;
 overriding ``serialize`` is how its docs have a user change it. mosec reads
 its own command line (``--port``, ``--address``, ...); the model's path
-comes in ``BENCH_PEER_MODEL``.
+comes in ``BENCH_PEER_MODEL``. ``BENCH_PEER_PRECISION=bfloat16`` runs the
+forward pass under torch's autocast in bfloat16, as the examples'
+``EMBEDDING_PRECISION=bfloat16`` does (a user of mosec would write the same
+``with``); unset or ``float32``: float32.
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ class Embed(Worker):
 
         self.model = SentenceTransformer(os.environ["BENCH_PEER_MODEL"], device="cpu")
         self.model.eval()
+        self.bfloat16 = os.environ.get("BENCH_PEER_PRECISION", "float32") == "bfloat16"
 
     def forward(self, data: List[Any]) -> List[Any]:
+        import torch
+
         sentences = [request["s"] for request in data]
-        vectors = self.model.encode(
-            sentences, batch_size=len(sentences), normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        )  # fmt: skip
+        with torch.autocast("cpu", torch.bfloat16, enabled=self.bfloat16):
+            vectors = self.model.encode(
+                sentences, batch_size=len(sentences), normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            )  # fmt: skip
         return list(vectors)
 
     def serialize(self, data: Any) -> bytes:

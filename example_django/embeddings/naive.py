@@ -19,5 +19,5 @@ def naive_model() -> Any:
     if _model is None:
         with _lock:
             if _model is None:
-                _model = load_sentence_model(settings.EMBEDDING_MODEL)
+                _model = load_sentence_model(settings.EMBEDDING_MODEL, precision=settings.EMBEDDING_PRECISION)
     return _model

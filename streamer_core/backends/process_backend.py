@@ -50,6 +50,7 @@ from ..green import Condition
 from ..managed_model import ready_line
 from ..shaping import batch_cost
 from ..streamer import Backend, callable_name, logger
+from ..threads import background
 from ..tracing import to_traceparent
 from .process_slots import Sent, Slot, describe_exit
 from .process_worker import IN_WORKER_ENV, BatchTrace, decode_exception, decode_outcome, worker_main
@@ -135,7 +136,7 @@ class ProcessBackend(Backend):
         self._batch_ids = itertools.count()
         self._stopping = False
         self._scheduler: Scheduler = None  # type: ignore[assignment]  # set by start(), before any thread uses it
-        self._collector = threading.Thread(target=self._collect, name="streamer-process-collect", daemon=True)
+        self._collector = background(self._collect, "streamer-process-collect")
 
     # -- starting ------------------------------------------------------------
 

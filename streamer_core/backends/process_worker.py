@@ -19,6 +19,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 from ..errors import RemoteError, RemoteTraceback, SerializationError
 from ..green import unpatched
+from ..threads import block_process_signals
 from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain, shared_wire
 
 # Set in a worker process, so that a streamer made there (say, by importing the
@@ -200,8 +201,15 @@ def _start_thread(target: Callable[..., None], *args: Any) -> None:
     ``monkey.patch_all()`` at the top of that script patches the worker too:
     its threads would be greenlets then, and the pipe reader, blocked in a
     read, would stop the model loop. The pipe reader, the parent watch and
-    the queue between the reader and the loop are gevent's originals."""
-    unpatched("_thread", "start_new_thread")(target, args)
+    the queue between the reader and the loop are gevent's originals. The
+    process's control signals are left to its main thread
+    (:func:`~streamer_core.threads.block_process_signals`)."""
+
+    def run() -> None:
+        block_process_signals()
+        target(*args)
+
+    unpatched("_thread", "start_new_thread")(run, ())
 
 
 def _read_pipe(conn: Any, inbox: SimpleQueue[Any], pool: Optional[BlockPool]) -> None:

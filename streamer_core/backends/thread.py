@@ -19,6 +19,7 @@ from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import BatchRun, run_batch
 from ..shaping import batch_cost
 from ..streamer import Backend, BaseStreamer, callable_name, logger
+from ..threads import background
 from ..tracing import BatchFacts, traced_run
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class _ThreadBackend(Backend):
         if config.tracing:
             self._facts = BatchFacts(name, "thread", "thread", model_facts(predict, None).device)
         self._inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="streamer-thread-model", daemon=True)
+        self._thread = background(self._loop, "streamer-thread-model")
         self._scheduler: Optional[Scheduler] = None
         self._held = 0  # batches handed to the model thread and not finished
         self._held_lock = threading.Lock()

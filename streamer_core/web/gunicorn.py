@@ -28,7 +28,6 @@ gunicorn itself is not imported here: the hooks get its objects.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import shutil
@@ -38,6 +37,7 @@ import tempfile
 from typing import Any, Iterable, Optional
 
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
+from .settling import GC_THRESHOLD, freeze_after_loading
 
 __all__ = ["on_starting", "on_exit", "pre_fork", "settle", "quit_once", "child_exit", "GC_THRESHOLD"]
 
@@ -47,10 +47,6 @@ logger = logging.getLogger("streamer_core")
 #: none), and the pid of the master that made it: only that process removes it.
 _own_dir: Optional[str] = None
 _own_pid = 0
-
-#: The collector's thresholds in a settled web process: its first
-#: generation collected once per thousand requests or so, not every 70.
-GC_THRESHOLD = (10_000, 10, 10)
 
 
 def on_starting(server: Any) -> None:
@@ -107,15 +103,12 @@ def settle(worker: Any, backends: Iterable[str]) -> None:
     it to its core where that takes nothing from a model computing here
     (the process backend's workers, spawned already, keep every core; a
     quarter less CPU per request than a process the scheduler moves about),
-    and freeze what loading made (the model, torch's and the framework's
-    modules: some 450,000 objects, never garbage), so that a full
-    collection takes milliseconds, not 350 ms that stall every request.
+    and freeze what loading made (:func:`~streamer_core.web.settling.freeze_after_loading`).
     Together about 50 microseconds of CPU a request (bench/README.md)."""
     computes_here = any(model_computes_here(backend) for backend in backends)
     if pin_wanted(worker.cfg.workers, computes_here):
         pin_to_core(getattr(worker, "core_index", 0))
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
+    freeze_after_loading()
     quit_once(worker)
 
 

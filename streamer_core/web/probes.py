@@ -14,10 +14,10 @@ The Flask extension and the Django app answer their ``/healthz`` and
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from ..threads import background
 from .http import RETRY_AFTER_DOWN
 from .spec import LazyStreamer
 
@@ -48,7 +48,7 @@ def readiness(handles: Mapping[str, LazyStreamer], draining: bool = False) -> Pr
             results[name] = "this process is shutting down"
             continue
         result: Dict[str, Optional[str]] = {}
-        thread = threading.Thread(target=_check_into, args=(handle, deadline, result), daemon=True)
+        thread = background(_check_into, f"streamer-ready-{name}", (handle, deadline, result))
         thread.start()
         checks.append((name, thread, result))
     for name, thread, result in checks:

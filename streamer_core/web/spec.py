@@ -28,6 +28,7 @@ from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
 from ..redis_address import ADDRESS_FORMS, RedisAddress
 from ..streamer import BaseStreamer, callable_name, logger
+from ..threads import background
 
 __all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer", "start_all"]
 
@@ -320,7 +321,7 @@ class LazyStreamer:
         with self._lock:
             thread = self._starting
             if thread is None or not thread.is_alive() or self._starting_pid != os.getpid():
-                thread = threading.Thread(target=self._start, name=f"streamer-start-{self.spec.name}", daemon=True)
+                thread = background(self._start, f"streamer-start-{self.spec.name}")
                 self._starting, self._starting_pid = thread, os.getpid()
                 thread.start()
             return thread

@@ -88,6 +88,15 @@ def uwsgi_argv(port: int, *options: str) -> List[str]:
     ]
 
 
+def granian_argv(port: int, *options: str) -> List[str]:
+    """granian serving the app's WSGI module over HTTP (its Rust server;
+    each request on one of ``--blocking-threads``)."""
+    return [
+        sys.executable, "-m", "granian", "--interface", "wsgi", "--host", HOST, "--port", str(port),
+        "--no-ws", "--log-level", "warning", *options, "tests.flask.servers_wsgi:application",
+    ]  # fmt: skip
+
+
 def gevent_argv(port: int, patched: bool) -> List[str]:
     return [sys.executable, "-c", _PATCHED_GEVENT_RUNNER if patched else _GEVENT_RUNNER, str(port)]
 

@@ -79,7 +79,7 @@ def test_embed_gives_what_the_models_own_encode_gives():
     numbers, padding and truncation at 256 tokens included."""
     from example_flask.embedding import embed, load_sentence_model
 
-    model = load_sentence_model()
+    model = load_sentence_model(precision="float32")
     texts = [*SENTENCES, "a much longer sentence " * 80, "x"]
     expected = model.encode(texts, batch_size=len(texts), normalize_embeddings=True, show_progress_bar=False)
     got = embed(model, texts)

@@ -1,7 +1,8 @@
 """Batched routes under real servers, each started as a subprocess: the
 threaded Flask development server, gunicorn's gthread and gevent workers
-(one and two worker processes), and uWSGI (threads, processes forked from
-its master or with ``--lazy-apps``, the process backend). Concurrent requests must be batched
+(one and two worker processes), uWSGI (threads, processes forked from
+its master or with ``--lazy-apps``, the process backend), and granian (its
+Rust HTTP server, WSGI on blocking threads; one and two workers). Concurrent requests must be batched
 together, every request must get its own answer, and while a batch is in
 the model the server must go on answering other requests.
 
@@ -22,6 +23,7 @@ from tests.flask.live import (
     flask_dev_argv,
     free_port,
     get,
+    granian_argv,
     gunicorn_argv,
     live_server,
     uwsgi_argv,
@@ -161,3 +163,31 @@ def test_control_uwsgi_without_threads_serves_one_request_at_a_time():
         volley = fire(port, "/predict", 8, 2, tag="uwsgi-unthreaded")
         volley.check_answers()
         assert volley.max_batch() == 1, volley.summary()
+
+
+def test_granian_one_worker_with_blocking_threads():
+    port = free_port()
+    with live_server(granian_argv(port, "--workers", "1", "--blocking-threads", "64"), port) as server:
+        assert mode(port)["gevent"] is False
+        volley = check_batched(port, "granian")
+        assert len(volley.pids()) == 1 and all(map(server.ours, volley.pids()))
+        check_loop_free(port)
+
+
+def test_granian_two_workers_each_batch_with_their_own_streamer():
+    """granian spawns its workers, each importing the WSGI module: each
+    gets a streamer, and its model, of its own."""
+    port = free_port()
+    with live_server(granian_argv(port, "--workers", "2", "--blocking-threads", "32"), port) as server:
+        served: Dict[int, list] = defaultdict(list)
+        for round_ in range(8):
+            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"granian-2-{round_}")
+            volley.check_answers()
+            for reply in volley.replies:
+                served[reply.body["pid"]].append(reply.body["batch"])
+            if len(served) == 2 and min(map(len, served.values())) >= 20:
+                break
+        assert all(map(server.ours, served)) and server.process.pid not in served
+        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
+        for pid, sizes in served.items():
+            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"

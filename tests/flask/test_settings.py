@@ -363,6 +363,11 @@ ROOT = Path(__file__).resolve().parents[2]
         ),
         # the example's own setting, named as written, not as the route keyword it feeds
         ("FLASK_CLASSIFY_BATCH_SIZE", "-3", "FLASK_CLASSIFY_BATCH_SIZE must be a whole number >= 1, got -3"),
+        (
+            "FLASK_EMBEDDING_PRECISION",
+            "half",
+            "FLASK_EMBEDDING_PRECISION must be one of auto, float32, bfloat16, got 'half'",
+        ),
     ],
 )
 def test_the_example_with_a_bad_setting_prints_one_line_naming_it(variable, value, said):

@@ -15,6 +15,7 @@ from ...config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError, SerializationError
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import Backend, BaseStreamer, item_cost_of
+from ...threads import background
 from ...tracing import to_traceparent
 from .answers import read_answer
 from .connection import (
@@ -111,8 +112,8 @@ class _RedisClientBackend(Backend):
         self._stopping = threading.Event()
         self._server = ServerIdentity()
         self._scheduler: Optional[Scheduler] = None
-        self._collector = threading.Thread(target=self._collect, name="streamer-redis-collect", daemon=True)
-        self._deleter = threading.Thread(target=self._delete_abandoned, name="streamer-redis-delete", daemon=True)
+        self._collector = background(self._collect, "streamer-redis-collect")
+        self._deleter = background(self._delete_abandoned, "streamer-redis-delete")
 
     def start(self, scheduler: Scheduler) -> None:
         import redis

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, Optional
 
 from ...redis_address import RedisAddress
+from ...threads import background
 from .connection import connect, server_time_ms
 from .intake import Hands
 from .wire import BEAT_S, BEAT_SCRIPT, GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, PRESENCE_TTL_MS, Keys
@@ -67,7 +68,7 @@ class Loading:
         self._consumer = consumer
         self._info = info
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="streamer-redis-loading", daemon=True)
+        self._thread = background(self._beat, "streamer-redis-loading")
 
     def __enter__(self) -> Loading:
         self._thread.start()

@@ -47,6 +47,7 @@ from ...runner import BatchRun, run_batch
 from ...shaping import batch_cost
 from ...stats import StreamerStats, stats_for
 from ...streamer import callable_name
+from ...threads import background
 from ...tracing import BatchFacts
 from .answers import AnswerWriter, Outcome
 from .connection import (
@@ -258,7 +259,7 @@ class RedisWorker:
             self._stopping,
         )
         threads = {
-            name: threading.Thread(target=target, name=f"streamer-redis-{name}", daemon=True)
+            name: background(target, f"streamer-redis-{name}")
             for name, target in (("heartbeat", presence.run), ("reader", reader.run), ("writer", writer.run))
         }
         for thread in threads.values():

@@ -1,0 +1,72 @@
+"""The streamer's own OS threads: :func:`background`.
+
+A signal sent to a process (SIGTERM from a server's master or from
+``kill``, Ctrl-C's SIGINT) is delivered to any one of its threads that does
+not block it, and Python runs its handler in the main thread only, when
+that thread next runs Python. A main thread asleep in a lock wait (granian's
+worker waits so for its stop, a spawned model worker for its next batch)
+is woken only by a signal delivered to it: one delivered to a model or
+dispatch thread leaves the handler pending, and the process running, for
+good. So the threads started here block the signals a server uses to
+control a process before they run anything, and every thread they start in
+turn (torch's, the tokenizer's) inherits that mask: the kernel then
+delivers those signals to the main thread or to a thread the program made.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Callable, Tuple
+
+__all__ = ["PROCESS_SIGNALS", "background", "block_process_signals"]
+
+#: Process-directed signals a server or a terminal uses to control a
+#: process: left to the main thread (and the threads the program itself made).
+PROCESS_SIGNALS = frozenset(
+    getattr(signal, name)
+    for name in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGQUIT",
+        "SIGHUP",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGWINCH",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGCHLD",
+        "SIGALRM",
+    )  # fmt: skip
+    if hasattr(signal, name)
+)
+
+
+def block_process_signals() -> None:
+    """Block :data:`PROCESS_SIGNALS` in the calling OS thread, unless it is
+    the process's main thread (a greenlet under gevent's monkey-patching
+    runs there: blocking them would keep the server from its own signals).
+    Does nothing where the platform cannot (no ``pthread_sigmask``)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    if threading.get_native_id() == _main_native_id():
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, PROCESS_SIGNALS)
+
+
+def background(target: Callable[..., Any], name: str, args: Tuple[Any, ...] = ()) -> threading.Thread:
+    """A daemon thread named ``name`` running ``target(*args)`` with the
+    process's control signals blocked (:func:`block_process_signals`);
+    not started."""
+
+    def run() -> None:
+        block_process_signals()
+        target(*args)
+
+    return threading.Thread(target=run, name=name, daemon=True)
+
+
+def _main_native_id() -> int:
+    main = threading.main_thread()
+    native = getattr(main, "native_id", None)
+    return native if native is not None else -1
