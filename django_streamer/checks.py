@@ -24,6 +24,8 @@ django_streamer.E009    another option is wrong: ``PREFIX``, ``CODEC``, ``INIT_A
                         ``INIT_KWARGS``, ``ITEM_COST``, ``MAX_BATCH_COST``,
                         ``BATCH_COST``
 django_streamer.E010    a batched view names a model that ``STREAMER["MODELS"]`` lacks
+django_streamer.E011    a batched view's ``priority`` is not a level of its model, or
+                        its ``priority_header`` is on a model of one level
 ======================  =================================================================
 
 Checking imports the modules named by ``MODEL`` (that is how E003 knows they
@@ -38,8 +40,9 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error
 
 from streamer_core.redis_address import ADDRESS_FORMS
+from streamer_core.web.spec import ModelSpec
 
-from .conf import read_settings
+from .conf import read_settings, setting_path
 
 __all__ = ["HINTS", "check_streamer_settings", "check_view_models"]
 
@@ -69,6 +72,10 @@ HINTS: Dict[str, str] = {
     "django_streamer.E008": "Remove the key or correct its spelling; see django_streamer.conf for every key.",
     "django_streamer.E009": "See django_streamer.conf for what each key takes.",
     "django_streamer.E010": "Add the model to STREAMER['MODELS'] or correct the name given to the view.",
+    "django_streamer.E011": (
+        "Give the view a priority from 1 (the highest) to the model's PRIORITY_LEVELS, or raise PRIORITY_LEVELS; "
+        "priority_header needs PRIORITY_LEVELS of 2 or more."
+    ),
 }
 
 
@@ -80,8 +87,9 @@ def check_streamer_settings(app_configs: Optional[Sequence[AppConfig]] = None, *
 
 def check_view_models(app_configs: Optional[Sequence[AppConfig]] = None, **kwargs: Any) -> List[CheckMessage]:
     """Every batched view in the URLconf must name a model of
-    ``STREAMER["MODELS"]``. Walks the URLconf (loading it, as Django's own
-    URL checks do); a URLconf that does not load is theirs to report."""
+    ``STREAMER["MODELS"]`` (E010), and a level of it (E011). Walks the
+    URLconf (loading it, as Django's own URL checks do); a URLconf that does
+    not load is theirs to report."""
     from django.conf import settings
     from django.urls import get_resolver
 
@@ -94,6 +102,7 @@ def check_view_models(app_configs: Optional[Sequence[AppConfig]] = None, **kwarg
     except Exception:
         return []
     errors: List[CheckMessage] = []
+    specs: Optional[Dict[str, ModelSpec]] = None  # read once, where a view has a priority
     for route, callback in _views(patterns, ""):
         name = getattr(callback, "streamer_model", None)
         if name is not None and name not in models:
@@ -106,6 +115,16 @@ def check_view_models(app_configs: Optional[Sequence[AppConfig]] = None, **kwarg
                     id="django_streamer.E010",
                 )
             )
+        priority = getattr(callback, "streamer_priority", None)
+        if name is not None and priority is not None and priority.given:
+            specs = specs if specs is not None else read_settings()[0]
+            spec = specs.get(name)
+            if spec is None:
+                continue  # a model with wrong settings: their check reports it
+            levels = setting_path("MODELS", name, "PRIORITY_LEVELS")
+            problem = priority.problem(spec.config.priority_levels, f"the batched view at {route!r}", levels)
+            if problem is not None:
+                errors.append(Error(problem, hint=HINTS["django_streamer.E011"], id="django_streamer.E011"))
     return errors
 
 

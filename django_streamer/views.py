@@ -60,6 +60,7 @@ from streamer_core.web.http import (
     read_chunked_body,
 )
 from streamer_core.web.peer import client_socket
+from streamer_core.web.priority import EndpointPriority
 
 from . import conf
 from .conf import max_body_bytes
@@ -331,6 +332,21 @@ def _check_many(model: Any, many: Any, max_inputs: Any) -> None:
     check_many(many, max_inputs, max_inputs is not None, f"the batched view of {model!r}")
 
 
+def _level_of(request: HttpRequest, model: str, priority: EndpointPriority) -> Optional[Callable[[], Optional[int]]]:
+    """How the cycle learns the level of ``request`` to a view of ``model``
+    with ``priority``; ``None`` where the view says nothing of levels."""
+    if not priority.given:
+        return None
+    header = priority.header
+    return lambda: priority.level(request.headers.get(header) if header else None, get_spec(model).config)
+
+
+def _mark(view: Any, model: Any, priority: EndpointPriority) -> None:
+    """What the system checks read of a batched view (E010, E011)."""
+    view.streamer_model = model
+    view.streamer_priority = priority
+
+
 def batched_view(
     model: str,
     *,
@@ -339,6 +355,8 @@ def batched_view(
     csrf_exempt: bool = True,
     many: bool = False,
     max_inputs: Optional[int] = None,
+    priority: Optional[int] = None,
+    priority_header: Any = False,
 ) -> Callable[[ParseFunction], Callable[..., Any]]:
     """Make a view of a parse function ``parse(request, *url_args, **url_kwargs)
     -> model input`` serving the model ``model`` (a key of
@@ -354,10 +372,17 @@ def batched_view(
     default a JSON array); an input that fails fails the request with its
     index in the message.
 
+    ``priority``: the level of the view's requests (the model's
+    ``DEFAULT_PRIORITY`` otherwise); ``priority_header`` (``True`` for
+    ``X-Priority``, or a header's name): let a request choose its own level
+    by it, a 400 for a value that is not a level
+    (:mod:`streamer_core.web.priority`; check ``django_streamer.E011``).
+
     The parse function raises :class:`InvalidInput` for a 400 with its
     message; ``ValueError``, ``TypeError`` and ``KeyError`` are 400s too."""
     allowed = _check_options(model, respond, methods)
     _check_many(model, many, max_inputs)
+    levels = EndpointPriority.checked(priority, priority_header, f"the batched view of {model!r}")
     answer = respond or _default_respond
 
     def most() -> Optional[int]:
@@ -382,6 +407,7 @@ def batched_view(
                     draining(),
                     most(),
                     _traced(request, model),
+                    _level_of(request, model, levels),
                 )
 
             view = async_view
@@ -401,11 +427,12 @@ def batched_view(
                     most(),
                     _traced(request, model),
                     client_socket(request.META),
+                    _level_of(request, model, levels),
                 )
 
             view = sync_view
         marked: Any = view  # a function: these attributes are its own
-        marked.streamer_model = model  # read by the E010 check
+        _mark(marked, model, levels)
         # Django's middleware skips the view; it checks CSRF itself unless exempt,
         # so that a failure is answered as JSON.
         marked.csrf_exempt = True
@@ -431,6 +458,10 @@ class BatchedView(View):
     many: bool = False
     #: The most inputs of a request, with ``many``; None: ``STREAMER["MAX_INPUTS"]``.
     max_inputs: Optional[int] = None
+    #: The level of the view's requests; None: the model's ``DEFAULT_PRIORITY``.
+    priority: Optional[int] = None
+    #: ``True`` (``X-Priority``) or a header's name: a request may choose its level by it.
+    priority_header: Any = False
 
     def parse(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         """The model input of ``request`` (with ``many``, the list of its
@@ -466,19 +497,28 @@ class BatchedView(View):
             self._most(),
             _traced(request, model),
             client_socket(request.META),
+            _level_of(request, model, self._priority()),
         )
 
     def _most(self) -> Optional[int]:
         return (self.max_inputs or conf.max_inputs()) if self.many else None
+
+    def _priority(self) -> EndpointPriority:
+        return EndpointPriority.checked(self.priority, self.priority_header, f"the batched view of {self.model!r}")
 
     @classonlymethod
     def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
         model = initkwargs.get("model", cls.model)
         _check_options(model, None, ("POST",))
         _check_many(model, initkwargs.get("many", cls.many), initkwargs.get("max_inputs", cls.max_inputs))
+        priority = EndpointPriority.checked(
+            initkwargs.get("priority", cls.priority),
+            initkwargs.get("priority_header", cls.priority_header),
+            f"the batched view of {model!r}",
+        )
         view = super().as_view(**initkwargs)
         marked: Any = view
-        marked.streamer_model = model  # read by the E010 check
+        _mark(marked, model, priority)
         marked.csrf_exempt = True  # dispatch() checks CSRF itself unless exempt, answering JSON
         return view
 
@@ -499,4 +539,5 @@ class AsyncBatchedView(BatchedView):
             draining(),
             self._most(),
             _traced(request, model),
+            _level_of(request, model, self._priority()),
         )

@@ -44,7 +44,8 @@ def _app() -> Flask:
 
 
 def _routes(app: Flask, names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
-    """The app's batched routes, or those named."""
+    """The app's batched routes, or those named; a route serving another's
+    model (``model="embed"``) is that route's model, counted once."""
     extension = app.extensions.get("streamer")
     if extension is None:
         raise click.UsageError("flask_streamer is not set up on this app: call FlaskStreamer(app) or init_app(app)")
@@ -60,7 +61,8 @@ def _routes(app: Flask, names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
         routes = list(dict.fromkeys(known[name] for name in names))
     if not routes:
         raise click.UsageError("the app has no batched routes: declare them with @streamer.batched_route")
-    return [(route, extension.handles[route].spec) for route in routes]
+    models = {id(extension.handles[route]): route for route in reversed(routes)}  # the first route of each model
+    return [(route, extension.handles[route].spec) for route in routes if models[id(extension.handles[route])] is route]
 
 
 @streamer_cli.command("status")

@@ -20,10 +20,12 @@ from streamer_core.web.body import check_many, default_input, json_of, upload_of
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
 from streamer_core.web.peer import client_socket
+from streamer_core.web.priority import EndpointPriority
 from streamer_core.web.probes import liveness, readiness
-from streamer_core.web.spec import LazyStreamer, ModelSpec, start_all
+from streamer_core.web.spec import LazyStreamer, start_all
 
 from .reading import FlaskBody, limit_request_body, loads_of, read_error
+from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
 
 __all__ = [
@@ -37,87 +39,9 @@ __all__ = [
     "start_streamers",
 ]
 
-_UNSET: Any = object()  # a route keyword not given
-
 logger = logging.getLogger("flask_streamer")
 
 EXTENSION_KEY = "streamer"
-
-ParseHook = Callable[[Request], Any]
-RespondHook = Callable[[Any], Any]
-
-
-class BatchedRoute:
-    """One batched endpoint: its URL rule, model, options and hooks. Made by
-    :meth:`FlaskStreamer.batched_route` and :meth:`FlaskStreamer.add_batched_route`."""
-
-    def __init__(
-        self,
-        extension: FlaskStreamer,
-        rule: str,
-        endpoint: str,
-        model: Any,
-        blueprint: Optional[Blueprint],
-        field: Optional[str],
-        parse: Optional[ParseHook],
-        respond: Optional[RespondHook],
-        init_args: Sequence[Any],
-        init_kwargs: Dict[str, Any],
-        overrides: Dict[str, Any],
-        methods: List[str],
-        max_body_bytes: Any = _UNSET,
-        many: bool = False,
-        max_inputs: Any = _UNSET,
-    ) -> None:
-        self.extension = extension
-        self.rule = rule
-        self.methods = methods
-        self.endpoint = endpoint
-        self.model = model
-        self.blueprint = blueprint
-        self.field = field
-        self.parse = parse
-        self.respond = respond
-        self.init_args = tuple(init_args)
-        self.init_kwargs = dict(init_kwargs)
-        self.overrides = overrides
-        #: The route's own limit on a body's bytes; unset: the app's.
-        self.max_body_bytes = max_body_bytes
-        #: Whether a request carries a list of inputs, and the route's own most of them (unset: the app's).
-        self.many = many
-        self.max_inputs = max_inputs
-        self.view = self._make_view()
-
-    @property
-    def name(self) -> str:
-        """The endpoint as the app knows it (``blueprint.endpoint`` in a blueprint)."""
-        return f"{self.blueprint.name}.{self.endpoint}" if self.blueprint is not None else self.endpoint
-
-    def spec(self, settings: Dict[str, Any]) -> ModelSpec:
-        """This route's model spec under an app's settings, checked."""
-        values = dict(settings, **self.overrides, init_args=self.init_args, init_kwargs=self.init_kwargs)
-        if "prefix" not in self.overrides:
-            values["prefix"] = f"{settings['prefix']}:{self.name}" if settings["prefix"] else self.name
-
-        def where(field: str) -> str:
-            if field in self.overrides or field in ("model", "init_args", "init_kwargs"):
-                return f"{field} of the batched route {self.rule!r}"
-            return setting_name(field)
-
-        return ModelSpec.checked(self.name, self.model, values, where)
-
-    def _make_view(self) -> Callable[..., Any]:
-        route = self
-
-        def view(**_url_values: Any) -> Any:
-            return route.extension._handle(route)
-
-        view.__name__ = self.endpoint
-        view.__doc__ = getattr(self.model, "__doc__", None)
-        return view
-
-    def __repr__(self) -> str:
-        return f"<BatchedRoute {self.name} {self.rule!r}>"
 
 
 class _AppState:
@@ -234,6 +158,10 @@ class FlaskStreamer:
         fails the request with its index in the message (``"input"`` in the
         JSON error), and its inputs not yet run are dropped.
 
+        ``priority``: the level of the route's requests; ``priority_header``
+        (``True`` for ``X-Priority``, or a header's name): let a request
+        choose its own by it (:mod:`streamer_core.web.priority`).
+
         The function is returned unchanged, so the ``process`` and ``redis``
         backends' workers can import it by name.
         """
@@ -260,6 +188,8 @@ class FlaskStreamer:
         max_body_bytes: Any = _UNSET,
         many: bool = False,
         max_inputs: Any = _UNSET,
+        priority: Optional[int] = None,
+        priority_header: Any = False,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -272,13 +202,19 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args, init_kwargs, max_body_bytes, many and max_inputs"
+                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority and priority_header"
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
         check_many(many, max_inputs, max_inputs is not _UNSET, f"the batched route {rule!r}")
+        levels = EndpointPriority.checked(priority, priority_header, f"the batched route {rule!r}")
         if model is None:
-            raise TypeError(f"the batched route {rule!r} needs a model: a batch function or a ManagedModel subclass")
+            raise TypeError(
+                f"the batched route {rule!r} needs a model: a batch function, a ManagedModel subclass, or the "
+                "endpoint of another batched route whose model it serves"
+            )
+        if isinstance(model, str):
+            _check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
         for name, hook in (("parse", parse), ("respond", respond)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} of the batched route {rule!r} must be callable, got {hook!r}")
@@ -303,21 +239,22 @@ class FlaskStreamer:
             max_body_bytes,
             many,
             max_inputs,
+            levels,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
         # Check the route against every app first: a refused route leaves no trace.
-        specs = [(app, route.spec(app.extensions[EXTENSION_KEY].settings)) for app in apps]
+        handles = [(app, route.handle(_state(app).settings, _state(app).handles)) for app in apps]
         if blueprint is not None:
             blueprint.add_url_rule(rule, endpoint, route.view, methods=methods)
         with self._lock:
             self._routes.append(route)
-        for app, spec in specs:
-            self._attach(app, app.extensions[EXTENSION_KEY], route, spec)
+        for app, handle in handles:
+            self._attach(app, _state(app), route, handle)
         return route
 
-    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute, spec: Optional[ModelSpec] = None) -> None:
-        state.handles[route] = LazyStreamer(spec or route.spec(state.settings))
+    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute, handle: Optional[LazyStreamer] = None) -> None:
+        state.handles[route] = handle or route.handle(state.settings, state.handles)
         if route.blueprint is None:
             app.add_url_rule(route.rule, route.endpoint, route.view, methods=route.methods)
 
@@ -381,6 +318,12 @@ class FlaskStreamer:
         # Traced, the request's span is named by its route as Flask matched it ("POST /embed/<kind>").
         rule = req.url_rule
         traced = (req.method, rule.rule if rule is not None else req.path) if handle.spec.config.tracing else None
+        priority, config = route.priority, handle.spec.config
+        level = (
+            (lambda: priority.level(priority.header and req.headers.get(priority.header), config))
+            if priority.given
+            else None
+        )
         return state.cycle.serve(
             route.name,
             handle.get,
@@ -390,6 +333,22 @@ class FlaskStreamer:
             most,
             traced,
             client_socket(req.environ),
+            level,
+        )
+
+
+def _check_sharing(
+    rule: str, endpoint: Optional[str], overrides: Dict[str, Any], init_args: Sequence[Any], init_kwargs: Any
+) -> None:
+    """A route serving another batched route's model (``model="embed"``)
+    takes that route's settings: it has its own endpoint, and none of them."""
+    if endpoint is None:
+        raise TypeError(f"give the batched route {rule!r} an endpoint name of its own (endpoint='...')")
+    given = sorted(overrides) + (["init_args"] if init_args else []) + (["init_kwargs"] if init_kwargs else [])
+    if given:
+        raise TypeError(
+            f"the batched route {rule!r} serves another route's model, whose settings it shares: set "
+            f"{', '.join(given)} on that route instead"
         )
 
 

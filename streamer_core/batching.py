@@ -21,6 +21,17 @@ have lately taken to come back (through a broker, that is longer), within one
 service time; when nobody is due, a lone request goes to the model immediately. A
 single client therefore sees the model's own latency, while 64 clients fill
 batches of 64 (:mod:`streamer_core.hold`).
+
+An input that could not be answered within its call's timeout is not run:
+as a batch forms, an input whose deadline comes sooner than the fastest of
+the model's latest batches could end (twice that for a batch handed ahead
+to a busy worker, which first finishes the one it runs) is dropped, and its
+call fails with :class:`StreamerTimeoutError` at once. Only while at least
+three batches ended in the last 10 seconds (:meth:`HoldPolicy.fastest`): a
+cold start is one batch, and a model left idle by this rule is given
+batches again once its estimate is stale. Under an overload
+whose callers give up and retry, first come first served would otherwise
+run nothing but inputs about to expire, their answers read by nobody.
 """
 
 from __future__ import annotations
@@ -125,11 +136,6 @@ class _Item:
         self.level = level
 
 
-def _live(item: _Item) -> bool:
-    """Whether an item's call still waits for it (the former drops the rest)."""
-    return item.task.live()
-
-
 def live_items(items: Sequence[_Item], stats: Optional[ModelStats]) -> List[_Item]:
     """The items of a batch whose calls still wait for them; the others
     are dropped unrun, counted by why (a backend's last look before its
@@ -152,8 +158,12 @@ def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
             completed.append(future)
     if completed:
         stats = completed[0]._stats  # a batch's calls are all of one streamer
-        if stats is not None:
-            stats.succeeded(len(completed))  # counted before the callers wake to read the numbers
+        if stats is not None:  # counted before the callers wake to read the numbers
+            if stats.leveled:  # each at its priority level
+                for future in completed:
+                    future._stats.succeeded(1)  # type: ignore[union-attr]  # of one streamer: all set
+            else:
+                stats.succeeded(len(completed))
     for future in completed:
         future._wake()
 
@@ -220,7 +230,13 @@ class Scheduler:
     always completes.
     """
 
-    def __init__(self, config: BatchingConfig, max_item_crashes: int = 2, stats: Optional[ModelStats] = None) -> None:
+    def __init__(
+        self,
+        config: BatchingConfig,
+        max_item_crashes: int = 2,
+        stats: Optional[ModelStats] = None,
+        shed_late: bool = True,
+    ) -> None:
         self._config = config
         #: Where calls and batches are counted; backends record model calls here.
         self.stats = stats
@@ -231,11 +247,16 @@ class Scheduler:
         # running out of memory holds (on the count, without an item_cost:
         # each input costs 1).
         costed = config.item_cost is not None
-        self._former: BatchFormer[_Item] = BatchFormer(config, costed, _live, self._dropped)
+        self._former: BatchFormer[_Item] = BatchFormer(config, costed, self._live, self._dropped)
         # With priority levels, one line per level (see streamer_core.levels).
         self._leveled: Optional[LeveledFormer[_Item]] = None
         if config.priority_levels > 1:
-            self._former = self._leveled = LeveledFormer(config, costed, _live, self._dropped)
+            self._former = self._leveled = LeveledFormer(config, costed, self._live, self._dropped)
+        # Inputs that would end past their deadline are not run (see the
+        # module's doc): while a batch forms, those due before _late_before.
+        # Off where batches here are not the model's (sends to a broker).
+        self._shed_late = shed_late
+        self._late_before = float("-inf")
         self._deadlines = _Deadlines(config.timeout)
         # Worker capacity: each worker holds up to two batches, the one it runs
         # and, when a full batch is waiting, the next one, so it never idles
@@ -247,10 +268,32 @@ class Scheduler:
         self._stopped = False
         self._broken: Optional[Callable[[], BaseException]] = None
 
+    def _live(self, item: _Item) -> bool:
+        """Whether an item's call still waits for it, and could be answered
+        in time by a batch forming now (the former drops the rest)."""
+        future = item.task.future
+        return future is not None and future._state == "PENDING" and future._deadline >= self._late_before
+
     def _dropped(self, item: _Item) -> None:
-        """The former dropped ``item`` unrun: its call had ended."""
+        """The former dropped ``item`` unrun: its call had ended, or would
+        end before a batch could answer it (then it fails now)."""
+        task = item.task
+        if task.live():
+            task.fail(
+                StreamerTimeoutError(
+                    f"the call could not finish within its timeout of {task.timeout:.3g}s: the model's batches "
+                    "take longer than it had left; it was not run"
+                )
+            )
         if self.stats is not None:
-            self.stats.dropped(item.task.why())
+            self.stats.dropped(task.why())
+
+    def _forming(self, now: float, held: int) -> None:
+        """A batch forms now for a worker holding ``held`` batches: inputs
+        due before the fastest recent batch (one per batch held and this
+        one) could end are late."""
+        fastest = self._former.policy.fastest(now) if self._shed_late else None
+        self._late_before = float("-inf") if fastest is None else now + (held + 1) * fastest
 
     # -- the callers' side -------------------------------------------------
 
@@ -267,7 +310,8 @@ class Scheduler:
         was made in when the streamer traces, at priority ``level`` (0 the
         highest; checked by the streamer)."""
         future = BatchFuture()
-        future._stats = self.stats
+        stats = self.stats
+        future._stats = stats if stats is None or self._leveled is None else stats.at(level)
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout
@@ -342,21 +386,33 @@ class Scheduler:
                     return None  # until then, even while closing, deadlines are kept and returned inputs rerun
                 former = self._former
                 if self._idle > 0:
+                    self._forming(now, 0)
                     batch, hold_until = former.decide(now, go_now=self._closing)
+                    self._late_before = float("-inf")
                     if batch:
                         self._handed(0)
                         return batch, 0
                     wake = min(wake, hold_until)
-                elif self._busy > 0 and not former.alone_waiting() and former.full():
+                elif self._busy > 0 and not former.alone_waiting() and former.full() and self._may_hand_ahead():
                     # Not while inputs of a crashed batch wait to run alone:
                     # only a free worker takes those (decide), and under
                     # load a busy one always handed the next full batch
                     # would never be free, leaving them to their timeout.
+                    self._forming(now, 1)
                     batch = former.take()
+                    self._late_before = float("-inf")
                     if batch:
                         self._handed(1)
                         return batch, 1
                 cond.wait(None if wake == float("inf") else max(0.0, wake - now))
+
+    def _may_hand_ahead(self) -> bool:
+        """Whether a busy worker may be handed the next full batch now.
+        With priority levels, only one of the highest level's inputs alone:
+        a batch of lower levels handed ahead would hold up every higher
+        input that comes while the worker runs the batch before it."""
+        leveled = self._leveled
+        return leveled is None or leveled.in_level(0) >= leveled.size
 
     def _handed(self, held: int) -> None:
         self._count(held, -1)

@@ -46,6 +46,8 @@ OPTION_FLAGS = (
     ("--max-batch-cost", "max_batch_cost", float, "COST"),
     ("--batch-cost", "batch_cost", str, "max|sum"),
     ("--item-cost", "item_cost", str, "MODULE:FUNCTION"),
+    ("--priority-levels", "priority_levels", int, "N"),
+    ("--priority-aging", "priority_aging", float, "SECONDS"),
 )
 
 

@@ -382,6 +382,8 @@ class ModelOptions(TypedDict, total=False):
     batch_cost: str
     oom_errors: Optional[Tuple[Type[BaseException], ...]]
     tracing: bool
+    priority_levels: int
+    priority_aging: Optional[float]
 
 
 class BatchingOptions(ModelOptions, total=False):
@@ -389,9 +391,7 @@ class BatchingOptions(ModelOptions, total=False):
 
     timeout: float
     max_queue: Optional[int]
-    priority_levels: int
     default_priority: Optional[int]
-    priority_aging: Optional[float]
     priority_max_queue: Optional[Sequence[Optional[int]]]
     priority_timeout: Optional[Sequence[Optional[float]]]
 
@@ -488,7 +488,8 @@ class BatchingConfig:
         return self.item_cost is not None or self.max_batch_cost is not None
 
     def model_options(self) -> ModelOptions:
-        """The options of the model's side, to make a Redis worker of this config."""
+        """The options of the model's side, to make a Redis worker of this
+        config: with its priority levels, the streams it reads, and their aging."""
         return ModelOptions(
             isolate_errors=self.isolate_errors,
             item_cost=self.item_cost,
@@ -496,6 +497,8 @@ class BatchingConfig:
             batch_cost=self.batch_cost,
             oom_errors=self.oom_errors,
             tracing=self.tracing,
+            priority_levels=self.priority_levels,
+            priority_aging=self.priority_aging,
         )
 
     def level_of(self, priority: Optional[int]) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional
 
 from .errors import StreamerTimeoutError
 from .green import green_waiter, in_unpatched_greenlet, wait_green
-from .stats import ModelStats
+from .stats import Level, ModelStats
 
 __all__ = ["BatchFuture", "settle"]
 
@@ -69,7 +69,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     failed_input: Optional[int] = None
     _deadline: float = float("inf")
     #: Where the call's outcome is counted (set by the scheduler).
-    _stats: Optional[ModelStats] = None
+    _stats: Optional[ModelStats | Level] = None
     #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
     _green_wake: Optional[Callable[[], None]] = None
     #: Called once the call ends other than by its results (an error, a

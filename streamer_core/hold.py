@@ -9,7 +9,8 @@ a busy web server). When nobody is due, a lone request goes at once.
 
 from __future__ import annotations
 
-from typing import Optional
+from collections import deque
+from typing import Deque, Optional, Tuple
 
 __all__ = ["HoldPolicy", "STILL_ARRIVING"]
 
@@ -32,6 +33,13 @@ _COMEBACK_DECAY = 0.9
 # At most this share of a batch's time is spent waiting for callers known to
 # come back: a batch run without them would make them wait a whole batch.
 _COMEBACK_SHARE = 1.0
+# How many of the latest batches' times :meth:`HoldPolicy.fastest` looks at,
+# how many it needs (one batch may be a cold start, or a stall), and how
+# recent they must be (seconds): an estimate nothing has refreshed for that
+# long is not trusted, so a model that sped up is given batches again.
+_RECENT_BATCHES = 8
+_FEWEST_BATCHES = 3
+_FRESH_S = 10.0
 
 
 class HoldPolicy:
@@ -44,7 +52,7 @@ class HoldPolicy:
     are expected back (see the module docstring).
     """
 
-    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service", "comeback", "_awaited")
+    __slots__ = ("max_latency", "due", "last_delivery", "last_arrival", "service", "comeback", "_awaited", "_recent")
 
     def __init__(self, max_latency: float) -> None:
         self.max_latency = max_latency
@@ -57,6 +65,8 @@ class HoldPolicy:
         # in-process), which patience must cover to be worth it.
         self.comeback: Optional[float] = None
         self._awaited = 0  # inputs still to arrive before the comeback is measured
+        # The latest batches: when each was answered, and its time, seconds.
+        self._recent: Deque[Tuple[float, float]] = deque(maxlen=_RECENT_BATCHES)
 
     def arrived(self, n: int, now: float) -> int:
         """``n`` inputs arrived; return how many answered callers are still due."""
@@ -77,11 +87,20 @@ class HoldPolicy:
         """A batch of ``n`` inputs that ran for ``seconds`` is being answered."""
         service = self.service
         self.service = seconds if service is None else service + _SERVICE_EWMA * (seconds - service)
+        self._recent.append((now, seconds))
         if now - self.last_delivery > _MAX_PATIENCE_SHARE * self.service:
             self.due = 0
         self.due += n
         self.last_delivery = now
         self._awaited = n
+
+    def fastest(self, now: float) -> Optional[float]:
+        """The shortest of the latest batches' times, seconds: about the
+        least the next batch will take. ``None`` (not known) unless at least
+        :data:`_FEWEST_BATCHES` of them ended within the last
+        :data:`_FRESH_S` seconds."""
+        fresh = [seconds for ended, seconds in self._recent if now - ended <= _FRESH_S]
+        return min(fresh) if len(fresh) >= _FEWEST_BATCHES else None
 
     def still_arriving(self, now: float) -> bool:
         """Whether callers answered lately are still coming back: some are

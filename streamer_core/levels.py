@@ -22,6 +22,11 @@ backends, a Redis worker):
   at one level, the older goes first. So an input of level ``p`` is served
   as level 1 after ``(p - 1) * priority_aging`` seconds, and from then on
   only inputs older than it go before it.
+- a worker busy with a batch is handed the next one ahead only when the
+  highest level's inputs fill it (:class:`~streamer_core.batching.Scheduler`):
+  a lower batch handed ahead would hold up every higher input that comes
+  meanwhile. A Redis worker, which reads its next batch ahead itself, reads
+  the higher levels' requests beside it instead (:mod:`streamer_core.backends.redis.reader`);
 - shaped by cost (``item_cost``, ``max_batch_cost``), a batch is led by the
   input that goes first by that rule, and its companions are chosen by
   cost among the next inputs in that order.

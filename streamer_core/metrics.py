@@ -32,6 +32,16 @@ with the label ``model``:
                                                    scrape (no sample while it does not answer)
 ======================================  =========  ==============================================
 
+A model with priority levels also has, with the labels ``model`` and
+``priority`` (1 the highest), and only then (a model of one level has no
+such series, and its other series are as they were):
+
+============================================  =========  ========================================
+``streamer_priority_requests_total``          counter    calls of the level, by ``outcome``
+``streamer_priority_queue_wait_seconds``      histogram  its inputs' queue waits
+``streamer_priority_queue_depth``             gauge      its inputs waiting now
+============================================  =========  ========================================
+
 In one process (the usual case) the numbers are read from
 :mod:`streamer_core.stats` when Prometheus scrapes, by a collector in
 ``prometheus_client``'s default registry: recording costs nothing more than
@@ -203,8 +213,33 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
         dead.add_metric([snap.model], float(snap.dead_lettered))
     yield redelivered
     yield dead
+    yield from _render_levels(snapshots)
 
 
+def _render_levels(snapshots: List[StreamerStats]) -> Iterator[Any]:
+    """The per-level families: samples of the models with priority levels only."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    labels = ["model", "priority"]
+    requests = CounterMetricFamily("streamer_priority_requests", _LEVEL_REQUESTS_HELP, labels=[*labels, "outcome"])
+    waits = HistogramMetricFamily("streamer_priority_queue_wait_seconds", _LEVEL_WAIT_HELP, labels=labels)
+    depth = GaugeMetricFamily("streamer_priority_queue_depth", _LEVEL_DEPTH_HELP, labels=labels)
+    for snap in snapshots:
+        for level in snap.priorities:
+            priority = str(level.priority)
+            for outcome in OUTCOMES:
+                requests.add_metric([snap.model, priority, outcome], float(level.requests[outcome]))
+            buckets = [(_le(bound), float(count)) for bound, count in level.queue_wait_seconds.cumulative()]
+            waits.add_metric([snap.model, priority], buckets, level.queue_wait_seconds.sum)
+            depth.add_metric([snap.model, priority], float(level.queue_depth))
+    yield requests
+    yield waits
+    yield depth
+
+
+_LEVEL_REQUESTS_HELP = "Calls of one priority level, by how they ended."
+_LEVEL_WAIT_HELP = "Seconds from an input's arrival to the start of its model call, by priority level."
+_LEVEL_DEPTH_HELP = "Inputs waiting for a worker now, by priority level."
 _DROPPED_HELP = "Inputs taken out unrun because nobody waited for them any more, by reason."
 
 
@@ -304,6 +339,12 @@ class _Mirrors:
             "streamer_redis_dead_lettered", "Entries that did not parse, moved to the dead-letter stream.", ["model"]
         )
         self.dropped = Counter("streamer_dropped", _DROPPED_HELP, ["model", "reason"])
+        self.level_requests = Counter("streamer_priority_requests", _LEVEL_REQUESTS_HELP,
+                                      ["model", "priority", "outcome"])  # fmt: skip
+        self.level_wait = Histogram("streamer_priority_queue_wait_seconds", _LEVEL_WAIT_HELP, ["model", "priority"],
+                                    buckets=SECONDS_BUCKETS)  # fmt: skip
+        self.level_depth = Gauge("streamer_priority_queue_depth", _LEVEL_DEPTH_HELP, ["model", "priority"],
+                                 multiprocess_mode="livesum")  # fmt: skip
         self._watched: Dict[str, ModelStats] = {}
         # Each model's labelled children, looked up once (a lookup costs as
         # much as a record).
@@ -351,6 +392,11 @@ class _Mirrors:
             dead_lettered.inc(args[0])
         elif what == "dropped":
             dropped[args[0]].inc(args[1])
+        elif what == "level":  # a call of one level: (level, outcome, calls)
+            self.level_requests.labels(stats.model, str(args[0] + 1), args[1]).inc(args[2])
+        elif what == "level_waits":  # (levels, waits) of one batch
+            for level, wait in zip(*args):
+                self.level_wait.labels(stats.model, str(level + 1)).observe(wait)
         else:
             requests[what].inc(args[0])
 
@@ -365,6 +411,8 @@ class _Mirrors:
         for device, count in devices.items():
             self.by_device.labels(stats.model, device).set(count)
         self._devices_set[stats.model].update(devices)
+        for level, depth in enumerate(stats.levels_waiting(), 1):
+            self.level_depth.labels(stats.model, str(level)).set(depth)
 
     def _gauges(self) -> None:
         import time

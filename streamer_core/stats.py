@@ -36,6 +36,13 @@ What is counted, and where:
 
 The Redis backend's requests delivered to a worker and not yet acknowledged
 are not counted here but asked of Redis when read (:meth:`ModelStats.broker_pending`).
+
+A model with priority levels (``priority_levels`` > 1) also has, per level
+(:class:`PriorityStats`): its calls by outcome (a call counts at its level
+once it has one: a request refused before, a bad ``X-Priority`` say,
+counts for the model only), its inputs' queue waits, and its inputs
+waiting now. A model of one level has none of these, and its numbers are
+as they were.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from .errors import (
     ItemCostError,
@@ -64,6 +71,7 @@ __all__ = [
     "Histogram",
     "ModelStats",
     "StreamerStats",
+    "PriorityStats",
     "outcome_of",
     "stats_for",
     "all_stats",
@@ -177,6 +185,18 @@ class _Buckets:
 
 
 @dataclass(frozen=True)
+class PriorityStats:
+    """One priority level's numbers in this process (see
+    :attr:`StreamerStats.priorities`): ``priority`` (1 the highest), its
+    calls by outcome, its inputs' queue waits, and its inputs waiting now."""
+
+    priority: int
+    requests: Dict[str, int]
+    queue_wait_seconds: Histogram
+    queue_depth: int
+
+
+@dataclass(frozen=True)
 class StreamerStats:
     """A snapshot of one model's numbers in this process; see
     :meth:`BaseStreamer.stats`.
@@ -199,6 +219,8 @@ class StreamerStats:
     to the Redis dead-letter stream (both 0 on the other backends).
     ``dropped`` counts inputs taken out unrun because nobody waited for
     them any more, by reason (every name of :data:`DROP_REASONS` is present).
+    ``priorities``: with priority levels, each level's numbers, level 1
+    first (:class:`PriorityStats`); empty for a model of one level.
     """
 
     model: str
@@ -214,6 +236,7 @@ class StreamerStats:
     dead_lettered: int = 0
     workers_by_device: Dict[str, int] = field(default_factory=dict)
     dropped: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    priorities: Tuple[PriorityStats, ...] = ()
 
     @property
     def batches(self) -> int:
@@ -251,10 +274,46 @@ class BrokerSource(Protocol):
         ...
 
 
+class Level:
+    """The numbers of one priority level of a model (``level`` 0 the
+    highest). A call at that level counts its outcome through it (its
+    future's stats): in the model's numbers and the level's alike."""
+
+    __slots__ = ("model", "level", "requests", "queue_wait")
+    #: Whether a batch's calls may count through different objects (see :func:`~streamer_core.batching.deliver`).
+    leveled = True
+
+    def __init__(self, model: ModelStats, level: int) -> None:
+        self.model = model
+        self.level = level
+        self.requests = dict.fromkeys(OUTCOMES, 0)
+        self.queue_wait = _Buckets(SECONDS_BUCKETS)
+
+    def finished(self, outcome: str, calls: int = 1) -> None:
+        """``calls`` calls of this level ended with ``outcome``."""
+        model = self.model
+        with model._lock:
+            model._requests[outcome] += calls
+            self.requests[outcome] += calls
+        mirror = model._mirror
+        if mirror is not None:
+            mirror(model, outcome, calls)
+            mirror(model, "level", self.level, outcome, calls)
+
+    def succeeded(self, calls: int) -> None:
+        self.finished("ok", calls)
+
+    def failed(self, exc: BaseException) -> None:
+        self.finished(outcome_of(exc))
+
+
 class ModelStats:
     """The numbers of one model name in this process (see the module
     docstring). Backends record through :meth:`batch_ran`; futures and
     ``submit`` through :meth:`finished` and :meth:`succeeded`."""
+
+    #: A model's own numbers: every call of a batch counts through it alike.
+    leveled = False
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -272,6 +331,23 @@ class ModelStats:
         self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
         self._brokers: weakref.WeakSet[BrokerSource] = weakref.WeakSet()
         self._mirror: Optional[Callable[..., None]] = None  # see streamer_core.metrics
+        #: With priority levels, each level's numbers, the highest first (see use_levels).
+        self.levels: List[Level] = []
+
+    def use_levels(self, count: int) -> None:
+        """Count per priority level too, for ``count`` levels (a streamer or
+        worker of that many levels starts): at least as many as any of this
+        name's streamers has."""
+        with self._lock:
+            while len(self.levels) < count:
+                self.levels.append(Level(self, len(self.levels)))
+
+    def at(self, level: int) -> ModelStats | Level:
+        """Where a call of priority ``level`` (0 the highest) counts its
+        outcome: that level's numbers, or the model's alone where it has no
+        levels."""
+        levels = self.levels
+        return levels[level] if levels else self
 
     def watch(self, source: GaugeSource) -> None:
         """Count ``source.gauges()`` in the queue depth and live workers
@@ -312,9 +388,12 @@ class ModelStats:
             pending = count if pending is None else max(pending, count)
         return pending
 
-    def batch_ran(self, started: float, seconds: float, arrivals: Iterable[float]) -> None:
+    def batch_ran(
+        self, started: float, seconds: float, arrivals: Iterable[float], levels: Optional[Sequence[int]] = None
+    ) -> None:
         """A model call of the inputs that arrived at ``arrivals`` (monotonic
-        times) started at ``started`` and ran for ``seconds``."""
+        times) started at ``started`` and ran for ``seconds``; ``levels``:
+        their priority levels, where the model has levels."""
         waits = [max(0.0, started - arrival) for arrival in arrivals]
         with self._lock:
             self._batch_size.observe(len(waits))
@@ -322,9 +401,14 @@ class ModelStats:
             observe = self._queue_wait.observe
             for wait in waits:
                 observe(wait)
+            if levels is not None and self.levels:
+                for level, wait in zip(levels, waits):
+                    self.levels[level].queue_wait.observe(wait)
         mirror = self._mirror
         if mirror is not None:
             mirror(self, "batch", len(waits), seconds, waits)
+            if levels is not None and self.levels:
+                mirror(self, "level_waits", levels, waits)
 
     def oom_split(self, splits: int) -> None:
         """A model call ran out of memory and its batch was split in halves
@@ -401,6 +485,25 @@ class ModelStats:
                 pass
         return queued, live, cap
 
+    def levels_waiting(self) -> List[int]:
+        """Inputs waiting now at each priority level, the highest first,
+        added up over this name's live streamers (those of levels: a
+        source's ``levels_waiting()``); empty for a model of one level."""
+        count = len(self.levels)
+        if not count:
+            return []
+        with self._lock:
+            sources = list(self._sources)
+        waiting = [0] * count
+        for source in sources:
+            try:
+                each = source.levels_waiting()  # type: ignore[attr-defined]
+            except Exception:  # a source of one level has none; a broker away counts for none
+                continue
+            for level, n in enumerate(each[:count]):
+                waiting[level] += n
+        return waiting
+
     def devices(self) -> Dict[str, int]:
         """Workers live now by device, added up over this name's live
         streamers (a source that fails to say counts for none)."""
@@ -419,7 +522,12 @@ class ModelStats:
     def snapshot(self) -> StreamerStats:
         queued, live, cap = self.gauges()
         devices = self.devices()
+        depths = self.levels_waiting()
         with self._lock:
+            priorities = tuple(
+                PriorityStats(level.level + 1, dict(level.requests), level.queue_wait.frozen(), depth)
+                for level, depth in zip(self.levels, depths)
+            )
             return StreamerStats(
                 self.model,
                 dict(self._requests),
@@ -434,6 +542,7 @@ class ModelStats:
                 self._dead_lettered,
                 devices,
                 dict(self._dropped),
+                priorities,
             )
 
 

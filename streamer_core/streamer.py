@@ -66,6 +66,9 @@ class Backend:
     #: Whether inputs are encoded (copied) before they are queued; when not,
     #: ``encode`` is never called.
     copies_inputs = False
+    #: Whether the scheduler's batches are the model's, whose times tell
+    #: which inputs could not be answered in time (see :mod:`.batching`).
+    sheds_late = True
 
     def start(self, scheduler: Scheduler) -> None:
         """Start the workers; report each one ready with ``scheduler.add_slot()``."""
@@ -100,6 +103,10 @@ class Backend:
         """Inputs handed to the backend and not answered yet, beyond those
         the scheduler holds (the Redis backend's, sent to Redis)."""
         return 0
+
+    def waiting_by_level(self, levels: int) -> List[int]:
+        """:meth:`waiting` at each of ``levels`` priority levels, the highest first."""
+        return [0] * levels
 
     def drain(self, deadline: float) -> None:
         """While closing, after the queue is empty: wait, until ``deadline``,
@@ -140,7 +147,7 @@ class _Engine:
     def __init__(self, config: BatchingConfig, backend: Backend, max_item_crashes: int, stats: ModelStats) -> None:
         self.config = config
         self.backend = backend
-        self.scheduler = Scheduler(config, max_item_crashes, stats)
+        self.scheduler = Scheduler(config, max_item_crashes, stats, backend.sheds_late)
         self._close_lock = threading.Lock()
         self.closed = False
         backend.start(self.scheduler)
@@ -152,6 +159,13 @@ class _Engine:
         if self.closed:
             return 0, 0
         return self.scheduler.queued() + self.backend.waiting(), self.backend.workers_now()
+
+    def levels_waiting(self) -> List[int]:
+        """Inputs waiting at each priority level, the highest first, for the stats."""
+        if self.closed:
+            return []
+        queued = self.scheduler.queued_by_level()
+        return [n + m for n, m in zip(queued, self.backend.waiting_by_level(len(queued)))]
 
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory, for the stats."""
@@ -215,6 +229,8 @@ class BaseStreamer:
     ) -> None:
         self._config = config
         self._stats = stats_for(self._default_name() if name is None else name)
+        if config.priority_levels > 1:
+            self._stats.use_levels(config.priority_levels)
         self._make_backend = make_backend  # called again in a forked process
         self._max_item_crashes = max_item_crashes
         self._start_engine()
@@ -334,7 +350,7 @@ class BaseStreamer:
         try:
             if engine.closed:
                 raise StreamerClosedError("this streamer is closed; create a new one to make more calls")
-            self._admit(inputs)
+            self._admit(inputs, level)
             costs = item_costs(self._config.item_cost, inputs) if self._config.item_cost is not None else None
             if engine.backend.copies_inputs:
                 encode = engine.backend.encode
@@ -348,13 +364,14 @@ class BaseStreamer:
             trace = capture() if self._config.tracing else None
             return engine.scheduler.put(values, call_timeout, costs, trace, level)
         except StreamerError as exc:  # refused before it was queued
-            self._stats.failed(exc)
+            self._stats.at(level).failed(exc)
             raise
 
-    def _admit(self, inputs: List[Any]) -> None:
-        """Refuse a call before its inputs are costed and queued, by raising a
-        :class:`StreamerError` (counted as the call's outcome); a backend's
-        streamer adds its own checks here."""
+    def _admit(self, inputs: List[Any], level: int = 0) -> None:
+        """Refuse a call at priority ``level`` (0 the highest) before its
+        inputs are costed and queued, by raising a :class:`StreamerError`
+        (counted as the call's outcome); a backend's streamer adds its own
+        checks here."""
 
     def predict(
         self, batch: Iterable[Any], timeout: Optional[float] = None, priority: Optional[int] = None

@@ -342,8 +342,10 @@ class ProcessBackend(Backend):
             # gevent, whose locks are not fair, for seconds on end).
             scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
             scheduler.batch_done(len(sent.items), elapsed, len(slot.batches))
-        if scheduler.stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
-            scheduler.stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items])
+        stats = scheduler.stats
+        if stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
+            levels = [item.level for item in sent.items] if stats.levels else None
+            stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items], levels)
         outcomes = [decode_outcome(ok, payload, self._peer) for ok, payload in wire]
         freed = [name for ok, payload in wire if ok for name in block_names(payload)]
         if freed:

@@ -88,7 +88,8 @@ class _ThreadBackend(Backend):
             seconds = time.monotonic() - started
             scheduler.batch_done(len(items), seconds, self._finished_one())
             if stats is not None:
-                stats.batch_ran(started, seconds, [item.arrival for item in items])
+                levels = [item.level for item in items] if stats.levels else None
+                stats.batch_ran(started, seconds, [item.arrival for item in items], levels)
             deliver(items, outcomes)
 
     def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[_Item]) -> BatchRun:

@@ -83,6 +83,7 @@ class Cycle(Generic[R]):
         many: Optional[int] = None,
         traced: Optional[Traced] = None,
         client: Optional[Any] = None,
+        priority: Optional[Callable[[], Optional[int]]] = None,
     ) -> R:
         """Serve one request to the endpoint ``name``: refuse it while
         ``draining``, ``parse()`` it into the model's input, run that through
@@ -98,16 +99,27 @@ class Cycle(Generic[R]):
         client's socket where the server gives it
         (:func:`~streamer_core.web.peer.client_socket`): a client that
         closes it while the request waits gives the call up
-        (:mod:`streamer_core.web.peer`)."""
+        (:mod:`streamer_core.web.peer`). ``priority``: where the endpoint
+        says the level of its requests, ``priority()`` gives it (``None``:
+        the model's default), or raises :class:`InvalidInput` for a 400
+        before anything is read or queued (:mod:`streamer_core.web.priority`)."""
         if traced is None:
-            return self._serve(name, streamer, parse, respond, draining, many, None, client)
+            return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
         from .. import tracing
 
         with tracing.request_span(traced[0], traced[1], name) as span:
             if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
-                return self._serve(name, streamer, parse, respond, draining, many, None, client)
+                return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
             return self._serve(
-                name, streamer, _in_span("parse", parse), _in_span("respond", respond), draining, many, span, client
+                name,
+                streamer,
+                _in_span("parse", parse),
+                _in_span("respond", respond),
+                draining,
+                many,
+                span,
+                client,
+                priority,
             )
 
     def _serve(
@@ -120,16 +132,18 @@ class Cycle(Generic[R]):
         many: Optional[int],
         span: Optional[Span],
         client: Optional[Any],
+        priority: Optional[Callable[[], Optional[int]]] = None,
     ) -> R:
         if draining:
             return self.refuse_while_draining(name, span)
         try:
+            level = None if priority is None else priority()
             inputs = self._inputs(parse(), many)
         except Exception as exc:
             return self.parse_failed(name, exc, span)
         future: Optional[BatchFuture] = None
         try:
-            future = streamer().submit(inputs)
+            future = streamer().submit(inputs) if level is None else streamer().submit(inputs, priority=level)
             outputs = wait_call(future, client)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
@@ -151,6 +165,7 @@ class Cycle(Generic[R]):
         draining: bool = False,
         many: Optional[int] = None,
         traced: Optional[Traced] = None,
+        priority: Optional[Callable[[], Optional[int]]] = None,
     ) -> R:
         """:meth:`serve` for an async view: ``parse``, ``streamer`` and
         ``respond`` may each return an awaitable, and the call is awaited
@@ -158,14 +173,21 @@ class Cycle(Generic[R]):
         Django does when the ASGI server says the client disconnected) gives
         the call up, counted as ``disconnected``."""
         if traced is None:
-            return await self._aserve(name, streamer, parse, respond, draining, many, None)
+            return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
         from .. import tracing
 
         with tracing.request_span(traced[0], traced[1], name) as span:
             if not span.is_recording():
-                return await self._aserve(name, streamer, parse, respond, draining, many, None)
+                return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
             return await self._aserve(
-                name, streamer, _in_span_async("parse", parse), _in_span_async("respond", respond), draining, many, span
+                name,
+                streamer,
+                _in_span_async("parse", parse),
+                _in_span_async("respond", respond),
+                draining,
+                many,
+                span,
+                priority,
             )
 
     async def _aserve(
@@ -177,10 +199,12 @@ class Cycle(Generic[R]):
         draining: bool,
         many: Optional[int],
         span: Optional[Span],
+        priority: Optional[Callable[[], Optional[int]]] = None,
     ) -> R:
         if draining:
             return self.refuse_while_draining(name, span)
         try:
+            level = None if priority is None else priority()
             parsed = parse()
             if inspect.isawaitable(parsed):
                 parsed = await parsed
@@ -192,7 +216,7 @@ class Cycle(Generic[R]):
             running = streamer()
             if inspect.isawaitable(running):
                 running = await running
-            future = running.submit(inputs)
+            future = running.submit(inputs) if level is None else running.submit(inputs, priority=level)
             outputs = await await_call(future)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):

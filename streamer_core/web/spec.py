@@ -147,15 +147,6 @@ class ModelSpec:
             problem = priority_problem(kept, written_as)
             if problem is not None:
                 problems.append(Problem("priority_levels", "option", problem))
-            elif kept["priority_levels"] > 1 and kept["backend"] == "redis":
-                problems.append(
-                    Problem(
-                        "priority_levels",
-                        "option",
-                        f"{written_as('priority_levels')} is {kept['priority_levels']}: priority levels are "
-                        "served by the thread and process backends, not yet by redis",
-                    )
-                )
         if problems:
             return None, problems
         config = BatchingConfig.of_checked(kept)  # each value checked above, under its setting's name
@@ -227,6 +218,10 @@ class ModelSpec:
             item_cost=config.item_cost,
             name=name,
             tracing=config.tracing,
+            priority_levels=config.priority_levels,
+            default_priority=config.default_priority,
+            priority_max_queue=config.priority_max_queue,
+            priority_timeout=config.priority_timeout,
         )
 
     def worker_group(self, worker_num: Optional[int] = None, cuda_devices: Any = None) -> Any:

@@ -2,8 +2,8 @@
 
 For each model: its backend and batch settings and, for the Redis backend,
 what Redis says now: the live workers (host, pid, device, last beat), the
-requests waiting for a worker and those a worker holds (pending), the
-age of the oldest waiting request, and on a Redis Cluster the node that
+requests waiting for a worker and those a worker holds (pending), and with
+priority levels each level's, the age of the oldest waiting request, and on a Redis Cluster the node that
 holds the model's keys. A model is well when, for Redis, the
 broker answers and at least one worker is live (its settings were checked
 when its spec was made); the commands exit non-zero otherwise, so they serve
@@ -61,6 +61,8 @@ class ModelStatus:
     #: Redis backend: the workers one ``run-workers`` command starts
     #: (``worker_num``), which says nothing of how many are live.
     configured_workers: Optional[int] = None
+    #: Redis backend with priority levels: each level's waiting and pending requests, level 1 first.
+    levels: Optional[List[Dict[str, int]]] = None
 
     @property
     def ok(self) -> bool:
@@ -80,6 +82,8 @@ def model_status(spec: ModelSpec) -> ModelStatus:
         settings["worker_num"] = spec.worker_num
     if config.shapes_by_cost:
         settings.update(max_batch_cost=config.max_batch_cost, batch_cost=config.batch_cost)
+    if config.priority_levels > 1:
+        settings.update(priority_levels=config.priority_levels, default_priority=config.default_priority)
     status = ModelStatus(spec.name, spec.backend, settings)
     if spec.backend == "redis":
         # worker_num is what one run-workers command starts, not how many
@@ -98,7 +102,7 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         on_node_of,
         server_time_ms,
     )
-    from ..backends.redis.wire import GROUP, PRESENCE_MS, Keys, loading_workers
+    from ..backends.redis.wire import PRESENCE_MS, Keys, loading_workers
 
     address = spec.redis
     keys = Keys(spec.prefix, address.is_cluster)
@@ -115,20 +119,13 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
         for loading in loading_workers(conn, keys):
             worker = _worker(loading.name, json.dumps(loading.info), 0.0)
             status.loading.append(dataclasses.replace(worker, loading_s=round(loading.seconds, 1)))
-        if conn.type(keys.requests) == b"stream":
-            length = int(conn.xlen(keys.requests))
-            groups = {_text(g.get("name")): g for g in conn.xinfo_groups(keys.requests)}
-            group = groups.get(GROUP)
-            pending = int(group.get("pending") or 0) if group else 0
-            status.pending = pending
-            status.waiting = max(0, length - pending)
-            last = _text(group.get("last-delivered-id")) if group else "0-0"
-            oldest = conn.xrange(keys.requests, f"({last}", "+", count=1)
-            if oldest:
-                created_ms = int(_text(oldest[0][0]).partition("-")[0])
-                status.oldest_waiting_s = max(0.0, (now_ms - created_ms) / 1000)
-        else:
-            status.waiting, status.pending = 0, 0
+        levels = [_stream_status(conn, stream, now_ms) for stream in keys.request_streams(spec.config.priority_levels)]
+        status.waiting = sum(level["waiting"] for level in levels)
+        status.pending = sum(level["pending"] for level in levels)
+        ages = [level["oldest_ms"] for level in levels if level["oldest_ms"] >= 0]
+        status.oldest_waiting_s = max(ages) / 1000 if ages else None
+        if len(levels) > 1:
+            status.levels = [{"waiting": level["waiting"], "pending": level["pending"]} for level in levels]
     except broker_errors() as exc:
         status.problems.append(broker_problem(exc, address))
         return
@@ -144,6 +141,23 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
             f"no live worker serves {keys.requests}: start them (flask streamer run-workers, "
             "manage.py run_gpu_workers or streamer-worker)"
         )
+
+
+def _stream_status(conn: Any, stream: str, now_ms: float) -> Dict[str, int]:
+    """One requests stream's ``waiting`` and ``pending`` requests, and the
+    age of the oldest waiting one in ms (``oldest_ms``; -1: none waits)."""
+    from ..backends.redis.wire import GROUP
+
+    if conn.type(stream) != b"stream":
+        return {"waiting": 0, "pending": 0, "oldest_ms": -1}
+    length = int(conn.xlen(stream))
+    groups = {_text(g.get("name")): g for g in conn.xinfo_groups(stream)}
+    group = groups.get(GROUP)
+    pending = int(group.get("pending") or 0) if group else 0
+    last = _text(group.get("last-delivered-id")) if group else "0-0"
+    oldest = conn.xrange(stream, f"({last}", "+", count=1)
+    age = int(max(0.0, now_ms - int(_text(oldest[0][0]).partition("-")[0]))) if oldest else -1
+    return {"waiting": max(0, length - pending), "pending": pending, "oldest_ms": age}
 
 
 def _text(value: Any) -> str:
@@ -184,6 +198,12 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
             if status.node is not None:
                 lines.append(f"  cluster node: {status.node} (slot {status.slot})")
             lines.append(f"  requests: {status.waiting} waiting, {status.pending} pending{oldest}")
+            if status.levels is not None:
+                each = "; ".join(
+                    f"{n}: {level['waiting']} waiting, {level['pending']} pending"
+                    for n, level in enumerate(status.levels, 1)
+                )
+                lines.append(f"  by priority: {each}")
             configured = (
                 ""
                 if status.configured_workers is None

@@ -26,36 +26,39 @@ class Busy:
     more batch sent ahead to it, so that what is submitted now waits in
     its queue until :meth:`release`; and what reached its model."""
 
-    def __init__(self, streamer: BaseStreamer, batches: Callable[[], List[List[Any]]], release: Callable[[], None]):
+    def __init__(
+        self, streamer: BaseStreamer, batches: Callable[[], List[List[Any]]], release: Callable[[], None], ahead: bool
+    ):
         self.streamer = streamer
         self.batches = batches
         self.release = release
-        self.ahead = streamer.submit(["a0", "a1", "a2", "a3"], priority=1)  # a full batch: sent ahead
+        self.first = "a0" if ahead else "hold"
+        self.ahead = streamer.submit(["a0", "a1", "a2", "a3"], priority=1) if ahead else None  # a full batch
         assert wait_for(lambda: streamer.queued() == 0, 10), "the batch was not sent ahead"
 
     def after_ahead(self) -> List[List[Any]]:
-        """The batches run after the one sent ahead."""
+        """The batches run after the one sent ahead (without one: the held one)."""
         batches = self.batches()
-        firsts = [index for index, batch in enumerate(batches) if "a0" in batch]
+        firsts = [index for index, batch in enumerate(batches) if self.first in batch]
         return batches[firsts[0] + 1 :] if firsts else []
 
 
 @pytest.fixture(params=["thread", "process"])
 def make_busy(request: Any, closing: Callable[[Any], Any], gate: Any, tmp_path: Path) -> Callable[..., Busy]:
-    def make(**options: Any) -> Busy:
+    def make(ahead: bool = True, **options: Any) -> Busy:
         name = f"priority-{uuid.uuid4().hex[:8]}"
         if request.param == "thread":
             streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, name=name, **options))
             streamer.submit(["hold"], priority=1)
             assert gate.entered.wait(5)
-            return Busy(streamer, lambda: gate.batches, gate.release)
+            return Busy(streamer, lambda: gate.batches, gate.release, ahead)
         (tmp_path / "hold").write_text("")
         folder = {"folder": str(tmp_path)}
         streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, name=name, **options))
         assert streamer.wait_ready(60)
         streamer.submit(["hold"], priority=1)
         assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
-        return Busy(streamer, lambda: models.ran_batches(tmp_path), lambda: (tmp_path / "hold").unlink())
+        return Busy(streamer, lambda: models.ran_batches(tmp_path), lambda: (tmp_path / "hold").unlink(), ahead)
 
     return make
 
@@ -77,6 +80,20 @@ def test_a_batch_takes_the_highest_level_first_then_fills_from_lower_ones(make_b
     first, second = busy.after_ahead()[:2]
     assert first == ["top", "mid0", "mid1", "low0"], "the highest level first, each level oldest first"
     assert second == ["low1", "low2", "high0", "high1"]
+
+
+def test_a_busy_worker_is_handed_no_lower_level_batch_ahead_so_a_high_input_runs_next(
+    make_busy: Callable[..., Busy],
+) -> None:
+    busy = make_busy(ahead=False, priority_levels=2, timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit([f"low{i}"], priority=2) for i in range(4)]  # a full batch, of level 2
+    time.sleep(0.2)
+    assert streamer.queued() == 4, "kept in the queue, not handed to the busy worker"
+    futures.append(streamer.submit(["high"], priority=1))
+    busy.release()
+    _answered(futures)
+    assert busy.after_ahead()[0] == ["high", "low0", "low1", "low2"], "the high input runs in the next batch"
 
 
 def test_aging_serves_a_waiting_low_input_before_newer_high_ones(make_busy: Callable[..., Busy]) -> None:
@@ -180,5 +197,85 @@ def test_web_settings_check_the_priority_options_together() -> None:
     assert problems(priority_levels=2, default_priority=3) == [
         "STREAMER_DEFAULT_PRIORITY is 3, but STREAMER_PRIORITY_LEVELS is 2: the levels are 1 (highest) to 2"
     ]
-    refused = problems(priority_levels=2, backend="redis", redis_url="redis://127.0.0.1:6379/0")
-    assert len(refused) == 1 and "not yet by redis" in refused[0]
+    assert problems(priority_levels=2, backend="redis", redis_url="redis://127.0.0.1:6379/0") == [], "every backend"
+
+
+def test_each_level_counts_its_outcomes_its_queue_waits_and_its_depth(make_busy: Callable[..., Busy]) -> None:
+    busy = make_busy(priority_levels=2, priority_max_queue=[None, 1], timeout=30)
+    streamer = busy.streamer
+    futures = [streamer.submit(["low"], priority=2)]
+    with pytest.raises(QueueFullError):
+        streamer.submit(["refused"], priority=2)
+    futures += [streamer.submit([f"high{i}"], priority=1) for i in range(2)]
+    assert [level.queue_depth for level in streamer.stats().priorities] == [2, 1]
+    busy.release()
+    _answered(futures + [busy.ahead])
+    assert wait_for(lambda: streamer.stats().requests["ok"] == 5, 5)  # the held call, the one ahead, these three
+    high, low = streamer.stats().priorities
+    assert (high.priority, low.priority) == (1, 2)
+    assert high.requests["ok"] == 4 and high.requests["rejected"] == 0
+    assert low.requests["ok"] == 1 and low.requests["rejected"] == 1
+    assert high.queue_wait_seconds.count == 7 and low.queue_wait_seconds.count == 1, "per input: hold, 4 ahead, 2"
+    assert low.queue_wait_seconds.sum > 0 and high.queue_depth == low.queue_depth == 0
+
+
+def test_prometheus_has_a_priority_label_only_for_a_model_with_levels(closing: Callable[[Any], Any]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streamer_core.metrics import exposition
+
+    leveled, flat = (f"priority-metrics-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    two = closing(ThreadedStreamer(models.double, batch_size=4, priority_levels=2, name=leveled))
+    one = closing(ThreadedStreamer(models.double, batch_size=4, name=flat))
+    assert two.predict([1], priority=1) == [2] and two.predict([2]) == [4] and one.predict([3]) == [6]
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition()[0].decode())
+        for sample in family.samples
+    }
+    for priority in ("1", "2"):
+        level = (("model", leveled), ("priority", priority))
+        assert samples[("streamer_priority_requests_total", (*level[:1], ("outcome", "ok"), level[1]))] == 1
+        assert samples[("streamer_priority_queue_wait_seconds_count", level)] == 1
+        assert samples[("streamer_priority_queue_depth", level)] == 0
+    assert samples[("streamer_requests_total", (("model", leveled), ("outcome", "ok")))] == 2, "the model's as before"
+    assert not [key for key in samples if ("model", flat) in key[1] and any(k == "priority" for k, _ in key[1])]
+    assert samples[("streamer_requests_total", (("model", flat), ("outcome", "ok")))] == 1
+
+
+_LEVELED_CALLS = """
+import sys
+from streamer_core import ThreadedStreamer
+from tests.core.models import double
+streamer = ThreadedStreamer(double, 4, 0.0, name=sys.argv[1], priority_levels=2)
+for x in range(int(sys.argv[2])):
+    assert streamer.predict([x], priority=1 + x % 2) == [2 * x]
+streamer.close()
+"""
+
+
+def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(root)}
+    name = f"priority-multi-{uuid.uuid4().hex[:8]}"
+    runs = [subprocess.Popen([sys.executable, "-c", _LEVELED_CALLS, name, str(n)], env=env, cwd=root) for n in (5, 8)]
+    assert [run.wait(60) for run in runs] == [0, 0]
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+
+    def value(sample: str, **labels: str) -> Any:
+        return registry.get_sample_value(sample, {"model": name, **labels})
+
+    assert value("streamer_priority_requests_total", priority="1", outcome="ok") == 3 + 4  # x even: priority 1
+    assert value("streamer_priority_requests_total", priority="2", outcome="ok") == 2 + 4
+    assert value("streamer_priority_queue_wait_seconds_count", priority="1") == 7
+    assert value("streamer_priority_queue_wait_seconds_count", priority="2") == 6
+    assert value("streamer_requests_total", outcome="ok") == 13, "the model's own, once per call"

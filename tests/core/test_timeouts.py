@@ -206,3 +206,76 @@ def test_the_dispatcher_fails_an_overdue_call_at_its_deadline_with_nobody_waitin
     assert isinstance(future.exception(0), StreamerTimeoutError)
     gate.release()
     (tmp_path / "hold").unlink(missing_ok=True)
+
+
+def _slow_recorder(ran: list) -> object:
+    def model(batch: list) -> list:
+        ran.extend(batch)
+        time.sleep(0.3)
+        return batch
+
+    return model
+
+
+def test_an_input_that_could_not_be_answered_in_time_is_not_run_and_its_call_fails_at_once(closing):
+    """A batch takes 0.3 s (learned from the three before): a call with
+    0.4 s left that must wait for the batch running, then run its own, would
+    be answered after its deadline. It is not run, and fails as its batch
+    forms, not at its deadline; a call with time enough runs."""
+    ran: list = []
+    streamer = closing(ThreadedStreamer(_slow_recorder(ran), batch_size=1, max_latency=0.0, timeout=10))
+    assert [streamer.predict([f"learn{i}"]) for i in range(3)] == [["learn0"], ["learn1"], ["learn2"]]
+    expired = streamer.stats().dropped["expired"]
+    running = streamer.submit(["running"])
+    assert wait_for(lambda: "running" in ran, 5)
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError, match="could not finish within its timeout of 0.4s"):
+        streamer.predict(["late"], timeout=0.4)
+    assert time.monotonic() - started < 0.25, "failed as its batch formed, not at its deadline"
+    assert streamer.predict(["in time"], timeout=2) == ["in time"]
+    assert running.result(5) == ["running"]
+    assert "late" not in ran and streamer.stats().dropped["expired"] == expired + 1
+
+
+def test_a_call_shorter_than_the_models_fastest_batch_is_not_run(closing):
+    ran: list = []
+    streamer = closing(ThreadedStreamer(_slow_recorder(ran), batch_size=4, max_latency=0.0, timeout=10))
+    for n in range(3):  # fewer than three batches tell nothing yet: each runs, and answers too late
+        with pytest.raises(StreamerTimeoutError):
+            streamer.predict([f"first{n}"], timeout=0.2)
+        time.sleep(0.3)  # its batch ends
+    assert ran == ["first0", "first1", "first2"]
+    started = time.monotonic()
+    with pytest.raises(StreamerTimeoutError, match="it was not run"):
+        streamer.predict(["short"], timeout=0.2)
+    assert time.monotonic() - started < 0.15 and "short" not in ran
+
+
+def test_the_fastest_recent_batch_decides_so_a_call_that_could_make_it_runs(closing):
+    """After a batch of 0.1 s and one of 0.6 s, a call with 0.3 s is run:
+    only an input that even the fastest batch could not answer is late."""
+
+    def model(batch: list) -> list:
+        time.sleep(0.6 if "slow" in batch else 0.1)
+        return batch
+
+    streamer = closing(ThreadedStreamer(model, batch_size=4, max_latency=0.0, timeout=10))
+    assert [streamer.predict([x]) for x in ("fast", "slow", "slow")] == [["fast"], ["slow"], ["slow"]]
+    assert streamer.predict(["in time"], timeout=0.3) == ["in time"]
+
+
+def test_an_estimate_of_stale_batches_drops_nothing(closing, monkeypatch):
+    """Batches that ended more than 10 s ago tell nothing of the next one:
+    a model left idle (by this rule, or by nobody calling) runs again."""
+    import streamer_core.hold
+
+    ran: list = []
+    streamer = closing(ThreadedStreamer(_slow_recorder(ran), batch_size=4, max_latency=0.0, timeout=10))
+    assert [streamer.predict([n]) for n in range(3)] == [[0], [1], [2]]
+    with pytest.raises(StreamerTimeoutError, match="it was not run"):
+        streamer.predict(["short"], timeout=0.2)
+    monkeypatch.setattr(streamer_core.hold, "_FRESH_S", 0.1)  # as if ten seconds had passed
+    time.sleep(0.2)
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict(["stale"], timeout=0.2)
+    assert "stale" in ran, "run: nothing fresh said it could not be answered in time"

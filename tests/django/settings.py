@@ -47,6 +47,12 @@ STREAMER = {
         "vectors": {"MODEL": "tests.django.batch_models.vectors"},
         "uploads": {"MODEL": "tests.django.batch_models.describe_upload"},
         "gate": {"MODEL": "tests.core.models.RecordingGate", "INIT_KWARGS": {"folder": _FOLDER}},
+        "ranked": {
+            "MODEL": "tests.core.models.RecordingGate",
+            "INIT_KWARGS": {"folder": _FOLDER},
+            "BATCH_SIZE": 2,
+            "PRIORITY_LEVELS": 2,
+        },
     },
 }
 

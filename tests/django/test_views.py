@@ -159,7 +159,7 @@ def test_batched_views_are_csrf_exempt_unless_told_otherwise():
 
 def test_streamers_start_on_first_use_and_close(client):
     assert started_models() == []
-    assert model_names() == ["double", "sizes", "pid", "hold", "marked", "vectors", "uploads", "gate"]
+    assert model_names() == ["double", "sizes", "pid", "hold", "marked", "vectors", "uploads", "gate", "ranked"]
     assert get_spec("hold").prefix == "django-tests:hold"
     assert client.post("/direct").json() == {"outputs": [2, 4, 6]}
     assert started_models() == ["double"]

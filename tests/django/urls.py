@@ -26,5 +26,9 @@ urlpatterns = [
     path("agate", views.agate),
     path("gate", views.gate),
     path("gate-dropped", views.gate_dropped),
+    path("ranked-search", views.ranked_search),
+    path("aranked-header", views.aranked_header),
+    path("ranked-bulk", views.ranked_bulk),
+    path("ranked-named-header", views.ranked_named_header),
     path("ops/", include("django_streamer.urls")),
 ]

@@ -132,3 +132,19 @@ def gate_dropped(request: HttpRequest) -> HttpResponse:
     from streamer_core.stats import stats_for
 
     return JsonResponse(stats_for("gate").snapshot().dropped)
+
+
+# The model "ranked" of tests/django/test_priority.py (two levels), at each level, by each form of view.
+@batched_view("ranked", priority=1)
+def ranked_search(request: HttpRequest) -> Any:
+    return request_item(request)
+
+
+@batched_view("ranked", priority_header=True)
+async def aranked_header(request: HttpRequest) -> Any:
+    """Level by the X-Priority header; without one, the model's default."""
+    return request_item(request)
+
+
+ranked_bulk = BatchedView.as_view(model="ranked", priority=2)
+ranked_named_header = AsyncBatchedView.as_view(model="ranked", priority_header="X-Request-Priority")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from streamer_core import StreamerTimeoutError
 from tests.redis.conftest import wait_for
 
@@ -84,3 +86,23 @@ def test_a_worker_acknowledges_what_expired_in_its_hands_with_no_web_process_lef
     assert wait_for(lambda: worker.worker.stats().dropped["expired"] == 1, 5), worker.worker.stats().dropped
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "the expired request was left behind"
     assert gate.seen() == ["hold"]
+
+
+def test_a_request_no_batch_could_answer_in_time_is_acknowledged_unrun(broker, make_streamer, start_worker):
+    """Its batches take 0.3 s (learned from the three before): a request with
+    0.2 s left is not run, as in-process, and counted expired by the worker."""
+    ran: list = []
+
+    def model(batch: list) -> list:
+        ran.extend(batch)
+        time.sleep(0.3)
+        return [x * 2 for x in batch]
+
+    worker = start_worker(broker, model, batch_size=4, name=f"worker-{broker.prefix}")
+    streamer = make_streamer(broker)
+    assert [streamer.predict([n]) for n in range(3)] == [[0], [2], [4]]
+    with pytest.raises(StreamerTimeoutError):
+        streamer.predict([7], timeout=0.2)
+    assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "acknowledged and deleted, unrun"
+    assert ran == [0, 1, 2] and worker.worker.stats().dropped["expired"] == 1
+    assert streamer.predict([2], timeout=5) == [4]

@@ -17,6 +17,9 @@ How a request and its answer move, for a prefix ``P`` (keys under ``streamer:P``
       worker's batch at a time; trim         process)                     XACK and XDEL the requests; EXEC
       what was read
 
+    With priority levels, level 1 is P:requests and level n is P:requests:n;
+    web processes add each input to its level's stream, workers read the
+    highest level's first (reader.py).
     Anything that does not parse goes to P:dead (capped), logged once.
     Workers beat into P:workers (a sorted set) so web processes know
     whether any is alive.
@@ -38,7 +41,8 @@ The modules, in the order data meets them: :mod:`.connection` (addresses,
 errors), :mod:`.wire` (every key and field, and what is done with entries
 that do not parse), :mod:`.client` (the web side), :mod:`.worker` (the
 worker, its main thread and its reader) with :mod:`.intake` (entries to
-inputs, requests held, taken over), :mod:`.answers` (the writer) and
+inputs, requests held, taken over), :mod:`.ledger` (what a web process
+sent and waits for), :mod:`.answers` (the writer) and
 :mod:`.presence` (the heartbeat, hangs), :mod:`.supervisor` (running
 several workers).
 

@@ -32,6 +32,7 @@ from .wire import (
     Keys,
     Request,
     Result,
+    by_level,
     legacy_result_entry,
     result_entry,
 )
@@ -92,7 +93,7 @@ class AnswerWriter:
                 self._answer(conn, batch, outcomes, errors)
             except Exception as exc:  # left pending: they are taken over and run again
                 errors.log(exc)
-            self._hands.release(request.entry_id for request in batch)
+            self._hands.release(batch)
         conn.close()
 
     def _answer(self, conn: Any, batch: Sequence[Request], outcomes: Sequence[Outcome], errors: LoopErrors) -> bool:
@@ -104,7 +105,7 @@ class AnswerWriter:
         import redis
 
         entries = self._entries(batch, outcomes)
-        ids = [request.entry_id for request in batch]
+        ids = by_level((request.level, request.entry_id) for request in batch)  # a stream per priority level
         delay, give_up_at, refused = 0.05, None, False
         while True:
             try:
@@ -113,8 +114,9 @@ class AnswerWriter:
                     pipe.xadd(key, fields, maxlen=RESULTS_MAXLEN, approximate=True)
                 for key in dict.fromkeys(key for key, _ in entries):
                     pipe.expire(key, RESULTS_TTL_S)
-                pipe.xack(self._keys.requests, GROUP, *ids)
-                pipe.xdel(self._keys.requests, *ids)
+                for level, level_ids in ids.items():
+                    pipe.xack(self._keys.request_stream(level), GROUP, *level_ids)
+                    pipe.xdel(self._keys.request_stream(level), *level_ids)
                 replies = pipe.execute(raise_on_error=False)
                 for (key, _), reply in zip(entries, replies):
                     if isinstance(reply, Exception):

@@ -7,12 +7,12 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver, live_items
 from ...codec import Buffers, get_codec
 from ...config import OPTIONS, BatchingConfig, default
-from ...errors import BrokerUnavailableError, QueueFullError, SerializationError
+from ...errors import BrokerUnavailableError, SerializationError
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import Backend, BaseStreamer, item_cost_of
 from ...threads import background
@@ -28,6 +28,7 @@ from .connection import (
     setup_refused,
 )
 from .damage import DeadLetters, is_wrong_type, repair_key
+from .ledger import Ledger
 from .roster import NO_WORKER_S, Roster
 from .wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
@@ -36,8 +37,8 @@ from .wire import (
     Keys,
     MalformedEntry,
     Result,
+    by_level,
     new_client_id,
-    new_request_id,
     next_id,
     packed_request_arguments,
     parse_results,
@@ -80,6 +81,7 @@ _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
 class _RedisClientBackend(Backend):
     name = "redis"
     copies_inputs = True
+    sheds_late = False  # batches here are sends to Redis
 
     def __init__(
         self,
@@ -88,13 +90,14 @@ class _RedisClientBackend(Backend):
         codec: str,
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
+        levels: int = 1,
     ) -> None:
         self._item_cost = item_cost
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
         self._keys = Keys(prefix, address.is_cluster)
         #: The workers as this process sees them (checked every _CHECK_SERVER_S).
-        self.roster = Roster(self._keys, require_workers)
+        self.roster = Roster(self._keys, require_workers, levels)
         self._dead = DeadLetters(self._keys)
         self._client_id = new_client_id()
         self._results_key = self._keys.results(self._client_id)
@@ -104,15 +107,12 @@ class _RedisClientBackend(Backend):
         self._add_requests = self._send_conn.register_script(ADD_REQUESTS_SCRIPT)
         self._add_packed = self._send_conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
         self._packed = True  # until the server's Lua turns out to lack cmsgpack
-        self._pending: Dict[bytes, _Item] = {}  # sent, not answered yet; by request id
-        self._entries: Dict[bytes, bytes] = {}  # their stream entry ids
-        self._abandoned: List[bytes] = []  # entries of calls that ended unanswered: to delete
-        self._lock = threading.Lock()
+        #: What was sent and waits for its answer.
+        self.ledger = Ledger(levels)
         self._stopping = threading.Event()
         self._server = ServerIdentity()
         self._scheduler: Optional[Scheduler] = None
         self._collector = background(self._collect, "streamer-redis-collect")
-        self._abandon = threading.Event()
         self._deleter = background(self._delete_abandoned, "streamer-redis-delete")
 
     def start(self, scheduler: Scheduler) -> None:
@@ -121,7 +121,7 @@ class _RedisClientBackend(Backend):
         self._scheduler = scheduler
         try:
             self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
-            if self.roster.require_workers:
+            if self.roster.watching:
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
         except broker_errors() as exc:
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
@@ -151,19 +151,14 @@ class _RedisClientBackend(Backend):
     def run(self, items: List[_Item], held: int) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
-        sent = []
-        with self._lock:
-            for item in live_items(items, scheduler.stats):  # those given up meanwhile counted, not sent
-                request_id = new_request_id()
-                self._pending[request_id] = item
-                sent.append((request_id, item))
+        sent = self.ledger.add(live_items(items, scheduler.stats))  # those given up meanwhile counted, not sent
         try:
             # Each call is refused within SEND_RETRY_S of its arrival, however
             # long sends before it retried (they went one after another).
             give_up_at = min(item.arrival for _, item in sent) + SEND_RETRY_S if sent else 0.0
             failure = self._send(sent, give_up_at) if sent else None
         except BaseException:  # the dispatcher fails the batch and frees the slot
-            self._unsent(sent)
+            self.ledger.unsent(sent)
             raise
         # The items are Redis's now: this side only waits for their answers.
         scheduler.batch_done(0, 0.0, held)
@@ -171,7 +166,7 @@ class _RedisClientBackend(Backend):
             error = BrokerUnavailableError(
                 f"{broker_problem(failure, self._address)}: the call was not queued; retry later"
             )
-            self._unsent(sent)
+            self.ledger.unsent(sent)
             # Not under the lock: a call whose other inputs went in an earlier
             # send withdraws them as it fails (_calls_ended takes the lock).
             for _, item in sent:
@@ -185,42 +180,30 @@ class _RedisClientBackend(Backend):
             # would cost every call the future's slow path).
             hook = future._unanswered
             if hook is None:
-                future._unanswered = functools.partial(self._calls_ended, [request_id])
+                future._unanswered = functools.partial(self.ledger.ended, [request_id])
             else:  # another input of the same call
                 hook.args[0].append(request_id)  # type: ignore[attr-defined]
             if future.done():  # it ended before the hook was in place, or as it was added
-                self._calls_ended([request_id])
-
-    def _unsent(self, sent: Sequence[Tuple[bytes, _Item]]) -> None:
-        """Stop waiting for answers to requests that did not reach Redis."""
-        with self._lock:
-            for request_id, _ in sent:
-                self._pending.pop(request_id, None)
-
-    def _calls_ended(self, request_ids: List[bytes]) -> None:
-        """Calls ended other than by their answers (the caller gave up, a
-        timeout, an error). Delete the requests of their inputs still
-        unanswered, so that a worker that has not read them never runs them.
-        Idempotent: it may be told twice of one input."""
-        with self._lock:
-            for request_id in request_ids:
-                entry_id = self._entries.pop(request_id, None)
-                if self._pending.pop(request_id, None) is not None and entry_id is not None:
-                    self._abandoned.append(entry_id)
-                    self._abandon.set()
+                self.ledger.ended([request_id])
 
     def _delete_abandoned(self) -> None:
-        """Delete the requests of calls that ended unanswered, as soon as they
-        end (a thread of its own: the caller giving up must not wait on Redis)."""
+        """Delete the requests of calls that ended other than by their
+        answers (the caller gave up, a timeout, an error; see
+        :meth:`Ledger.ended`), as soon as they end, so that a worker that has
+        not read them never runs them (a thread of its own: the caller
+        giving up must not wait on Redis)."""
         errors = LoopErrors("the Redis request deleter")
+        abandon = self.ledger.abandon
         while not self._stopping.is_set():
-            self._abandon.wait(0.5)
-            self._abandon.clear()
-            with self._lock:
-                abandoned, self._abandoned = self._abandoned, []
+            abandon.wait(0.5)
+            abandon.clear()
+            abandoned = self.ledger.take_abandoned()
             if abandoned:
                 try:
-                    self._send_conn.xdel(self._keys.requests, *abandoned)
+                    pipe = self._send_conn.pipeline(transaction=False)
+                    for level, entry_ids in by_level(abandoned).items():
+                        pipe.xdel(self._keys.request_stream(level), *entry_ids)
+                    pipe.execute()
                 except broker_errors():
                     pass  # gone with Redis, or workers skip them when their deadline passes
                 except Exception as exc:  # e.g. the key holds another type: workers skip them too
@@ -235,25 +218,25 @@ class _RedisClientBackend(Backend):
 
         failure: Optional[BaseException] = None
         pause = _FIRST_RETRY_S
+        levels = sorted({item.level for _, item in entries})  # the highest first: each level to its stream
         while True:
             try:
                 now = time.monotonic()
-                sent, requests, large = [], [], False
-                for request_id, item in entries:
-                    future = item.task.future
-                    if future is None:
-                        continue
-                    payload, buffers, cost = item.value
-                    trace = None if item.task.trace is None else to_traceparent(item.task.trace)  # traced only
-                    timeout_ms = max(1, int((future._deadline - now) * 1000))
-                    requests.append((request_id, timeout_ms, payload, buffers, cost, trace))
-                    sent.append(request_id)
-                    large = large or bool(buffers)
-                entry_ids = self._add(requests, large)
-                with self._lock:
-                    for request_id, entry_id in zip(sent, entry_ids):
-                        if request_id in self._pending:
-                            self._entries[request_id] = entry_id
+                while levels:
+                    level = levels[0]
+                    sent, requests, large = [], [], False
+                    for request_id, item in entries:
+                        future = item.task.future
+                        if future is None or item.level != level:
+                            continue
+                        payload, buffers, cost = item.value
+                        trace = None if item.task.trace is None else to_traceparent(item.task.trace)  # traced only
+                        timeout_ms = max(1, int((future._deadline - now) * 1000))
+                        requests.append((request_id, timeout_ms, payload, buffers, cost, trace))
+                        sent.append(request_id)
+                        large = large or bool(buffers)
+                    self.ledger.added(sent, self._add(requests, large, level) if requests else [])
+                    levels.pop(0)
                 return None
             except broker_errors() as exc:
                 failure = exc
@@ -261,7 +244,7 @@ class _RedisClientBackend(Backend):
             except redis.ResponseError as exc:
                 failure = exc
                 if is_wrong_type(exc):
-                    repair_key(self._send_conn, self._keys.requests, "stream")
+                    repair_key(self._send_conn, self._keys.request_stream(levels[0]), "stream")
                 else:
                     logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
             left = give_up_at - time.monotonic()
@@ -270,13 +253,13 @@ class _RedisClientBackend(Backend):
             time.sleep(min(pause, left))
             pause *= 2
 
-    def _add(self, requests: Sequence[_Request], large: bool) -> List[Any]:
-        """Add one request entry each to the stream, in one round trip;
-        return their entry ids. ``requests``: request id, timeout in ms,
-        payload, buffers, cost, traceparent."""
+    def _add(self, requests: Sequence[_Request], large: bool, level: int = 0) -> List[Any]:
+        """Add one request entry each to the stream of priority ``level``,
+        in one round trip; return their entry ids. ``requests``: request
+        id, timeout in ms, payload, buffers, cost, traceparent."""
         import redis
 
-        keys = [self._keys.requests]
+        keys = [self._keys.request_stream(level)]
         if not large and self._packed:
             packed = [
                 (request_id, timeout, payload, cost, trace) for request_id, timeout, payload, _, cost, trace in requests
@@ -302,7 +285,7 @@ class _RedisClientBackend(Backend):
             # in a script Redis would copy them twice.
             pipe = self._send_conn.pipeline(transaction=False)
             for fields in added:
-                pipe.xadd(self._keys.requests, fields)
+                pipe.xadd(keys[0], fields)
             return cast(List[Any], pipe.execute())
         return cast(List[Any], self._add_requests(keys, request_arguments(added), self._send_conn))
 
@@ -327,7 +310,7 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = b"0-0"
                     pipe.expire(self._results_key, RESULTS_TTL_S)
-                    if self.roster.require_workers:
+                    if self.roster.watching:
                         self.roster.check(self._read_conn)
                         if self.roster.missing():
                             self._fail_waiting(self.roster.error)
@@ -372,7 +355,8 @@ class _RedisClientBackend(Backend):
         waiting; queue on ``pipe`` the move of entries that are not answers
         to the dead-letter stream. Each entry answers one batch of a worker."""
         batches: List[Tuple[List[_Item], List[Result]]] = []
-        with self._lock:
+        ledger = self.ledger
+        with ledger.lock:
             for entry_id, fields in entries:
                 try:
                     parsed = parse_results(fields)
@@ -380,9 +364,7 @@ class _RedisClientBackend(Backend):
                     self._dead.add(pipe, self._results_key, entry_id, fields, str(exc))
                     continue
                 items, answers = [], []
-                for answer in parsed:
-                    item = self._pending.pop(answer.item_id, None)
-                    self._entries.pop(answer.item_id, None)
+                for answer, item in zip(parsed, ledger.answered([answer.item_id for answer in parsed])):
                     if item is not None:  # else answered already (sent twice after a restart) or given up
                         items.append(item)
                         answers.append(answer)
@@ -424,6 +406,9 @@ class _RedisClientBackend(Backend):
     def waiting(self) -> int:
         return self.unanswered()
 
+    def waiting_by_level(self, levels: int) -> List[int]:
+        return self.ledger.by_level()
+
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
         deadline = time.monotonic() + timeout
@@ -441,8 +426,7 @@ class _RedisClientBackend(Backend):
         """Fail every call waiting for an answer. Their requests are deleted
         as each call ends (see :meth:`_calls_ended`), so a worker that starts
         later does not run them for nobody."""
-        with self._lock:
-            waiting = [item for item in self._pending.values() if item.task.live()]
+        waiting = [item for _, item in self.ledger.waiting()]
         if waiting:
             logger.warning("no worker has been alive for %gs: failing %d waiting calls", NO_WORKER_S, len(waiting))
         for item in waiting:
@@ -459,8 +443,7 @@ class _RedisClientBackend(Backend):
     def _send_again(self, reason: str) -> None:
         """Send every unanswered request again: Redis lost them, or their
         answers. A request that ran already runs twice; its first answer wins."""
-        with self._lock:
-            unanswered = [(request_id, item) for request_id, item in self._pending.items() if item.task.live()]
+        unanswered = self.ledger.waiting()
         logger.warning("%s; sending %d unanswered requests again", reason, len(unanswered))
         if unanswered and self._send(unanswered, time.monotonic() + SEND_RETRY_S) is not None:
             raise ConnectionError(f"could not send again after {reason}")
@@ -469,16 +452,15 @@ class _RedisClientBackend(Backend):
 
     def drain(self, deadline: float) -> None:
         while time.monotonic() < deadline:
-            with self._lock:
-                if not any(item.task.live() for item in self._pending.values()):
-                    return
+            if not self.ledger.waiting():
+                return
             time.sleep(0.01)
 
     def stop(self, deadline: float) -> None:
         if self._scheduler is not None and self._scheduler.stats is not None:
             self._scheduler.stats.unwatch_broker(self)
         self._stopping.set()
-        self._abandon.set()
+        self.ledger.abandon.set()
         if threading.current_thread() is not self._collector:
             self._collector.join(max(0.0, deadline - time.monotonic()) + _BLOCK_MS / 1000 + 1.0)
             self._deleter.join(1.0)
@@ -494,8 +476,7 @@ class _RedisClientBackend(Backend):
 
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""
-        with self._lock:
-            return len(self._pending)  # each call's end removes its inputs (_on_results, _calls_ended)
+        return self.ledger.unanswered()
 
 
 class RedisStreamer(BaseStreamer):
@@ -518,7 +499,12 @@ class RedisStreamer(BaseStreamer):
     cost: computed here, it travels with the request to workers started with
     a ``max_batch_cost``), ``name`` (this model's name in :meth:`stats`
     and the metrics, default ``prefix``), and ``tracing`` (each call's span
-    context goes with its inputs to workers that trace: :mod:`streamer_core.tracing`).
+    context goes with its inputs to workers that trace: :mod:`streamer_core.tracing`),
+    and the priority options of every streamer (``priority_levels``,
+    ``default_priority``, ``priority_max_queue``, ``priority_timeout``): a
+    call's ``priority`` chooses the stream its inputs go to, one per level,
+    which workers started with as many ``priority_levels`` read highest
+    first (see :mod:`.roster` for workers that read fewer).
     Same signature as service_streamer's ``RedisStreamer``.
     """
 
@@ -534,32 +520,49 @@ class RedisStreamer(BaseStreamer):
         item_cost: Optional[Callable[[Any], float]] = None,
         name: Optional[str] = None,
         tracing: bool = default("tracing"),
+        priority_levels: int = default("priority_levels"),
+        default_priority: Optional[int] = default("default_priority"),
+        priority_max_queue: Optional[Sequence[Optional[int]]] = default("priority_max_queue"),
+        priority_timeout: Optional[Sequence[Optional[float]]] = default("priority_timeout"),
     ) -> None:
-        # Batches here are sends to Redis; workers form the model's, costs sent along (see encode).
-        config = BatchingConfig(_SEND_BATCH, _SEND_HOLD_S, timeout, max_queue, tracing=tracing)
+        # Batches here are sends to Redis, the highest level's first; workers
+        # form the model's, costs sent along (see encode).
+        config = BatchingConfig(
+            _SEND_BATCH,
+            _SEND_HOLD_S,
+            timeout,
+            max_queue,
+            tracing=tracing,
+            priority_levels=priority_levels,
+            default_priority=default_priority,
+            priority_max_queue=priority_max_queue,
+            priority_timeout=priority_timeout,
+        )
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
         item_cost = OPTIONS["item_cost"].checked(item_cost)
         address = RedisAddress.of(redis_broker)
-        backend = functools.partial(_RedisClientBackend, address, prefix, codec, require_workers, item_cost)
+        backend = functools.partial(
+            _RedisClientBackend, address, prefix, codec, require_workers, item_cost, config.priority_levels
+        )
         super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
 
     @property
     def _backend(self) -> _RedisClientBackend:
         return cast(_RedisClientBackend, self._engine.backend)
 
-    def _admit(self, inputs: List[Any]) -> None:
-        roster = self._backend.roster
+    def _admit(self, inputs: List[Any], level: int = 0) -> None:
+        roster, config = self._backend.roster, self._config
         if roster.missing():
             raise roster.error()
-        limit = self._config.max_queue
+        leveled = config.priority_levels > 1
+        unread = roster.unread(level) if leveled else None
+        if unread is not None:
+            raise unread
+        limit = config.queue_limit(level)
         if limit is not None:
-            waiting = self._backend.unanswered() + self.queued()
-            if waiting + len(inputs) > limit:
-                raise QueueFullError(
-                    f"{waiting} inputs of this process wait for an answer and max_queue is {limit}: "
-                    "retry later, add workers, or raise max_queue"
-                )
+            queued = self._engine.scheduler.queued_by_level()[level] if leveled else self.queued()
+            self._backend.ledger.make_room(len(inputs), queued, limit, level if leveled else None)
 
     def live_workers(self) -> int:
         """How many workers serve this prefix right now (a health check);

@@ -5,7 +5,11 @@ An entry of the requests stream becomes an :class:`Input` here
 or the error its caller gets instead (an entry that does not parse goes to
 the dead-letter stream; one whose caller has given up is acknowledged and
 deleted unrun). Requests of workers that died are taken over one at a time
-(:meth:`Intake.claim_orphan`). What a worker accepts is in its
+(:meth:`Intake.claim_orphan`), the highest priority level's first. With
+priority levels every level has a stream of its own
+(:meth:`~.wire.Keys.request_stream`), and each request knows the level of
+the stream it came from (:attr:`~.wire.Request.level`): it is acknowledged,
+deleted, claimed and dead-lettered there. What a worker accepts is in its
 :class:`Hands` until answered: the heartbeat (:mod:`.presence`) keeps those
 requests claimed, the writer (:mod:`.answers`) lets them go. Deadlines are
 read by the Redis server's clock (:class:`ServerClock`), whatever the
@@ -25,7 +29,7 @@ from ...stats import ModelStats
 from ...streamer import item_cost_of
 from .connection import server_time_ms
 from .damage import DeadLetters
-from .wire import GROUP, WIRE_VERSION, Keys, MalformedEntry, Request, parse_request
+from .wire import GROUP, WIRE_VERSION, Keys, MalformedEntry, Request, by_level, parse_request
 
 __all__ = ["Input", "Hands", "ServerClock", "Intake"]
 
@@ -36,7 +40,7 @@ class Input:
     """A request in this worker's hands: its input, decoded by the reader,
     or the error that answers it without running the model."""
 
-    __slots__ = ("request", "value", "error", "cost", "arrival")
+    __slots__ = ("request", "value", "error", "cost", "arrival", "level")
 
     def __init__(
         self, request: Request, value: Any = None, error: Optional[BaseException] = None, cost: float = 1.0
@@ -46,30 +50,33 @@ class Input:
         self.error = error
         self.cost = cost
         self.arrival = time.monotonic()  # when this worker read it
+        self.level = request.level  # its priority level, 0 the highest (streamer_core.levels)
 
 
 class Hands:
     """The requests a worker holds (read ahead, running, being answered),
-    by stream entry id: the heartbeat keeps them claimed, so no other worker
-    takes them over while this one lives."""
+    by priority level and stream entry id: the heartbeat keeps them
+    claimed, so no other worker takes them over while this one lives."""
 
     def __init__(self) -> None:
-        self._ids: Dict[bytes, None] = {}
+        self._ids: Dict[Tuple[int, bytes], None] = {}
         self._lock = threading.Lock()
 
-    def hold(self, entry_ids: Iterable[bytes]) -> None:
+    def hold(self, requests: Iterable[Request]) -> None:
         with self._lock:
-            for entry_id in entry_ids:
-                self._ids[entry_id] = None
+            for request in requests:
+                self._ids[request.level, request.entry_id] = None
 
-    def release(self, entry_ids: Iterable[bytes]) -> None:
+    def release(self, requests: Iterable[Request]) -> None:
         with self._lock:
-            for entry_id in entry_ids:
-                self._ids.pop(entry_id, None)
+            for request in requests:
+                self._ids.pop((request.level, request.entry_id), None)
 
-    def ids(self) -> List[bytes]:
+    def ids(self) -> Dict[int, List[bytes]]:
+        """The entry ids held, by level."""
         with self._lock:
-            return list(self._ids)
+            held = list(self._ids)
+        return by_level((level, entry_id) for level, entry_id in held)
 
 
 class ServerClock:
@@ -109,6 +116,7 @@ class Intake:
         claim_after: float,
         max_item_crashes: int,
         stats: Optional[ModelStats] = None,
+        levels: int = 1,
     ) -> None:
         self._conn = conn
         self._consumer = consumer
@@ -124,38 +132,43 @@ class Intake:
         self._group_ready = False
         self._next_claim = 0.0
         self._next_sweep = 0.0
+        #: The requests streams read, one per priority level, the highest first.
+        self.streams = keys.request_streams(levels)
 
     def ensure_group(self) -> None:
-        """Create the workers' consumer group (and the stream) unless it is
-        known to be there."""
+        """Create the workers' consumer group (and the stream) of every
+        level unless it is known to be there."""
         if self._group_ready:
             return
         import redis
 
-        try:
-            self._conn.xgroup_create(self._keys.requests, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for stream in self.streams:
+            try:
+                self._conn.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
         self._group_ready = True
 
     def group_lost(self) -> None:
         """Redis failed or answered oddly: make sure of the group next time."""
         self._group_ready = False
 
-    def accept(self, entries: List[Tuple[Any, Any]]) -> List[Input]:
-        """The requests worth running, decoded and held. Entries that do not
-        parse go to the dead-letter stream; those of callers that have given
-        up are acknowledged and deleted unrun."""
+    def accept(self, entries: List[Tuple[Any, Any]], level: int = 0) -> List[Input]:
+        """The requests worth running of those read from the stream of
+        priority ``level``, decoded and held. Entries that do not parse go
+        to the dead-letter stream; those of callers that have given up are
+        acknowledged and deleted unrun."""
         accepted: List[Input] = []
         drop: List[bytes] = []
+        stream = self.streams[level]
         pipe = self._conn.pipeline(transaction=False)
         server_now_ms = self._clock.now_ms()
         for entry_id, fields in entries:
             try:
-                request = parse_request(entry_id, fields)
+                request = parse_request(entry_id, fields, level)
             except MalformedEntry as exc:
-                self._dead.add(pipe, self._keys.requests, entry_id, fields, str(exc))
+                self._dead.add(pipe, stream, entry_id, fields, str(exc))
                 if isinstance(entry_id, bytes):
                     drop.append(entry_id)
                 continue
@@ -166,11 +179,11 @@ class Intake:
                 continue
             accepted.append(self.decode(request))
         if drop:
-            pipe.xack(self._keys.requests, GROUP, *drop)
-            pipe.xdel(self._keys.requests, *drop)
+            pipe.xack(stream, GROUP, *drop)
+            pipe.xdel(stream, *drop)
         if len(pipe):
             pipe.execute(raise_on_error=False)
-        self._hands.hold(held.request.entry_id for held in accepted)
+        self._hands.hold(held.request for held in accepted)
         return accepted
 
     def decode(self, request: Request) -> Input:
@@ -208,30 +221,31 @@ class Intake:
         they held it, and nothing taken over waits without a heartbeat. One
         that has been in ``max_item_crashes`` dead workers' hands is not run:
         ``refuse`` answers it with :class:`WorkerDiedError`. Each request
-        taken over counts as redelivered, whether it runs or not."""
+        taken over counts as redelivered, whether it runs or not. With
+        priority levels, the highest level's are taken over first."""
         now = time.monotonic()
         if now < self._next_claim:
             return None
         if now >= self._next_sweep:
             self._next_sweep = now + 60.0
             self._sweep_consumers()
-        while True:
-            reply = self._conn.xautoclaim(
-                self._keys.requests, GROUP, self._consumer, int(self._claim_after * 1000), "0-0", count=1
-            )
+        level = 0
+        while level < len(self.streams):
+            stream = self.streams[level]
+            reply = self._conn.xautoclaim(stream, GROUP, self._consumer, int(self._claim_after * 1000), "0-0", count=1)
             claimed, deleted = reply[1], (reply[2] if len(reply) > 2 else [])
             if deleted:
-                self._conn.xack(self._keys.requests, GROUP, *deleted)
+                self._conn.xack(stream, GROUP, *deleted)
             claimed = [entry for entry in claimed if entry[0] is not None and entry[1]]
             if not claimed:
-                self._next_claim = now + self._claim_after / 2  # none left: look again later
-                return None
+                level += 1  # none left at this level: the next one
+                continue
             if self._stats is not None:
                 self._stats.redelivered(len(claimed))
             entry_id = claimed[0][0]
-            [pending] = self._conn.xpending_range(self._keys.requests, GROUP, entry_id, entry_id, 1) or [{}]
+            [pending] = self._conn.xpending_range(stream, GROUP, entry_id, entry_id, 1) or [{}]
             crashes = pending.get("times_delivered", 1) - 1
-            accepted = self.accept(claimed)
+            accepted = self.accept(claimed, level)
             if not accepted:
                 continue  # expired or malformed, and acked away
             held = accepted[0]
@@ -246,15 +260,18 @@ class Intake:
                     "(it may be what kills them)"
                 ),
             )
+        self._next_claim = now + self._claim_after / 2  # none left: look again later
+        return None
 
     def _sweep_consumers(self) -> None:
         """Remove consumers of dead workers: they hold nothing (their requests
         were taken over) and have not been seen for a long while."""
         idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
         me = self._consumer.encode()
-        for consumer in self._conn.xinfo_consumers(self._keys.requests, GROUP):
-            name = consumer.get("name")
-            if isinstance(name, str):
-                name = name.encode()
-            if name != me and consumer.get("pending") == 0 and (consumer.get("idle") or 0) > idle_ms:
-                self._conn.xgroup_delconsumer(self._keys.requests, GROUP, name)
+        for stream in self.streams:
+            for consumer in self._conn.xinfo_consumers(stream, GROUP):
+                name = consumer.get("name")
+                if isinstance(name, str):
+                    name = name.encode()
+                if name != me and consumer.get("pending") == 0 and (consumer.get("idle") or 0) > idle_ms:
+                    self._conn.xgroup_delconsumer(stream, GROUP, name)

@@ -120,6 +120,7 @@ class Presence:
         hang_timeout: Optional[float],
         stopping: threading.Event,
         exit_when_hung: bool,
+        levels: int = 1,
     ) -> None:
         self._address = address
         self._keys = keys
@@ -132,6 +133,7 @@ class Presence:
         self._stopping = stopping
         self._exit_when_hung = exit_when_hung
         self._hung_logged = False
+        self._streams = keys.request_streams(levels)  # one per priority level
         #: No other worker is alive: read ahead as requests come.
         self.sole_worker = False
 
@@ -144,10 +146,9 @@ class Presence:
             if self.hung():
                 continue  # neither alive to the web side nor keeping its requests: others take them over
             self.beat(conn)
-            in_hand = self._hands.ids()
-            if in_hand:
+            for level, in_hand in self._hands.ids().items():
                 try:
-                    conn.xclaim(self._keys.requests, GROUP, self._consumer, 0, in_hand, justid=True)
+                    conn.xclaim(self._keys.request_stream(level), GROUP, self._consumer, 0, in_hand, justid=True)
                 except Exception as exc:  # a blip: the next beat tries again
                     logger.debug("heartbeat failed: %s", exc)
         conn.close()
@@ -198,8 +199,8 @@ class Presence:
         try:
             conn.zrem(self._keys.workers, self._consumer)
             conn.hdel(self._keys.worker_info, self._consumer)
-            if conn.xpending_range(self._keys.requests, GROUP, "-", "+", 1, self._consumer):
-                return
-            conn.xgroup_delconsumer(self._keys.requests, GROUP, self._consumer)
+            for stream in self._streams:
+                if not conn.xpending_range(stream, GROUP, "-", "+", 1, self._consumer):
+                    conn.xgroup_delconsumer(stream, GROUP, self._consumer)
         except Exception as exc:  # the server may be gone; the next sweep removes us
             logger.debug("could not leave the group: %s", exc)

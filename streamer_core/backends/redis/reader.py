@@ -8,6 +8,16 @@ running and on how many, and whether the reader has stopped. :class:`Reader`
 is the reader thread's loop: how much to read ahead, when to block, taking
 over the requests of dead workers (:mod:`.intake`), riding out Redis
 blips.
+
+With priority levels (a stream per level) the reader reads the highest
+level's stream first and a lower one only for the room left, so every
+worker reads a level's requests before a lower level's; what it holds is a
+:class:`~streamer_core.levels.LeveledFormer`, so its next batch is formed
+by the in-process rule. A worker whose model is busy and whose read-ahead
+holds lower levels' requests keeps looking at the higher streams, and
+reads what would go into its next batch ahead of them: an interactive
+request waits for the running batch and its own, not for the bulk batch
+read ahead.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ...config import BatchingConfig
 from ...former import BatchFormer
 from ...green import Condition
+from ...levels import LeveledFormer
 from ...redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem
 from .damage import is_wrong_type, repair_key
@@ -47,23 +58,32 @@ class Handover:
     side's, so a learned cap has no ceiling but the budget. A request whose
     deadline passes while it waits here (by the server's ``clock``, once the
     worker has one) is dropped before it is batched, and kept in
-    ``expired`` for the model's thread to acknowledge unrun."""
+    ``expired`` for the model's thread to acknowledge unrun; so is one that
+    a batch forming now could not answer in time, its deadline sooner than
+    the fastest of this worker's latest batches could end, as in-process
+    (:mod:`streamer_core.batching`)."""
 
     def __init__(self, config: BatchingConfig) -> None:
         self.cond = Condition()
         self.clock: Optional[ServerClock] = None
         self.expired: List[Input] = []
         self.former: BatchFormer[Input] = BatchFormer(config, True, self._live, self.expired.append)
+        #: With priority levels, the same former, one line per level.
+        self.leveled: Optional[LeveledFormer[Input]] = None
+        if config.priority_levels > 1:
+            self.former = self.leveled = LeveledFormer(config, True, self._live, self.expired.append)
         self.orphan_in_hand = False  # one at a time, each run before the next is claimed
         self.reader_done = False
         self.running = False  # the model is running a batch
         self.running_size = 0  # of how many requests
         self.delivered_at_ms = 0.0  # when the last batch was answered, by the server's clock
+        self._late_ms = 0.0  # while a batch forms: how long before its deadline a request is late
 
     def _live(self, held: Input) -> bool:
         """Whether the caller of ``held`` still waits: its deadline has not passed."""
         clock = self.clock
-        return clock is None or clock.now_ms(refresh=False) <= held.request.created_ms() + held.request.timeout_ms
+        request = held.request
+        return clock is None or clock.now_ms(refresh=False) + self._late_ms <= request.created_ms() + request.timeout_ms
 
     def take_expired(self) -> List[Input]:
         """The requests dropped as expired since last asked."""
@@ -123,7 +143,10 @@ class Handover:
                 if len(former):
                     now = time.monotonic()
                     alone = former.alone_waiting()
+                    fastest = former.policy.fastest(now)
+                    self._late_ms = 0.0 if fastest is None else fastest * 1000
                     batch, hold_until = former.decide(now, go_now=stopping.is_set() or self.reader_done)
+                    self._late_ms = 0.0
                     if batch:
                         self.running, self.running_size = True, len(batch)
                         self.cond.notify_all()  # the reader may fill the next one
@@ -197,8 +220,7 @@ class Reader:
         try:
             while not stopping.is_set():
                 with handover.cond:
-                    while (len(former) >= self.read_ahead() or former.alone_waiting()) and not stopping.is_set():
-                        handover.cond.wait()
+                    jump = self._wait_for_room()
                     if stopping.is_set():
                         return
                     room, empty, busy = self.read_ahead() - len(former), not len(former), handover.running
@@ -206,6 +228,11 @@ class Reader:
                     hold_left = None if empty or busy else former.hold_until(now) - now
                 try:
                     intake.ensure_group()
+                    if jump is not None:
+                        got = self._read_levels(jump)
+                        if got:
+                            handover.add(got)
+                        continue
                     if empty and not handover.orphan_in_hand:
                         orphan = intake.claim_orphan(self._refuse)
                         if orphan is not None:
@@ -214,9 +241,7 @@ class Reader:
                     block = self._may_read(busy, room, hold_left)
                     if block is False:
                         continue
-                    reply = self._conn.xreadgroup(
-                        GROUP, self._consumer, {self._keys.requests: ">"}, count=room, block=block
-                    )
+                    got = self._read(room, block)
                     if failing_since is not None:
                         logger.warning(
                             "%s: Redis is reachable again after %.1f s",
@@ -224,7 +249,6 @@ class Reader:
                             time.monotonic() - failing_since,
                         )
                         failing_since = None
-                    got = intake.accept(reply[0][1] if reply else [])
                     if got:
                         handover.add(got)
                     elif block is None and not busy:  # holding: look again shortly, or once the batch is taken
@@ -242,7 +266,8 @@ class Reader:
                     if "NOGROUP" in str(exc):
                         logger.warning("the consumer group is gone (the Redis server restarted empty); recreating it")
                     elif is_wrong_type(exc):
-                        repair_key(self._conn, self._keys.requests, "stream")
+                        for stream in intake.streams:
+                            repair_key(self._conn, stream, "stream")
                     else:
                         errors.log(exc)
                         stopping.wait(0.1)
@@ -251,6 +276,77 @@ class Reader:
                     stopping.wait(0.1)
         finally:
             handover.reader_finished()
+
+    def _wait_for_room(self) -> Optional[List[int]]:
+        """Wait (holding the handover's lock) until there is room to read
+        ahead, or the reader stops; return ``None`` then. With priority
+        levels, while the model is busy and the read-ahead holds lower
+        levels' requests, look at the higher streams every few
+        milliseconds: return how many of each level, the highest first,
+        would go into the next batch ahead of what is held (see
+        :meth:`_jump_room`)."""
+        handover, former, stopping = self._handover, self._handover.former, self._stopping
+        while not stopping.is_set():
+            if not former.alone_waiting() and len(former) < self.read_ahead():
+                return None
+            jump = self._jump_room()
+            if jump is not None:
+                handover.cond.wait(self._poll_s())
+                jump = self._jump_room()  # the model may have taken the batch meanwhile
+                if jump is not None:
+                    return jump
+            else:
+                handover.cond.wait()
+        return None
+
+    def _jump_room(self) -> Optional[List[int]]:
+        """For a worker of several levels whose model is busy: how many
+        requests of each level above the lowest held would go into the next
+        batch ahead of those held (a level's count: the batch size less
+        what is held at it and above), the highest first; ``None`` when
+        none would, or while a request taken over waits to run alone."""
+        leveled, handover = self._handover.leveled, self._handover
+        if leveled is None or not handover.running or leveled.alone_waiting():
+            return None
+        held = leveled.levels_waiting()
+        lowest = max((level for level, count in enumerate(held) if count), default=0)
+        room, above = [], 0
+        for level in range(lowest):
+            above += held[level]
+            room.append(max(0, self._size - above))
+        return room if any(room) else None
+
+    def _read(self, room: int, block: Any) -> List[Input]:
+        """Read up to ``room`` requests (``block``: see :meth:`_may_read`),
+        the highest level's first: each level's stream without blocking,
+        for the room the levels above it left; where none had any and the
+        read may block, every stream at once, until one has some."""
+        streams = self._intake.streams
+        if len(streams) == 1:
+            reply = self._conn.xreadgroup(GROUP, self._consumer, {streams[0]: ">"}, count=room, block=block)
+            return self._intake.accept(reply[0][1] if reply else [])
+        got = self._read_levels([room] * len(streams))
+        if got or block is None:
+            return got
+        reply = self._conn.xreadgroup(GROUP, self._consumer, dict.fromkeys(streams, ">"), count=room, block=block)
+        levels = {stream.encode(): level for level, stream in enumerate(streams)}
+        return [held for stream, entries in reply or [] for held in self._intake.accept(entries, levels[stream])]
+
+    def _read_levels(self, rooms: List[int]) -> List[Input]:
+        """Read, without blocking, up to ``rooms[level]`` requests of each
+        level's stream, the highest first, less what the levels above
+        gave: one round trip per level read."""
+        got: List[Input] = []
+        taken = 0
+        for level, room in enumerate(rooms):
+            count = room - taken
+            if count <= 0:
+                continue
+            reply = self._conn.xreadgroup(GROUP, self._consumer, {self._intake.streams[level]: ">"}, count=count)
+            entries = reply[0][1] if reply else []
+            taken += len(entries)
+            got += self._intake.accept(entries, level)
+        return got
 
     def read_ahead(self) -> int:
         """How many requests to hold besides the running batch: a full batch;
@@ -299,10 +395,13 @@ class Reader:
         entries, less those delivered and not yet acknowledged (each answered
         request is deleted when acknowledged)."""
         pipe = self._conn.pipeline(transaction=False)
-        pipe.xlen(self._keys.requests)
-        pipe.xpending(self._keys.requests, GROUP)
-        length, pending = pipe.execute()
-        return int(length) - int(pending.get("pending") or 0)
+        for stream in self._intake.streams:
+            pipe.xlen(stream)
+            pipe.xpending(stream, GROUP)
+        replies = pipe.execute()
+        return sum(
+            int(length) - int(pending.get("pending") or 0) for length, pending in zip(replies[::2], replies[1::2])
+        )
 
     def _poll_s(self) -> float:
         """How often a busy worker looks for a full batch waiting: an eighth

@@ -12,6 +12,16 @@ starts, see :class:`~.presence.Loading`): the model is loading, try again in
 as long as it has loaded so far (the ``Retry-After``), at most
 :data:`LONGEST_RETRY_AFTER_S`.
 
+With priority levels each level has a stream, and a worker reads the
+streams of the levels it was started with (it says how many in its info;
+a worker of a version before levels, or started with one, reads only the
+first). A web process of several levels learns, with each check, the most
+levels a live worker reads: with ``require_workers`` a call at a level no
+live worker reads is refused at once (a :class:`NoWorkerError` saying to
+start the workers with the levels), rather than left to wait out its
+timeout in a stream nobody reads; without it, the call waits there, and a
+warning says why.
+
 Only the time Redis could be asked counts: while it cannot be reached (a
 restart, a failover) nothing is known of the workers, who lose it too, and
 calls fail with :class:`~streamer_core.BrokerUnavailableError` instead (the
@@ -21,12 +31,14 @@ sends say so). Once Redis answers again, the workers have
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from typing import Any, List, Optional
 
 from ...errors import NoWorkerError
 from .connection import broker_errors
-from .wire import GROUP, LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
+from .wire import GROUP, LIVE_INFO_SCRIPT, LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
 
 __all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
 
@@ -35,18 +47,30 @@ NO_WORKER_S = 2.5
 #: The longest ``Retry-After`` given while the model loads (seconds).
 LONGEST_RETRY_AFTER_S = 30.0
 
+logger = logging.getLogger("streamer_core.redis")
+
 
 class Roster:
     """What one web process knows of the workers of ``keys``; ``check`` runs
     on its collector thread every second, the rest on any thread."""
 
-    def __init__(self, keys: Keys, require_workers: bool) -> None:
+    def __init__(self, keys: Keys, require_workers: bool, levels: int = 1) -> None:
         self._keys = keys
         self.require_workers = require_workers
+        self._levels = levels
+        #: The most priority levels a live worker reads, as last seen (``None``: not known).
+        self.levels_read: Optional[int] = None
+        self._told_levels: Optional[int] = None
         self._seen = float("-inf")  # monotonic time a live worker was last seen
         self._checked = False
         self._unreachable = False  # the last question to Redis went unanswered
         self._loading: List[LoadingWorker] = []
+
+    @property
+    def watching(self) -> bool:
+        """Whether the web process asks Redis about the workers every
+        second: to refuse calls without them, or to learn which levels they read."""
+        return self.require_workers or self._levels > 1
 
     def live(self, conn: Any) -> int:
         """How many workers serve this prefix now, by asking Redis."""
@@ -62,13 +86,16 @@ class Roster:
         the group. Raises what the connection raises."""
         import redis
 
-        try:
-            summary = conn.xpending(self._keys.requests, GROUP)
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                return 0
-            raise
-        return int(summary.get("pending") or 0)
+        pending = 0
+        for stream in self._keys.request_streams(self._levels):
+            try:
+                summary = conn.xpending(stream, GROUP)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    continue
+                raise
+            pending += int(summary.get("pending") or 0)
+        return pending
 
     def check(self, conn: Any) -> int:
         """Ask Redis which workers are live, and, while none is, which are
@@ -77,6 +104,10 @@ class Roster:
         try:
             live = self.live(conn)
             loading = [] if live else loading_workers(conn, self._keys)
+            if live and self._levels > 1:
+                self._learn_levels(
+                    conn.eval(LIVE_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
+                )
         except broker_errors():
             self.unreachable()
             raise
@@ -88,6 +119,49 @@ class Roster:
         self._loading = loading
         self._checked = True
         return live
+
+    def _learn_levels(self, infos: List[Any]) -> None:
+        """The most levels a live worker reads, from their infos (read
+        defensively: anyone with access to Redis may have written them); a
+        worker that does not say reads one. Said once in the log while it
+        is fewer than this process's."""
+        found: Optional[int] = None
+        for raw in infos:
+            try:
+                info = json.loads(raw) if raw is not None else None
+            except ValueError:
+                continue
+            if isinstance(info, dict):
+                levels = info.get("levels", 1)
+                levels = levels if isinstance(levels, int) and not isinstance(levels, bool) and levels >= 1 else 1
+                found = levels if found is None else max(found, levels)
+        self.levels_read = found
+        if found is not None and found < self._levels and self._told_levels != found:
+            logger.warning(
+                "the live workers of %s read %d priority level(s), and this web process sends %d: calls at "
+                "priority %d and lower %s; start the workers with priority_levels=%d (--priority-levels %d)",
+                self._keys.requests,
+                found,
+                self._levels,
+                found + 1,
+                "are refused" if self.require_workers else "wait for a worker that reads them",
+                self._levels,
+                self._levels,
+            )
+        self._told_levels = found
+
+    def unread(self, level: int) -> Optional[NoWorkerError]:
+        """With ``require_workers``: the error of a call at ``level`` (0 the
+        highest) when no live worker reads that level's stream, as last
+        seen; else ``None``."""
+        read = self.levels_read
+        if not self.require_workers or read is None or level < read:
+            return None
+        return NoWorkerError(
+            f"no live worker reads priority {level + 1} of {self._keys.requests}: the workers read {read} level(s) "
+            f"(started with priority_levels={read}, or of a version before priority levels); start them with "
+            f"priority_levels={self._levels} (--priority-levels {self._levels}), then retry"
+        )
 
     def unreachable(self) -> None:
         """Redis did not answer: nothing is known of the workers until it does."""

@@ -3,7 +3,9 @@ fields of each entry, and what happens to an entry that does not parse.
 
 Keys, for a prefix ``P`` (``streamer`` alone when the prefix is empty)::
 
-    streamer:P:requests          stream; consumer group "workers"
+    streamer:P:requests          stream; consumer group "workers": priority level 1, or the only one
+    streamer:P:requests:<n>      stream; consumer group "workers": priority level n (2, 3, ...),
+                                 where the model has priority levels (see Keys.request_stream)
     streamer:P:results:<client>  stream per web process, expires when unread
     streamer:P:workers           sorted set: worker name -> its last beat (server ms)
     streamer:P:worker-info       hash: worker name -> JSON {"host", "pid", "device"}, for status
@@ -50,7 +52,7 @@ import logging
 import math
 import os
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ...config import MAX_SECONDS
 from .connection import server_time_ms
@@ -60,6 +62,7 @@ __all__ = [
     "LoadingWorker",
     "loading_workers",
     "next_id",
+    "by_level",
     "GROUP",
     "WIRE_VERSION",
     "MalformedEntry",
@@ -129,6 +132,17 @@ local window = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 10 * window)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (ms + window), '+inf')
 return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
+"""
+)
+# The info (worker-info, KEYS[2]) of each worker that beat into KEYS[1] within
+# the last ARGV[1] ms, by the server's clock: for web processes to learn the
+# priority levels the live workers read. Nothing where the info is not a hash.
+LIVE_INFO_SCRIPT = (
+    _FIX_ZSET
+    + """
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], ms - tonumber(ARGV[1]), '+inf')
+if #members == 0 or redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then return {} end
+return redis.call('HMGET', KEYS[2], unpack(members))
 """
 )
 # Add request entries to the stream KEYS[1] in one command, so that sending
@@ -201,6 +215,19 @@ class Keys:
     def results(self, client_id: str) -> str:
         return f"{self.namespace}:results:{client_id}"
 
+    def request_stream(self, level: int) -> str:
+        """The requests stream of priority ``level`` (0 the highest, as
+        :mod:`streamer_core.levels` counts them): :attr:`requests` for the
+        highest, so that a model of one level keeps its one stream and
+        its wire format; ``<requests>:<level + 1>`` for the others. Every
+        level's stream has the workers' group, and workers read them
+        highest first."""
+        return self.requests if level == 0 else f"{self.requests}:{level + 1}"
+
+    def request_streams(self, levels: int) -> List[str]:
+        """The requests streams of ``levels`` priority levels, the highest first."""
+        return [self.request_stream(level) for level in range(levels)]
+
 
 class LoadingWorker(NamedTuple):
     """A worker that announced itself while it loads its model."""
@@ -244,6 +271,14 @@ def next_id(entry_id: bytes) -> bytes:
     return b"%s-%d" % (ms, int(seq) + 1)
 
 
+def by_level(pairs: Iterable[Tuple[int, bytes]]) -> Dict[int, List[bytes]]:
+    """Entry ids grouped by the level of their stream, in order."""
+    grouped: Dict[int, List[bytes]] = {}
+    for level, entry_id in pairs:
+        grouped.setdefault(level, []).append(entry_id)
+    return grouped
+
+
 def new_client_id() -> str:
     """A web process's id: 128 random bits, as hex."""
     return os.urandom(16).hex()
@@ -271,6 +306,7 @@ class Request(NamedTuple):
     version: int
     cost: Optional[float] = None  # by the web side's item_cost, when it has one
     trace: Optional[bytes] = None  # the caller's traceparent, when the web side traces (unchecked)
+    level: int = 0  # the priority level of the stream it was read from (0 the highest): not a field
 
     def created_ms(self) -> int:
         """When Redis added the entry, by the server's clock (its id's first part)."""
@@ -330,8 +366,9 @@ def request_arguments(entries: Sequence[Dict[str, Any]]) -> List[Any]:
     return arguments
 
 
-def parse_request(entry_id: Any, fields: Any) -> Request:
-    """A request entry as :class:`Request`; :class:`MalformedEntry` if it is not one."""
+def parse_request(entry_id: Any, fields: Any, level: int = 0) -> Request:
+    """A request entry of the stream of priority ``level`` as
+    :class:`Request`; :class:`MalformedEntry` if it is not one."""
     if not isinstance(entry_id, bytes) or not isinstance(fields, dict):
         raise MalformedEntry("not a stream entry")
     client = _token(fields, b"c")
@@ -339,7 +376,7 @@ def parse_request(entry_id: Any, fields: Any) -> Request:
     timeout_ms = _int(fields, b"t", 1, _MAX_TIMEOUT_MS)
     return Request(
         entry_id, client.decode(), item_id, timeout_ms, _codec_name(fields), _bytes(fields, b"p"),
-        _buffers(fields), _version(fields), _cost(fields), _trace(fields),
+        _buffers(fields), _version(fields), _cost(fields), _trace(fields), level,
     )  # fmt: skip
 
 

@@ -58,7 +58,7 @@ from .connection import (
 from .intake import Hands, Input, Intake, ServerClock
 from .presence import Loading, ModelWatch, Presence
 from .reader import Handover, Reader
-from .wire import GROUP, Keys
+from .wire import GROUP, Keys, by_level
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -123,6 +123,8 @@ class RedisWorker:
     ) -> None:
         self._stats = stats_for((prefix or "redis") if name is None else name)  # checks the name first
         self._config = config = BatchingConfig(batch_size, max_latency, **options)
+        if config.priority_levels > 1:
+            self._stats.use_levels(config.priority_levels)
         check_model("model_class", model_class)
         self._model_class = model_class
         self._init_args = tuple(model_init_args or ())
@@ -170,6 +172,14 @@ class RedisWorker:
         with self._handover.cond:
             return len(self._handover.former), int(self._serving)
 
+    def levels_waiting(self) -> List[int]:
+        """The inputs read ahead at each priority level, the highest first, for the stats."""
+        leveled = self._handover.leveled
+        if leveled is None:
+            return []
+        with self._handover.cond:
+            return leveled.levels_waiting()
+
     def cost_cap(self) -> float:
         """The cap on a batch's cost learned from running out of memory
         (``inf``: none), for the stats."""
@@ -196,7 +206,9 @@ class RedisWorker:
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         device = os.environ.get("CUDA_VISIBLE_DEVICES")  # set above from gpu_id, or by whoever started us
         self._device = device
-        about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device}
+        # "levels": the priority levels it reads (a stream each), which web processes check their own against.
+        levels = self._config.priority_levels
+        about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device, "levels": levels}
         with Loading(self._address, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
         freeze_loaded()
@@ -218,6 +230,7 @@ class RedisWorker:
             self._claim_after,
             self._max_item_crashes,
             self._stats,
+            levels,
         )
         writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
         presence = Presence(
@@ -231,6 +244,7 @@ class RedisWorker:
             self._hang_timeout,
             self._stopping,
             self._exit_when_hung,
+            levels,
         )
         reader = Reader(
             self._conn,
@@ -254,7 +268,8 @@ class RedisWorker:
         if self._config.tracing:
             self._trace_facts = BatchFacts(self._stats.model, "redis", self.consumer, facts.device)
         line = ready_line(facts, self._config.batch_size, self._config.max_latency)
-        logger.info("worker %s serving %s: %s", self.consumer, self._keys.requests, line)
+        served = self._keys.requests if levels == 1 else f"{self._keys.requests} and {levels - 1} lower level(s)"
+        logger.info("worker %s serving %s: %s", self.consumer, served, line)
         self._serving = True
         self._stats.watch(self)
         try:
@@ -319,7 +334,7 @@ class RedisWorker:
         for position, held in enumerate(batch):
             request = held.request
             # Its caller has given up while it waited here: not run, not answered (acknowledged).
-            if request.entry_id in withdrawn:
+            if (held.level, request.entry_id) in withdrawn:
                 self._stats.dropped("cancelled")
                 continue
             if now_ms > request.created_ms() + request.timeout_ms:
@@ -351,7 +366,8 @@ class RedisWorker:
         if inputs:
             # Each request's wait, by the server's clock: from its entry's time to now.
             arrivals = [started - max(0.0, now_ms - batch[p].request.created_ms()) / 1000 for p in positions]
-            self._stats.batch_ran(started, seconds, arrivals)
+            levels = [batch[p].level for p in positions] if self._stats.levels else None
+            self._stats.batch_ran(started, seconds, arrivals, levels)
         assert self._writer is not None  # made by run_forever
         self._writer.put([held.request for held in batch], outcomes)
         return sum(outcome is not None for outcome in outcomes), seconds
@@ -386,7 +402,7 @@ class RedisWorker:
             assert self._writer is not None  # made by run_forever
             self._writer.put([held.request for held in dropped], [None] * len(dropped))
 
-    def _withdrawn(self, batch: List[Input]) -> Set[bytes]:
+    def _withdrawn(self, batch: List[Input]) -> Set[Tuple[int, bytes]]:
         """The requests of ``batch`` whose callers gave up since they were
         read (their web process deleted them from the stream). Claiming the
         batch again tells: Redis 7 skips deleted entries (and drops them from
@@ -397,13 +413,16 @@ class RedisWorker:
         answer is dropped by its web process."""
         if time.monotonic() - min((held.arrival for held in batch), default=0.0) < _RECHECK_AFTER_S:
             return set()
-        ids = [held.request.entry_id for held in batch]
-        try:
-            kept = self._main_conn.xclaim(self._keys.requests, GROUP, self.consumer, 0, ids, justid=True)
-        except Exception as exc:
-            logger.debug("could not re-claim a batch before running it: %s", exc)
-            return set()
-        return set(ids).difference(kept)
+        withdrawn: Set[Tuple[int, bytes]] = set()  # ids are per stream: two levels' may be equal
+        for level, ids in by_level((held.level, held.request.entry_id) for held in batch).items():
+            stream = self._keys.request_stream(level)
+            try:
+                kept = self._main_conn.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
+            except Exception as exc:
+                logger.debug("could not re-claim a batch before running it: %s", exc)
+                continue
+            withdrawn.update((level, entry_id) for entry_id in set(ids).difference(kept))
+        return withdrawn
 
     def _refuse(self, held: Input, error: BaseException) -> None:
         """Answer a request with ``error`` without running it."""
