@@ -34,8 +34,10 @@ What is counted, and where:
   entries that did not parse, moved to the dead-letter stream. Both stay 0
   on the other backends.
 
-The Redis backend's requests delivered to a worker and not yet acknowledged
-are not counted here but asked of Redis when read (:meth:`ModelStats.broker_pending`).
+The Redis backend's requests delivered to a worker and not yet acknowledged,
+and its live workers (by device), are not counted here but asked of Redis
+when read (:meth:`ModelStats.broker_pending`, :meth:`ModelStats.broker_workers`):
+they are the broker's numbers, the same whichever web process asks.
 """
 
 from __future__ import annotations
@@ -193,8 +195,9 @@ class StreamerStats:
     on a batch's cost learned from that now (``inf``: none; in inputs for a
     streamer without ``item_cost``), the lowest of this name's streamers.
     ``workers_by_device`` splits the live workers by device, as the logs name
-    it (``default``: none given; a Redis web process has none: each worker
-    counts itself). ``redelivered`` counts requests a Redis worker took over from one that
+    it (``default``: none given). A Redis web process's live workers are
+    those Redis knows, by the device each worker wrote there, asked as the
+    snapshot is taken. ``redelivered`` counts requests a Redis worker took over from one that
     stopped answering, ``dead_lettered`` entries that did not parse and went
     to the Redis dead-letter stream (both 0 on the other backends).
     ``dropped`` counts inputs taken out unrun because nobody waited for
@@ -247,6 +250,11 @@ class BrokerSource(Protocol):
 
     def pending_requests(self) -> int:
         """Requests delivered to a worker and not yet acknowledged, now
+        (asks the broker; raises what the broker's client raises)."""
+        ...
+
+    def live_workers_by_device(self) -> Dict[str, int]:
+        """The workers serving now, by device, as the broker knows them
         (asks the broker; raises what the broker's client raises)."""
         ...
 
@@ -311,6 +319,26 @@ class ModelStats:
                 return None
             pending = count if pending is None else max(pending, count)
         return pending
+
+    def broker_workers(self) -> Optional[Dict[str, int]]:
+        """The workers of this name serving now by device, as their broker
+        knows them, asked of it now (the Redis backend's: every web process
+        sees the same workers, none of them its own); ``None`` without a
+        broker streamer or when the broker does not answer (logged at debug,
+        as for :meth:`broker_pending`). The most among this name's streamers
+        (they share their workers when they share a prefix: not added up)."""
+        with self._lock:
+            sources = list(self._brokers)
+        found: Optional[Dict[str, int]] = None
+        for source in sources:
+            try:
+                devices = source.live_workers_by_device()
+            except Exception as exc:
+                logger.debug("no live workers of %s from its broker: %s", self.model, exc)
+                return None
+            if found is None or sum(devices.values()) > sum(found.values()):
+                found = devices
+        return found
 
     def batch_ran(self, started: float, seconds: float, arrivals: Iterable[float]) -> None:
         """A model call of the inputs that arrived at ``arrivals`` (monotonic
@@ -382,9 +410,11 @@ class ModelStats:
 
     def gauges(self) -> Tuple[int, int, float]:
         """``(inputs queued, workers live, batch cost cap)`` now, over this
-        name's live streamers, read in one pass: the sums of the first two,
-        and the lowest cap on a batch's cost they have learned from running
-        out of memory (``inf``: none)."""
+        name's live streamers in this process, read in one pass: the sums of
+        the first two, and the lowest cap on a batch's cost they have learned
+        from running out of memory (``inf``: none). The workers are this
+        process's own (the thread and process backends', a Redis worker
+        itself), not those a broker knows (:meth:`broker_workers`)."""
         with self._lock:
             sources = list(self._sources)
         queued = live = 0
@@ -392,7 +422,7 @@ class ModelStats:
         for source in sources:
             try:
                 q, w = source.gauges()
-            except Exception:  # a broker that cannot be reached has no live workers
+            except Exception:  # a snapshot never fails on a source
                 q, w = 0, 0
             queued, live = queued + q, live + w
             try:
@@ -402,8 +432,8 @@ class ModelStats:
         return queued, live, cap
 
     def devices(self) -> Dict[str, int]:
-        """Workers live now by device, added up over this name's live
-        streamers (a source that fails to say counts for none)."""
+        """This process's own workers live now by device, added up over this
+        name's live streamers (a source that fails to say counts for none)."""
         with self._lock:
             sources = list(self._sources)
         counts: Dict[str, int] = {}
@@ -417,8 +447,13 @@ class ModelStats:
         return counts
 
     def snapshot(self) -> StreamerStats:
+        """The numbers now; its live workers are this process's own and
+        those the broker knows (asked now: :meth:`broker_workers`)."""
         queued, live, cap = self.gauges()
         devices = self.devices()
+        for device, count in (self.broker_workers() or {}).items():
+            devices[device] = devices.get(device, 0) + count
+            live += count
         with self._lock:
             return StreamerStats(
                 self.model,

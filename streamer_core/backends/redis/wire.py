@@ -102,7 +102,7 @@ _CODEC_NAME = re.compile(rb"[a-z0-9_-]{1,32}\Z")
 _BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})\Z")
 _RESULT_BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})_(0|[1-9][0-9]{0,5})\Z")
 
-# Both scripts first delete the presence set if it holds another Redis type
+# The presence scripts first delete the presence set if it holds another Redis type
 # (something else wrote there): presence must never stop for good.
 _FIX_ZSET = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -119,16 +119,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return ms
 """
 )
-# How many workers beat within the last ARGV[1] ms, by the server's clock;
-# forgets workers silent for ten times that, and members dated in the future
-# (no worker writes those).
-LIVE_WORKERS_SCRIPT = (
-    _FIX_ZSET
-    + """
+# Forget workers silent for ten times the window ARGV[1] (ms), and members
+# dated in the future (no worker writes those).
+_FORGET_SILENT = """
 local window = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 10 * window)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (ms + window), '+inf')
+"""
+# How many workers beat within the last ARGV[1] ms, by the server's clock.
+LIVE_WORKERS_SCRIPT = (
+    _FIX_ZSET
+    + _FORGET_SILENT
+    + """
 return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
+"""
+)
+# What each of those workers wrote of itself (the hash KEYS[2]: JSON of its
+# host, pid, device), one reply per live worker, nil where it wrote nothing
+# (or KEYS[2] holds another type): the live workers by device, in one round trip.
+LIVE_WORKER_INFO_SCRIPT = (
+    _FIX_ZSET
+    + _FORGET_SILENT
+    + """
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms - window, '+inf')
+if #live == 0 or redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then
+  local none = {}
+  for i = 1, #live do none[i] = false end
+  return none
+end
+return redis.call('HMGET', KEYS[2], unpack(live))
 """
 )
 # Add request entries to the stream KEYS[1] in one command, so that sending
