@@ -20,7 +20,8 @@ A request entry (written by :func:`request_fields`, read by :func:`parse_request
     b0, b1, ...  the payload's out-of-band buffers (raw bytes of large arrays)
     w   optional: the input's cost, by the web side's ``item_cost``
     tp  optional: the W3C ``traceparent`` of the span the call was made in,
-        when the web side traces (a worker that does not know it ignores it)
+        when the web side traces (a worker that does not know it ignores it);
+        flags 00 for a span the sampler left out (its batch makes no span for it)
 
 A result entry holds every answer of one batch for one web process
 (written by :func:`result_entry`, read by :func:`parse_results`)::
