@@ -55,6 +55,7 @@ __all__ = [
     "to_traceparent",
     "from_traceparent",
     "traced_run",
+    "has_span",
     "request_span",
     "step",
     "mark_status",
@@ -187,6 +188,15 @@ def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
     return CallTrace(context, arrived_ns)
 
 
+def has_span(calls: Sequence[Optional[CallTrace]]) -> bool:
+    """Whether a batch of inputs of these calls gets a span: unless every
+    one was submitted in a span the sampler left out (see :func:`traced_run`)."""
+    for call in calls:
+        if call is None or call.context.trace_flags & 1:
+            return True
+    return not calls
+
+
 def _distinct(calls: Sequence[Optional[CallTrace]]) -> Dict[Tuple[int, int], Tuple[CallTrace, int]]:
     """Each sampled request of a batch once (several of its inputs may be in
     it), with how many of its inputs the batch holds, by ``(trace_id, span_id)``."""
@@ -211,11 +221,11 @@ def traced_run(
     batch span is current while the model runs, so spans the model makes
     are its children. A batch whose every input was submitted in a span
     the sampler left out has no span: nobody will look for it."""
-    requests = _distinct(calls)
-    if not requests and calls and all(call is not None for call in calls):
+    if not has_span(calls):
         started = time.monotonic()
         result = run()
         return result, time.monotonic() - started
+    requests = _distinct(calls)
     trace, otel_context = _api()
     attributes: Dict[str, Any] = {
         "streamer.model": facts.model,
