@@ -11,9 +11,12 @@ with the label ``model``:
 ``streamer_model_seconds``              histogram  one model call
 ``streamer_requests_total``             counter    calls, by ``outcome`` (see ``stats.OUTCOMES``)
 ``streamer_queue_depth``                gauge      inputs waiting now
-``streamer_workers_live``               gauge      workers able to take a batch now
+``streamer_workers_live``               gauge      workers able to take a batch now (a Redis
+                                                   web process: those Redis knows, asked at
+                                                   each scrape; 0 while it does not answer)
 ``streamer_workers_live_by_device``     gauge      the same by ``device`` (``default``: none
-                                                   given); Redis workers count themselves
+                                                   given; no Redis sample while it does not
+                                                   answer)
 ``streamer_oom_splits_total``           counter    batches (or parts) split because the model ran
                                                    out of memory on them
 ``streamer_batch_cost_cap``             gauge      the cap on a batch's cost learned from running
@@ -57,13 +60,20 @@ In multiprocess mode each gauge is combined over the live processes by the
 rule that fits what one process reports: ``streamer_queue_depth`` and
 ``streamer_workers_live`` summed (each process has its own queue, and on
 the thread and process backends its own workers), ``streamer_batch_cost_cap``
-the lowest. A web process on the Redis backend reports every worker it
-sees in Redis, the same for all, so there the sum of ``workers_live`` is
-that number times the web processes; the workers' own metrics count each
-once. The one-process collector (``_Collector``) is a custom collector,
-which multiprocess mode cannot add up: it is not registered in that mode,
-where every number is copied into ``prometheus_client``'s own metric types
-as it is recorded (``_Mirrors``).
+the lowest. The one-process collector (``_Collector``) is a custom
+collector, which multiprocess mode cannot add up: it is not registered in
+that mode, where every number is copied into ``prometheus_client``'s own
+metric types as it is recorded (``_Mirrors``).
+
+The broker's numbers are not theirs to add up: every web process on the
+Redis backend sees the same workers and the same pending requests in Redis,
+and a sum would count them once per process. So the files hold each
+process's own workers only (a Redis web process has none), and the process
+serving the scrape asks Redis for the rest (:class:`_Multiprocess`): the
+pending requests, a family of their own, and the live workers (by device),
+added to the files' samples of the same family, so that the exposition
+holds each family once, whichever process answers. The workers' own metrics
+(``--metrics-port``) count each worker once, by itself.
 """
 
 from __future__ import annotations
@@ -139,11 +149,8 @@ def exposition() -> Tuple[bytes, str]:
             "metrics need prometheus_client: pip install 'streamer-core[metrics]' (or prometheus_client)"
         ) from None
     if multiprocess_mode():
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        registry.register(_PendingCollector())
+        registry.register(_Multiprocess())
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
@@ -171,15 +178,13 @@ def render(snapshots: List[StreamerStats]) -> Iterator[Any]:
             requests.add_metric([snap.model, outcome], float(snap.requests[outcome]))
     yield requests
     depth = GaugeMetricFamily("streamer_queue_depth", "Inputs waiting for a worker now.", labels=["model"])
-    live = GaugeMetricFamily("streamer_workers_live", "Workers able to take a batch now.", labels=["model"])
+    live = GaugeMetricFamily("streamer_workers_live", _LIVE_HELP, labels=["model"])
     for snap in snapshots:
         depth.add_metric([snap.model], float(snap.queue_depth))
         live.add_metric([snap.model], float(snap.workers_live))
     yield depth
     yield live
-    by_device = GaugeMetricFamily(
-        "streamer_workers_live_by_device", "Workers able to take a batch now, by device.", labels=["model", "device"]
-    )
+    by_device = GaugeMetricFamily("streamer_workers_live_by_device", _BY_DEVICE_HELP, labels=["model", "device"])
     for snap in snapshots:
         for device, count in sorted(snap.workers_by_device.items()):
             by_device.add_metric([snap.model, device], float(count))
@@ -241,6 +246,8 @@ _LEVEL_REQUESTS_HELP = "Calls of one priority level, by how they ended."
 _LEVEL_WAIT_HELP = "Seconds from an input's arrival to the start of its model call, by priority level."
 _LEVEL_DEPTH_HELP = "Inputs waiting for a worker now, by priority level."
 _DROPPED_HELP = "Inputs taken out unrun because nobody waited for them any more, by reason."
+_LIVE_HELP = "Workers able to take a batch now."
+_BY_DEVICE_HELP = "Workers able to take a batch now, by device."
 
 
 def render_pending(models: List[ModelStats]) -> Iterator[Any]:
@@ -277,15 +284,60 @@ class _Collector:
         return []  # no samples at registration: names are checked at scrape
 
 
-class _PendingCollector:
-    """Multiprocess mode: the Redis backend's pending requests, asked of
-    Redis by the process serving the scrape (see :func:`render_pending`)."""
+class _Multiprocess:
+    """Multiprocess mode: every process's numbers from the files of
+    ``PROMETHEUS_MULTIPROC_DIR``, and the broker's, asked of Redis by the
+    process serving the scrape (see the module's doc): the live workers it
+    knows added to the files' samples of their family, the pending requests
+    (:func:`render_pending`) a family of their own."""
+
+    def __init__(self) -> None:
+        from prometheus_client import multiprocess
+
+        self._files = multiprocess.MultiProcessCollector(None)  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Any]:
-        return render_pending(all_stats())
+        models = all_stats()
+        brokers = {stats.model: devices for stats in models if (devices := stats.broker_workers()) is not None}
+        live: _Added = {(model,): sum(devices.values()) for model, devices in brokers.items()}
+        by_device: _Added = {(model, device): n for model, devices in brokers.items() for device, n in devices.items()}
+        merged: Dict[str, Tuple[str, Tuple[str, ...], _Added]] = {
+            "streamer_workers_live": (_LIVE_HELP, ("model",), live),
+            "streamer_workers_live_by_device": (_BY_DEVICE_HELP, ("model", "device"), by_device),
+        }
+        for family in self._files.collect():  # type: ignore[no-untyped-call]
+            if family.name in merged:
+                _, labels, added = merged.pop(family.name)
+                _add_samples(family, labels, added)
+            yield family
+        for name, (help_text, labels, added) in merged.items():  # families no process has written yet
+            if added:
+                from prometheus_client.core import GaugeMetricFamily
+
+                family = GaugeMetricFamily(name, help_text, labels=list(labels))
+                _add_samples(family, labels, added)
+                yield family
+        yield from render_pending(models)
 
     def describe(self) -> List[Any]:
         return []
+
+
+#: Workers to add, by the values of a family's labels.
+_Added = Dict[Tuple[str, ...], int]
+
+
+def _add_samples(family: Any, labels: Tuple[str, ...], added: _Added) -> None:
+    """Add ``added`` (by label values, in the order of ``labels``) to the
+    samples of ``family`` with those labels, and a sample for each that has none."""
+    added = dict(added)
+    samples = []
+    for sample in family.samples:
+        extra = added.pop(tuple(sample.labels.get(label) for label in labels), 0)
+        samples.append(sample._replace(value=sample.value + extra) if extra else sample)
+    family.samples = samples
+    for values, count in added.items():
+        family.add_sample(family.name, dict(zip(labels, values)), float(count))
 
 
 class _Mirrors:
@@ -311,14 +363,9 @@ class _Mirrors:
         self.depth = Gauge(
             "streamer_queue_depth", "Inputs waiting for a worker now.", ["model"], multiprocess_mode="livesum"
         )
-        self.live = Gauge(
-            "streamer_workers_live", "Workers able to take a batch now.", ["model"], multiprocess_mode="livesum"
-        )
+        self.live = Gauge("streamer_workers_live", _LIVE_HELP, ["model"], multiprocess_mode="livesum")
         self.by_device = Gauge(
-            "streamer_workers_live_by_device",
-            "Workers able to take a batch now, by device.",
-            ["model", "device"],
-            multiprocess_mode="livesum",
+            "streamer_workers_live_by_device", _BY_DEVICE_HELP, ["model", "device"], multiprocess_mode="livesum"
         )
         self._devices_set: Dict[str, Set[str]] = {}  # by model: devices given a value, set to 0 once gone
         self.oom_splits = Counter(

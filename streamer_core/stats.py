@@ -34,8 +34,10 @@ What is counted, and where:
   entries that did not parse, moved to the dead-letter stream. Both stay 0
   on the other backends.
 
-The Redis backend's requests delivered to a worker and not yet acknowledged
-are not counted here but asked of Redis when read (:meth:`ModelStats.broker_pending`).
+The Redis backend's requests delivered to a worker and not yet acknowledged,
+and its live workers (by device), are not counted here but asked of Redis
+when read (:meth:`ModelStats.broker_pending`, :meth:`ModelStats.broker_workers`):
+they are the broker's numbers, the same whichever web process asks.
 
 A model with priority levels (``priority_levels`` > 1) also has, per level
 (:class:`PriorityStats`): its calls by outcome (a call counts at its level
@@ -47,13 +49,11 @@ as they were.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import os
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from .errors import (
@@ -64,8 +64,20 @@ from .errors import (
     StreamerTimeoutError,
     UnavailableError,
 )
+from .snapshots import (
+    BATCH_SIZE_BUCKETS,
+    DROP_REASONS,
+    OUTCOMES,
+    SECONDS_BUCKETS,
+    Histogram,
+    PriorityStats,
+    StreamerStats,
+    _Buckets,
+)
 
 __all__ = [
+    "BATCH_SIZE_BUCKETS",
+    "SECONDS_BUCKETS",
     "OUTCOMES",
     "DROP_REASONS",
     "Histogram",
@@ -79,44 +91,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("streamer_core.stats")
-
-#: How a call can end. ``model_error``: the model raised for one of its inputs
-#: (or its worker died on it); ``rejected``: the queue was full; ``unavailable``:
-#: no worker, no broker, or the streamer closing; ``invalid``: the input could
-#: not be read or sent (HTTP 400, or 415 for a body of a type the route does
-#: not read); ``too_large``: a body, file or list of inputs over the route's
-#: limit (HTTP 413); ``cancelled``: the caller gave it up.
-OUTCOMES = ("ok", "model_error", "timeout", "rejected", "unavailable", "invalid", "too_large", "cancelled")
-
-#: Why an input was dropped before it ran: ``cancelled``: its call was
-#: cancelled (``future.cancel()``, a cancelled ``apredict`` task) or ended
-#: otherwise first (another of its inputs failed; over Redis, any
-#: withdrawal by the web process, which the worker cannot tell apart);
-#: ``expired``: its deadline passed (the call's timeout, or a caller's wait
-#: in ``result(timeout)`` ran out); ``disconnected``: the HTTP client went
-#: away while the request waited (see the README's "Callers who leave").
-DROP_REASONS = ("cancelled", "expired", "disconnected")
-
-#: Histogram bucket upper bounds. Batch sizes in powers of two (a batch of 64
-#: is counted at ``le="64"``); seconds from half a millisecond to half a minute.
-BATCH_SIZE_BUCKETS: Tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-SECONDS_BUCKETS: Tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
 
 
 def outcome_of(exc: BaseException) -> str:
@@ -133,120 +107,6 @@ def outcome_of(exc: BaseException) -> str:
     if isinstance(status, int) and status < 500:
         return "too_large" if status == 413 else "invalid"
     return "model_error"
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """Counts of observations per bucket: ``counts[i]`` fell at or below
-    ``bounds[i]`` and above the bound before it; the last count is above every
-    bound. ``sum`` is the total of the observed values."""
-
-    bounds: Tuple[float, ...]
-    counts: Tuple[int, ...]
-    sum: float
-
-    @property
-    def count(self) -> int:
-        """How many values were observed."""
-        return sum(self.counts)
-
-    @property
-    def mean(self) -> Optional[float]:
-        """Their mean, or ``None`` before the first."""
-        count = self.count
-        return self.sum / count if count else None
-
-    def cumulative(self) -> List[Tuple[float, int]]:
-        """``(upper bound, values at or below it)`` pairs, ending with ``inf``:
-        Prometheus's ``le`` buckets."""
-        pairs, running = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts):
-            running += count
-            pairs.append((bound, running))
-        return pairs
-
-
-class _Buckets:
-    """A histogram being recorded; the owner's lock is held around writes."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def frozen(self) -> Histogram:
-        return Histogram(self.bounds, tuple(self.counts), self.sum)
-
-
-@dataclass(frozen=True)
-class PriorityStats:
-    """One priority level's numbers in this process (see
-    :attr:`StreamerStats.priorities`): ``priority`` (1 the highest), its
-    calls by outcome, its inputs' queue waits, and its inputs waiting now."""
-
-    priority: int
-    requests: Dict[str, int]
-    queue_wait_seconds: Histogram
-    queue_depth: int
-
-
-@dataclass(frozen=True)
-class StreamerStats:
-    """A snapshot of one model's numbers in this process; see
-    :meth:`BaseStreamer.stats`.
-
-    ``requests`` counts calls by outcome (every name of :data:`OUTCOMES` is
-    present); ``batch_size`` (inputs per model call), ``queue_wait_seconds``
-    (per input, arrival to the start of its model call) and ``model_seconds``
-    (per model call) are histograms; ``queue_depth`` is how many inputs wait
-    now and ``workers_live`` how many workers can take batches now, over
-    every streamer of this name the process runs. With the Redis backend a
-    web process counts calls and the queue, its workers count batches.
-    ``oom_splits`` counts batches (or parts of one) split in halves because
-    the model ran out of memory on them, and ``batch_cost_cap`` is the cap
-    on a batch's cost learned from that now (``inf``: none; in inputs for a
-    streamer without ``item_cost``), the lowest of this name's streamers.
-    ``workers_by_device`` splits the live workers by device, as the logs name
-    it (``default``: none given; a Redis web process has none: each worker
-    counts itself). ``redelivered`` counts requests a Redis worker took over from one that
-    stopped answering, ``dead_lettered`` entries that did not parse and went
-    to the Redis dead-letter stream (both 0 on the other backends).
-    ``dropped`` counts inputs taken out unrun because nobody waited for
-    them any more, by reason (every name of :data:`DROP_REASONS` is present).
-    ``priorities``: with priority levels, each level's numbers, level 1
-    first (:class:`PriorityStats`); empty for a model of one level.
-    """
-
-    model: str
-    requests: Dict[str, int]
-    batch_size: Histogram
-    queue_wait_seconds: Histogram
-    model_seconds: Histogram
-    queue_depth: int
-    workers_live: int
-    oom_splits: int
-    batch_cost_cap: float
-    redelivered: int = 0
-    dead_lettered: int = 0
-    workers_by_device: Dict[str, int] = field(default_factory=dict)
-    dropped: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
-    priorities: Tuple[PriorityStats, ...] = ()
-
-    @property
-    def batches(self) -> int:
-        """Model calls run."""
-        return self.batch_size.count
-
-    @property
-    def mean_batch_size(self) -> Optional[float]:
-        """Inputs per model call, on average; ``None`` before the first."""
-        return self.batch_size.mean
 
 
 class GaugeSource(Protocol):
@@ -270,6 +130,11 @@ class BrokerSource(Protocol):
 
     def pending_requests(self) -> int:
         """Requests delivered to a worker and not yet acknowledged, now
+        (asks the broker; raises what the broker's client raises)."""
+        ...
+
+    def live_workers_by_device(self) -> Dict[str, int]:
+        """The workers serving now, by device, as the broker knows them
         (asks the broker; raises what the broker's client raises)."""
         ...
 
@@ -388,6 +253,26 @@ class ModelStats:
             pending = count if pending is None else max(pending, count)
         return pending
 
+    def broker_workers(self) -> Optional[Dict[str, int]]:
+        """The workers of this name serving now by device, as their broker
+        knows them, asked of it now (the Redis backend's: every web process
+        sees the same workers, none of them its own); ``None`` without a
+        broker streamer or when the broker does not answer (logged at debug,
+        as for :meth:`broker_pending`). The most among this name's streamers
+        (they share their workers when they share a prefix: not added up)."""
+        with self._lock:
+            sources = list(self._brokers)
+        found: Optional[Dict[str, int]] = None
+        for source in sources:
+            try:
+                devices = source.live_workers_by_device()
+            except Exception as exc:
+                logger.debug("no live workers of %s from its broker: %s", self.model, exc)
+                return None
+            if found is None or sum(devices.values()) > sum(found.values()):
+                found = devices
+        return found
+
     def batch_ran(
         self, started: float, seconds: float, arrivals: Iterable[float], levels: Optional[Sequence[int]] = None
     ) -> None:
@@ -466,9 +351,11 @@ class ModelStats:
 
     def gauges(self) -> Tuple[int, int, float]:
         """``(inputs queued, workers live, batch cost cap)`` now, over this
-        name's live streamers, read in one pass: the sums of the first two,
-        and the lowest cap on a batch's cost they have learned from running
-        out of memory (``inf``: none)."""
+        name's live streamers in this process, read in one pass: the sums of
+        the first two, and the lowest cap on a batch's cost they have learned
+        from running out of memory (``inf``: none). The workers are this
+        process's own (the thread and process backends', a Redis worker
+        itself), not those a broker knows (:meth:`broker_workers`)."""
         with self._lock:
             sources = list(self._sources)
         queued = live = 0
@@ -476,7 +363,7 @@ class ModelStats:
         for source in sources:
             try:
                 q, w = source.gauges()
-            except Exception:  # a broker that cannot be reached has no live workers
+            except Exception:  # a snapshot never fails on a source
                 q, w = 0, 0
             queued, live = queued + q, live + w
             try:
@@ -505,8 +392,8 @@ class ModelStats:
         return waiting
 
     def devices(self) -> Dict[str, int]:
-        """Workers live now by device, added up over this name's live
-        streamers (a source that fails to say counts for none)."""
+        """This process's own workers live now by device, added up over this
+        name's live streamers (a source that fails to say counts for none)."""
         with self._lock:
             sources = list(self._sources)
         counts: Dict[str, int] = {}
@@ -520,8 +407,13 @@ class ModelStats:
         return counts
 
     def snapshot(self) -> StreamerStats:
+        """The numbers now; its live workers are this process's own and
+        those the broker knows (asked now: :meth:`broker_workers`)."""
         queued, live, cap = self.gauges()
         devices = self.devices()
+        for device, count in (self.broker_workers() or {}).items():
+            devices[device] = devices.get(device, 0) + count
+            live += count
         depths = self.levels_waiting()
         with self._lock:
             priorities = tuple(

@@ -89,7 +89,9 @@ class Backend:
         return True
 
     def workers_now(self) -> int:
-        """How many workers can take a batch now (the Redis backend asks Redis)."""
+        """How many of this process's workers can take a batch now (the Redis
+        backend: none; the workers Redis knows are asked of it when the stats
+        are read, :meth:`~streamer_core.stats.ModelStats.broker_workers`)."""
         return 1
 
     def workers_by_device(self) -> Dict[str, int]:

@@ -24,12 +24,24 @@ span is current when it is submitted; with none, its batch has no link for
 it and no per-request spans. Across processes the request's context travels
 as a W3C ``traceparent`` with its input (the process backend's batch
 message, the Redis backend's request entry, field ``tp``).
+
+What a request the sampler leaves out costs (most requests, under a ratio
+sampler): its request span, which the SDK makes without recording it (the
+sampling decision is made there), made current while it is served, so that
+spans made under it follow its decision. Nothing else: no ``parse`` or
+``respond`` span, no ``queue wait`` or ``in batch`` span, no link, and a
+batch whose every input was left out of the sample runs with no span at all
+(a batch holding a call made with no span current still gets one, a root
+span the sampler decides on). A sampled request gets every span above;
+each costs the SDK some 120,000 instructions (bench/README.md, "What tracing costs").
 """
 
 from __future__ import annotations
 
+import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
@@ -43,6 +55,7 @@ __all__ = [
     "to_traceparent",
     "from_traceparent",
     "traced_run",
+    "has_span",
     "request_span",
     "step",
     "mark_status",
@@ -54,15 +67,33 @@ TRACER_NAME = "streamer_core"
 R = TypeVar("R")
 
 _tracer: Optional[Tracer] = None
+# OpenTelemetry's ``trace`` and ``context`` modules, imported on first use
+# (an import statement costs a request a lookup each time it runs); set
+# before any span is made (tracer()).
+_trace: Any = None
+_context: Any = None
+# Each endpoint's request span name and attributes, made once (a request
+# left out of the sample costs little else); bounded, as a route may be a path.
+_request_names: Dict[Tuple[str, str, str], Tuple[str, Mapping[str, str]]] = {}
+_MOST_REQUEST_NAMES = 1024
+# A W3C traceparent of version 00: version, trace id, span id, flags.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
 class CallTrace(NamedTuple):
     """What a traced call carries to where its batch runs: the span context
     it was submitted in (a request span, or the caller's own), and when it
-    arrived, in nanoseconds since the epoch (the start of its queue wait)."""
+    arrived, in nanoseconds since the epoch (the start of its queue wait).
+    A context the sampler left out (:attr:`sampled` false) says only that:
+    its batch makes no span for it."""
 
     context: SpanContext
     arrived_ns: int
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the call's trace is recorded."""
+        return bool(self.context.trace_flags & 1)
 
 
 class BatchFacts(NamedTuple):
@@ -85,6 +116,16 @@ def missing_api() -> Optional[str]:
     return None
 
 
+def _api() -> Tuple[Any, Any]:
+    """OpenTelemetry's ``trace`` and ``context`` modules (imported once)."""
+    global _trace, _context
+    if _trace is None or _context is None:
+        from opentelemetry import context, trace
+
+        _trace, _context = trace, context
+    return _trace, _context
+
+
 def tracer() -> Tracer:
     """This library's tracer, from the global provider. Got once: before the
     application sets its provider, the API hands out a proxy that follows
@@ -93,8 +134,7 @@ def tracer() -> Tracer:
     if _tracer is None:
         import sys
 
-        from opentelemetry import trace
-
+        trace, _ = _api()
         # The package's version, read without importing the package from here.
         _tracer = trace.get_tracer(TRACER_NAME, getattr(sys.modules.get(TRACER_NAME), "__version__", None))
     return _tracer
@@ -102,13 +142,12 @@ def tracer() -> Tracer:
 
 def capture() -> Optional[CallTrace]:
     """The current span's context and the time now, for a call being
-    submitted; ``None`` when no span is current, or the current one is not
-    sampled (nothing to link to: its trace is recorded nowhere, and a call
-    left out of the sample costs its batch no link and no spans)."""
-    from opentelemetry import trace
-
+    submitted; ``None`` when no span is current. A span the sampler left out
+    is captured too (:attr:`CallTrace.sampled` false): its call costs its
+    batch no link and no spans, and a batch of such calls alone no span."""
+    trace = _trace if _trace is not None else _api()[0]
     context = trace.get_current_span().get_span_context()
-    if not context.is_valid or not context.trace_flags.sampled:
+    if not context.is_valid:
         return None
     return CallTrace(context, time.time_ns())
 
@@ -122,9 +161,9 @@ def to_traceparent(call: CallTrace) -> str:
 def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
     """A call's trace from a ``traceparent`` that crossed a process or
     Redis (``str`` or ``bytes``); ``None`` for anything that does not parse
-    as one: it came from outside, and a bad one only loses the links."""
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
+    as one: it came from outside, and a bad one only loses the links. The
+    usual version (00) is read here, in a fraction of the propagator's time
+    (each input of a batch carries one); others go to the propagator."""
     if isinstance(value, bytes):
         try:
             value = value.decode("ascii")
@@ -132,21 +171,38 @@ def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
             return None
     if not isinstance(value, str):
         return None
-    from opentelemetry import trace
+    trace, _ = _api()
+    found = _TRACEPARENT.fullmatch(value)
+    if found is not None:
+        trace_id, span_id, flags = found.groups()
+        context = trace.SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(int(flags, 16))
+        )
+    else:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    context = TraceContextTextMapPropagator().extract({"traceparent": value})
-    span_context = trace.get_current_span(context).get_span_context()
-    if not span_context.is_valid:
+        extracted = TraceContextTextMapPropagator().extract({"traceparent": value})
+        context = trace.get_current_span(extracted).get_span_context()
+    if not context.is_valid:
         return None
-    return CallTrace(span_context, arrived_ns)
+    return CallTrace(context, arrived_ns)
+
+
+def has_span(calls: Sequence[Optional[CallTrace]]) -> bool:
+    """Whether a batch of inputs of these calls gets a span: unless every
+    one was submitted in a span the sampler left out (see :func:`traced_run`)."""
+    for call in calls:
+        if call is None or call.context.trace_flags & 1:
+            return True
+    return not calls
 
 
 def _distinct(calls: Sequence[Optional[CallTrace]]) -> Dict[Tuple[int, int], Tuple[CallTrace, int]]:
-    """Each request of a batch once (several of its inputs may be in it),
-    with how many of its inputs the batch holds, by ``(trace_id, span_id)``."""
+    """Each sampled request of a batch once (several of its inputs may be in
+    it), with how many of its inputs the batch holds, by ``(trace_id, span_id)``."""
     found: Dict[Tuple[int, int], Tuple[CallTrace, int]] = {}
     for call in calls:
-        if call is None:
+        if call is None or not call.sampled:
             continue
         key = (call.context.trace_id, call.context.span_id)
         seen = found.get(key)
@@ -163,11 +219,14 @@ def traced_run(
     trace of each input of the batch (``None`` where its call had none);
     ``cost``: the batch's cost by the streamer's ``batch_cost`` rule. The
     batch span is current while the model runs, so spans the model makes
-    are its children."""
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-
+    are its children. A batch whose every input was submitted in a span
+    the sampler left out has no span: nobody will look for it."""
+    if not has_span(calls):
+        started = time.monotonic()
+        result = run()
+        return result, time.monotonic() - started
     requests = _distinct(calls)
+    trace, otel_context = _api()
     attributes: Dict[str, Any] = {
         "streamer.model": facts.model,
         "streamer.backend": facts.backend,
@@ -207,8 +266,7 @@ def _request_spans(
 ) -> None:
     """Each request's view of the batch, as children of its own span: how
     long it waited for the batch, and the batch's run, linked to its span."""
-    from opentelemetry import trace
-
+    trace, _ = _api()
     made = tracer()
     for call, inputs in requests.values():
         parent = trace.set_span_in_context(trace.NonRecordingSpan(call.context))
@@ -232,32 +290,30 @@ class _Step:
         self._token: Any = None
 
     def __enter__(self) -> Span:
-        from opentelemetry import context as otel_context
-        from opentelemetry import trace
-
-        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        self._token = _context.attach(_trace.set_span_in_context(self.span))  # loaded: the span was made
         return self.span
 
     def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
-        from opentelemetry import context as otel_context
-        from opentelemetry import trace
-
-        otel_context.detach(self._token)
+        _context.detach(self._token)
         if exc is not None:
             self.span.record_exception(exc)
-            self.span.set_status(trace.StatusCode.ERROR)
+            self.span.set_status(_trace.StatusCode.ERROR)
         self.span.end()
 
 
 def request_span(method: str, route: str, model: str) -> _Step:
     """The span of one request to a batched endpoint, named by its method
     and route (``"POST /embed"``), as a child of any span current (a web
-    framework's own instrumentation)."""
-    span = tracer().start_span(
-        f"{method} {route}",
-        attributes={"http.request.method": method, "http.route": route, "streamer.model": model},
-    )
-    return _Step(span)
+    framework's own instrumentation). Its attributes are given as it starts,
+    for a sampler that decides by them."""
+    named = _request_names.get((method, route, model))
+    if named is None:
+        attributes = {"http.request.method": method, "http.route": route, "streamer.model": model}
+        named = (f"{method} {route}", MappingProxyType(attributes))
+        if len(_request_names) < _MOST_REQUEST_NAMES:
+            _request_names[(method, route, model)] = named
+    made = _tracer if _tracer is not None else tracer()
+    return _Step(made.start_span(named[0], attributes=named[1]))
 
 
 def step(name: str) -> _Step:
@@ -268,8 +324,7 @@ def step(name: str) -> _Step:
 def mark_status(span: Span, status: int, error: BaseException) -> None:
     """Record on a request's span the error status it is answered with, and
     the error; a 5xx marks the span failed (a 4xx is the client's)."""
-    from opentelemetry import trace
-
+    trace, _ = _api()
     span.set_attribute("http.response.status_code", status)
     span.set_attribute("error.type", type(error).__name__)
     if status >= 500:

@@ -17,15 +17,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Iterator, List, NamedTuple, Optional, Set
+from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import pytest
 
-from tests.helpers import metric_samples, wait_for
-from tests.servers import child_processes, free_port, kill_group
+from tests.helpers import beating_workers, metric_samples, wait_for
+from tests.servers import RedisServer, child_processes, free_port, kill_group
 
 pytest.importorskip("prometheus_client")
 pytest.importorskip("gunicorn")
@@ -119,8 +121,8 @@ def _made(folder: Path) -> List[Path]:
 def start(tmp_path: Path) -> Iterator:
     started: List[Gunicorn] = []
 
-    def start(name: str, workers: int, config: Optional[str] = None) -> Gunicorn:
-        server = Gunicorn(FRAMEWORKS[name], workers, tmp_path, config)
+    def start(name: str | Framework, workers: int, config: Optional[str] = None) -> Gunicorn:
+        server = Gunicorn(FRAMEWORKS[name] if isinstance(name, str) else name, workers, tmp_path, config)
         started.append(server)
         return server
 
@@ -152,6 +154,115 @@ def _calls_to(server: Gunicorn, framework: Framework, worker: int, others: List[
     finally:
         for other in others:
             os.kill(other, signal.SIGCONT)
+
+
+def _scrape_from(server: Gunicorn, path: str, worker: int, others: List[int]) -> str:
+    """``/metrics`` as ``worker`` answers it, every other worker stopped (SIGSTOP)."""
+    for other in others:
+        os.kill(other, signal.SIGSTOP)
+    try:
+        with urllib.request.urlopen(server.url(path), timeout=10) as response:
+            return str(response.read().decode())
+    finally:
+        for other in others:
+            os.kill(other, signal.SIGCONT)
+
+
+def _live_once(
+    server: Gunicorn, path: str, worker: int, others: List[int], expected: Dict[str, Tuple[float, Dict[str, float]]]
+) -> Dict[str, Tuple[float, Dict[str, float]]]:
+    """The live workers as ``worker`` answers the scrape, once they read
+    ``expected`` or 5 s have passed (each process writes its own workers to
+    the files once a second, ``GAUGE_PERIOD_S``); the last read."""
+    last: Dict[str, Tuple[float, Dict[str, float]]] = {}
+    for _ in range(50):
+        last = _live_workers(_scrape_from(server, path, worker, others))
+        if last == expected:
+            break
+        time.sleep(0.1)
+    return last
+
+
+def _doubled(server: Gunicorn, x: int) -> Optional[int]:
+    """``/remote``'s answer to ``x`` (the Redis workers double it); ``None`` when refused."""
+    body = json.dumps(x).encode()
+    request = urllib.request.Request(server.url("/remote"), body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(json.loads(response.read()))
+    except urllib.error.HTTPError:
+        return None
+
+
+def _live_workers(text: str) -> Dict[str, Tuple[float, Dict[str, float]]]:
+    """Each model's ``streamer_workers_live`` and its ``..._by_device`` samples,
+    from an exposition that must hold each family once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = [family.name for family in text_string_to_metric_families(text)]
+    assert len(families) == len(set(families)), sorted(families)
+    found: Dict[str, Tuple[float, Dict[str, float]]] = {}
+    for (name, labels), value in metric_samples(text).items():
+        label = dict(labels)
+        live, devices = found.setdefault(label.get("model", ""), (0.0, {}))
+        if name == "streamer_workers_live":
+            found[label["model"]] = (value, devices)
+        elif name == "streamer_workers_live_by_device":
+            devices[label["device"]] = value
+    return found
+
+
+def test_redis_workers_count_once_whichever_web_process_answers_and_thread_workers_add_up(
+    start, tmp_path: Path
+) -> None:
+    """Two web processes serving a thread-backend model (a worker each) and a
+    Redis-backend model (three workers elsewhere, on devices 0, 1, 0): each
+    web process's scrape says 2 and 3 live workers, by device too, with each
+    family once; the Redis ones are asked of Redis by the process that
+    answers, not added up over the processes (which read 6). With Redis
+    stopped, the Redis model's live workers read 0 and have no device
+    sample, and the thread-backend model's are still right."""
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    redis_server = RedisServer(folder)
+    redis_server.start()
+    prefix = f"mixed-{os.getpid()}-{free_port()}"
+    env = {key: value for key, value in os.environ.items() if key.lower() != "prometheus_multiproc_dir"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    log = tmp_path / "workers.log"
+    with open(log, "wb") as out:
+        workers_cli = subprocess.Popen(
+            [sys.executable, "-m", "streamer_core.cli", "tests.redis.models:double", "--workers", "3",
+             "--devices", "0,1", "--prefix", prefix, "--redis", redis_server.url],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        framework = Framework(
+            "example_flask/gunicorn.conf.py", "tests.flask.mixed_app:create_app()", "/marked", "/metrics", "marked",
+            {"FLASK_STREAMER_METRICS_ROUTE": "/metrics", "MIXED_REDIS_URL": redis_server.url, "MIXED_PREFIX": prefix},
+        )  # fmt: skip
+        server = start(framework, 2)
+        assert wait_for(lambda: _ready(server, framework, 2, tmp_path), 60), server.text()
+        assert wait_for(lambda: beating_workers(redis_server.url, prefix) == 3, 60), log.read_text()
+        # Each web process checks Redis for workers once a second: until it has seen them, calls are refused.
+        assert wait_for(lambda: _doubled(server, 21) == 42, 10), server.text()
+        web = server.workers()
+        assert len(web) == 2
+        both = {"remote": (3, {"0": 2, "1": 1}), "marked": (2, {"default": 2})}
+        for worker in web:
+            live = _live_once(server, framework.metrics, worker, [w for w in web if w != worker], both)
+            assert live == both, (worker, live)
+
+        redis_server.kill()
+        for worker in web:
+            text = _scrape_from(server, framework.metrics, worker, [w for w in web if w != worker])
+            live = _live_workers(text)
+            assert live == {"remote": (0, {}), "marked": (2, {"default": 2})}, (worker, live)
+            assert 'streamer_redis_pending{model="remote"}' not in text
+    finally:
+        kill_group(workers_cli)
+        redis_server.kill()
 
 
 _USERS_DIR = """

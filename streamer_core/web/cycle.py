@@ -25,6 +25,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
+from .. import tracing  # OpenTelemetry itself is imported only when a span is made
 from ..errors import InvalidInput, StreamerClosedError
 from ..future import BatchFuture
 from ..stats import stats_for
@@ -105,8 +106,6 @@ class Cycle(Generic[R]):
         before anything is read or queued (:mod:`streamer_core.web.priority`)."""
         if traced is None:
             return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
-        from .. import tracing
-
         with tracing.request_span(traced[0], traced[1], name) as span:
             if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
                 return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
@@ -174,8 +173,6 @@ class Cycle(Generic[R]):
         the call up, counted as ``disconnected``."""
         if traced is None:
             return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
-        from .. import tracing
-
         with tracing.request_span(traced[0], traced[1], name) as span:
             if not span.is_recording():
                 return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)

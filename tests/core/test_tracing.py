@@ -12,12 +12,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace  # noqa: E402
 
 from streamer_core import Streamer, ThreadedStreamer  # noqa: E402
+from streamer_core.tracing import from_traceparent  # noqa: E402
 from tests.core.models import TracedDouble, double  # noqa: E402
 from tests.spans import finished, in_memory, named, read_file  # noqa: E402
 
@@ -69,17 +72,127 @@ def test_a_batch_span_links_each_call_and_each_call_gets_its_own_spans(closing):
         assert waits[0].start <= waits[0].end
 
 
+UNSAMPLED = trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
+
+
 def test_a_call_left_out_of_the_sample_costs_its_batch_no_link_and_no_spans(closing):
     """A call made in a span the sampler did not record (its trace is kept
-    nowhere): its batch links it not, and it gets no spans of its own."""
+    nowhere) gets no spans of its own, and a batch of such calls alone
+    makes no span at all: nobody will look for it."""
     exporter = in_memory()
     streamer = closing(ThreadedStreamer(double, batch_size=8, max_latency=0.01, tracing=True, name="unsampled"))
-    unsampled = trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
-    with trace.use_span(trace.NonRecordingSpan(unsampled)):
+    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
         assert streamer.predict([3]) == [6]
+    assert finished(exporter) == []
+
+
+def _one_batch(streamer, calls):
+    """Submit each of ``calls`` (a span to submit it in, or ``None``: no span
+    current) into one batch of ``len(calls)`` inputs; their results."""
+    futures = []
+    for x, span in enumerate(calls):
+        if span is None:
+            futures.append(streamer.submit([x]))
+        else:
+            with trace.use_span(span):
+                futures.append(streamer.submit([x]))
+    return [future.result(10) for future in futures]
+
+
+def test_a_batch_links_its_sampled_calls_only_and_has_a_span_while_one_call_is_sampled_or_untraced(closing):
+    """A batch span is made unless every input of the batch was left out of
+    the sample: one sampled call (linked, with its own spans) or one call
+    made with no span current (a root the sampler decides on) is enough;
+    the unsampled calls beside them get no link and no spans."""
+    exporter = in_memory()
+    streamer = closing(ThreadedStreamer(double, batch_size=3, max_latency=5, tracing=True, name="mixed"))
+    unsampled = trace.NonRecordingSpan(UNSAMPLED)
+    with trace.get_tracer("test").start_as_current_span("sampled") as sampled:
+        parent = sampled.get_span_context().span_id
+    assert _one_batch(streamer, [sampled, unsampled, unsampled]) == [[0], [2], [4]]
     spans = finished(exporter)
-    [batch] = named(spans, "batch unsampled")
-    assert batch.links == [] and not named(spans, "queue wait") and not named(spans, "in batch"), spans
+    [batch] = named(spans, "batch mixed")
+    assert batch.links == [parent] and batch.attributes["streamer.batch.size"] == 3
+    assert [span.parent for span in named(spans, "queue wait")] == [parent]
+    assert [span.parent for span in named(spans, "in batch")] == [parent]
+
+    exporter.clear()
+    assert _one_batch(streamer, [unsampled, None, unsampled]) == [[0], [2], [4]]
+    spans = finished(exporter)
+    [batch] = named(spans, "batch mixed")
+    assert batch.links == [] and batch.attributes["streamer.batch.size"] == 3
+    assert [span.name for span in spans] == ["batch mixed"]
+
+
+GOOD_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_traceparent_that_crossed_is_read_as_w3c_says_and_anything_else_is_refused():
+    """What a worker reads from a batch message or a Redis entry: a valid
+    traceparent (str or bytes, sampled or not, a later version with more
+    after it) as its context, remote; anything else as no trace at all."""
+    call = from_traceparent(GOOD_TRACEPARENT, 7)
+    assert call is not None and call.sampled and call.arrived_ns == 7
+    assert (call.context.trace_id, call.context.span_id) == (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331)
+    assert call.context.is_remote
+    assert from_traceparent(GOOD_TRACEPARENT.encode(), 7) == call
+    left_out = from_traceparent(GOOD_TRACEPARENT[:-2] + "00", 7)
+    assert left_out is not None and not left_out.sampled
+    later = from_traceparent("01" + GOOD_TRACEPARENT[2:] + "-what-comes-next", 7)
+    assert later is not None and later.context.span_id == call.context.span_id
+    zeros = "0" * 32
+    for bad in ["", "garbage", GOOD_TRACEPARENT.upper(), GOOD_TRACEPARENT[:-1], GOOD_TRACEPARENT + "-more",
+                "ff" + GOOD_TRACEPARENT[2:], f"00-{zeros}-b7ad6b7169203331-01",
+                "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", b"\xff\xfe", 42, None]:  # fmt: skip
+        assert from_traceparent(bad, 7) is None, bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["00", "00", "01", "ff", "0g"]),
+    st.one_of(st.just(0), st.integers(1, 2**128 - 1)),
+    st.one_of(st.just(0), st.integers(1, 2**64 - 1)),
+    st.integers(0, 255),
+    st.sampled_from(["", "", "-", "-later", "x"]),
+    st.sampled_from(["as it is", "as it is", "upper case", "cut short"]),
+)
+def test_reading_a_traceparent_agrees_with_opentelemetrys_propagator(version, trace_id, span_id, flags, tail, mangle):
+    """The quick reading of the usual version gives what the propagator
+    gives, for values near a valid one and not quite."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    value = f"{version}-{trace_id:032x}-{span_id:016x}-{flags:02x}{tail}"
+    value = {"as it is": value, "upper case": value.upper(), "cut short": value[:-1]}[mangle]
+    context = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": value}))
+    expected = context.get_span_context()
+    call = from_traceparent(value, 0)
+    if not expected.is_valid:
+        assert call is None, value
+    else:
+        assert call is not None, value
+        assert (call.context.trace_id, call.context.span_id, call.context.trace_flags) == (
+            expected.trace_id, expected.span_id, expected.trace_flags
+        )  # fmt: skip
+
+
+def test_request_span_names_are_made_once_per_endpoint_and_kept_for_a_bounded_number():
+    """A request span's name and attributes are made once per endpoint and
+    reused; a route given as a path (Django's fallback) makes as many as it
+    has paths, so only the first ones are kept: memory stays bounded, and
+    every span is still named by its own route."""
+    from streamer_core import tracing
+
+    exporter = in_memory()
+    for n in range(tracing._MOST_REQUEST_NAMES + 50):
+        with tracing.request_span("POST", f"/path/{n}", "bounded"):
+            pass
+    assert len(tracing._request_names) <= tracing._MOST_REQUEST_NAMES
+    last = tracing._MOST_REQUEST_NAMES + 49
+    [span] = named(finished(exporter), f"POST /path/{last}")
+    assert span.attributes["http.route"] == f"/path/{last}"
+    with tracing.request_span("POST", "/path/0", "bounded"):
+        pass
+    assert tracing._request_names[("POST", "/path/0", "bounded")][0] == "POST /path/0"
 
 
 def test_the_batch_span_is_current_while_the_model_runs(closing):
@@ -145,12 +258,17 @@ def test_tracing_is_a_flag():
 
 
 def test_a_process_worker_makes_the_batch_span_linked_to_the_calls_context(closing, tmp_path):
+    """The call's context crosses to the worker process, which makes the
+    batch's span and the call's own; a call left out of the sample before
+    it crosses too (its batch makes no span there)."""
     in_memory()
     path = tmp_path / "spans.jsonl"
     streamer = closing(
         Streamer(TracedDouble, batch_size=8, worker_num=1, model_init_kwargs={"path": str(path)}, tracing=True)
     )
     assert streamer.wait_ready(60)
+    with trace.use_span(trace.NonRecordingSpan(UNSAMPLED)):
+        assert streamer.predict([5]) == [10]
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("request") as span:
         parent = span.get_span_context()

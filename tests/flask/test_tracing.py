@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
+from opentelemetry import trace  # noqa: E402
+
 from streamer_core.errors import ConfigurationError  # noqa: E402
 from tests.flask.apps import double  # noqa: E402
 from tests.spans import finished, in_memory, named  # noqa: E402
@@ -31,6 +33,24 @@ def test_a_request_span_names_the_route_and_holds_each_step(make_app):
     assert batch.links == [request.span_id]
     [ran] = named(spans, "in batch")
     assert ran.links == [batch.span_id]
+
+
+def test_a_request_left_out_of_the_sample_makes_no_span_at_all(make_app):
+    """A request whose span the sampler drops (made here under a span that
+    was not sampled, which the parent-based sampler follows) gets no
+    parse, queue wait, in batch or respond span, and its batch none."""
+    exporter = in_memory()
+    app, streamer = make_app({"STREAMER_TRACING": True})
+    streamer.add_batched_route("/double", "double", double)
+    unsampled = trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
+    with trace.use_span(trace.NonRecordingSpan(unsampled)):
+        response = app.test_client().post("/double", json=21)
+    assert response.status_code == 200 and response.get_json() == 42
+    assert finished(exporter) == []
+    assert app.test_client().post("/double", json=1).get_json() == 2  # sampled: every span, as above
+    assert sorted(span.name for span in finished(exporter)) == [
+        "POST /double", "batch double", "in batch", "parse", "queue wait", "respond"
+    ]  # fmt: skip
 
 
 def test_a_failed_request_says_its_status_on_its_span(make_app):

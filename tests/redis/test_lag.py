@@ -100,12 +100,15 @@ def test_malformed_entries_count_as_dead_lettered_on_either_side(
     assert broker.conn.xlen(f"streamer:{broker.prefix}:dead") == 2
 
 
-def test_a_worker_counts_itself_on_its_device_and_the_web_side_does_not(
+def test_a_worker_counts_itself_on_its_device_and_the_web_side_counts_what_redis_knows(
     broker: Broker,
     make_streamer: Callable[..., Any],
     start_worker: Callable[..., ThreadWorker],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The worker's own numbers count it on its device; the web process has
+    no worker of its own and counts those Redis knows, by the device each
+    wrote there, asked as its numbers are read (the scrape too)."""
     # A worker run in this process by an earlier test (run_forever(gpu_id=0)) leaves its device here.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     worker, web = f"worker-{broker.prefix}", f"web-{broker.prefix}"
@@ -113,8 +116,50 @@ def test_a_worker_counts_itself_on_its_device_and_the_web_side_does_not(
     streamer = make_streamer(broker, name=web)
     assert streamer.predict([1]) == [2]
     assert stats_for(worker).snapshot().workers_by_device == {"default": 1}
-    assert stats_for(web).snapshot().workers_by_device == {}, "the web process has no device to say"
-    # The web side's count of live workers is Redis's, asked once a second.
-    assert wait_for(lambda: stats_for(web).snapshot().workers_live == 1, 10), stats_for(web).snapshot()
+    seen = stats_for(web).snapshot()
+    assert (seen.workers_live, seen.workers_by_device) == (1, {"default": 1})
+    samples = scrape()
+    assert samples[("streamer_workers_live", (("model", web),))] == 1
+    assert samples[("streamer_workers_live_by_device", (("device", "default"), ("model", web)))] == 1
     handle.stop()
     assert stats_for(worker).snapshot().workers_by_device == {}
+    # A worker that stops leaves Redis's set as it goes.
+    assert wait_for(lambda: stats_for(web).snapshot().workers_by_device == {}, 5), stats_for(web).snapshot()
+    assert stats_for(web).snapshot().workers_live == 0
+
+
+def test_a_live_worker_whose_info_cannot_be_read_counts_on_device_unknown(
+    broker: Broker, make_streamer: Callable[..., Any]
+) -> None:
+    """Anyone with access to Redis may write its presence keys: a worker
+    that beats with no info, or info that does not parse, still counts, on
+    ``unknown``, so that the devices add up to the live workers."""
+    web = f"web-{broker.prefix}"
+    make_streamer(broker, name=web)
+    seconds, micros = broker.conn.time()
+    now_ms = seconds * 1000 + micros // 1000
+    broker.conn.zadd(f"streamer:{broker.prefix}:workers", {"no-info": now_ms, "garbled": now_ms, "numbered": now_ms})
+    broker.conn.hset(f"streamer:{broker.prefix}:worker-info", "garbled", "{not json")
+    broker.conn.hset(f"streamer:{broker.prefix}:worker-info", "numbered", '{"device": 3}')
+    seen = stats_for(web).snapshot()
+    assert (seen.workers_live, seen.workers_by_device) == (3, {"unknown": 3})
+
+
+def test_live_workers_read_0_and_no_device_while_redis_does_not_answer(
+    fault_broker: Broker, make_streamer: Callable[..., Any], start_worker: Callable[..., ThreadWorker]
+) -> None:
+    """With Redis away no worker can take a batch (calls fail with
+    BrokerUnavailableError): the web side's live workers read 0, and its
+    devices have no sample rather than a number nobody knows."""
+    web = f"web-{fault_broker.prefix}"
+    start_worker(fault_broker, double, name=f"worker-{fault_broker.prefix}")
+    streamer = make_streamer(fault_broker, name=web)
+    assert streamer.predict([1]) == [2]
+    assert sample("streamer_workers_live", web) == 1
+    assert fault_broker.server is not None
+    fault_broker.server.kill()
+    samples = scrape()  # does not raise
+    assert samples[("streamer_workers_live", (("model", web),))] == 0
+    assert not [key for key in samples if key[0] == "streamer_workers_live_by_device" and ("model", web) in key[1]]
+    seen = stats_for(web).snapshot()
+    assert (seen.workers_live, seen.workers_by_device) == (0, {})

@@ -66,3 +66,20 @@ def test_a_worker_that_does_not_trace_ignores_the_context_sent(broker, make_stre
     with trace.get_tracer("test").start_as_current_span("request"):
         assert streamer.predict([1, 2]) == [2, 4]
     assert [span.name for span in finished(exporter)] == ["request"]
+
+
+def test_a_call_left_out_of_the_sample_crosses_redis_and_its_batch_makes_no_span(broker, make_streamer, start_worker):
+    """The web side sends the context of a call the sampler left out too
+    (flags 00): the worker makes no span for a batch of such calls alone."""
+    exporter = in_memory()
+    start_worker(broker, models.double, batch_size=8, tracing=True)
+    streamer = make_streamer(broker, tracing=True)
+    assert streamer.wait_ready(10)
+    unsampled = trace.SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=trace.TraceFlags(0))
+    with trace.use_span(trace.NonRecordingSpan(unsampled)):
+        assert streamer.predict([1, 2]) == [2, 4]
+    assert finished(exporter) == []
+    with trace.get_tracer("test").start_as_current_span("request") as span:
+        assert streamer.predict([3]) == [6]
+    [batch] = named(finished(exporter), f"batch {broker.prefix}")
+    assert batch.links == [span.get_span_context().span_id]

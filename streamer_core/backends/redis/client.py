@@ -7,7 +7,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver, live_items
 from ...codec import Buffers, get_codec
@@ -401,7 +401,7 @@ class _RedisClientBackend(Backend):
         return self.roster.why_not_ready(self._send_conn)
 
     def workers_now(self) -> int:
-        return self.live_workers()
+        return 0  # none of this process's: Redis's are asked at each read (live_workers_by_device)
 
     def waiting(self) -> int:
         return self.unanswered()
@@ -473,6 +473,9 @@ class _RedisClientBackend(Backend):
 
     def pending_requests(self) -> int:
         return self.roster.pending(self._send_conn)  # streamer_redis_pending: see Roster.pending
+
+    def live_workers_by_device(self) -> Dict[str, int]:
+        return self.roster.live_by_device(self._send_conn)  # streamer_workers_live: see ModelStats.broker_workers
 
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""

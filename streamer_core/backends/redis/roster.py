@@ -1,6 +1,6 @@
 """The workers of a prefix as a web process sees them: how many are live
-(they beat within ``PRESENCE_MS``), when one was last seen, and which are
-still loading their model.
+(they beat within ``PRESENCE_MS``) and on which devices, when one was last
+seen, and which are still loading their model.
 
 With ``require_workers`` (as the Flask and Django layers make a
 :class:`~streamer_core.RedisStreamer`), calls are refused at once while no
@@ -34,11 +34,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
+from ...devices import shown_device
 from ...errors import NoWorkerError
 from .connection import broker_errors
-from .wire import GROUP, LIVE_INFO_SCRIPT, LIVE_WORKERS_SCRIPT, PRESENCE_MS, Keys, LoadingWorker, loading_workers
+from .wire import (
+    GROUP,
+    LIVE_WORKER_INFO_SCRIPT,
+    LIVE_WORKERS_SCRIPT,
+    PRESENCE_MS,
+    Keys,
+    LoadingWorker,
+    loading_workers,
+)
 
 __all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
 
@@ -79,6 +88,21 @@ class Roster:
             self._seen = time.monotonic()
         return live
 
+    def live_by_device(self, conn: Any) -> Dict[str, int]:
+        """How many workers serve this prefix now, by device as each wrote
+        it in its info (as its own metrics name it: ``default`` where none
+        was given; ``unknown`` for a live worker whose info is missing or
+        does not parse: anyone with access to Redis may write there), by
+        asking Redis once; for ``streamer_workers_live_by_device``."""
+        infos = conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
+        if infos:
+            self._seen = time.monotonic()
+        counts: Dict[str, int] = {}
+        for raw in infos:
+            device = _device_of(raw)
+            counts[device] = counts.get(device, 0) + 1
+        return counts
+
     def pending(self, conn: Any) -> int:
         """Requests of this prefix delivered to a worker and not yet
         acknowledged, by every web process, as Redis holds them (one XPENDING
@@ -106,7 +130,7 @@ class Roster:
             loading = [] if live else loading_workers(conn, self._keys)
             if live and self._levels > 1:
                 self._learn_levels(
-                    conn.eval(LIVE_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
+                    conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
                 )
         except broker_errors():
             self.unreachable()
@@ -200,3 +224,17 @@ class Roster:
         )
         error.retry_after_s = min(LONGEST_RETRY_AFTER_S, max(1.0, seconds))
         return error
+
+
+def _device_of(raw: Any) -> str:
+    """A live worker's device from the info it wrote: ``CUDA_VISIBLE_DEVICES``
+    as it serves, or ``null`` (``default``); ``unknown`` where the info is
+    missing or is not what a worker writes."""
+    try:
+        info = json.loads(raw) if raw is not None else None
+    except ValueError:
+        info = None
+    device = info.get("device", False) if isinstance(info, dict) else False
+    if device is None or isinstance(device, str):
+        return shown_device(device)
+    return "unknown"

@@ -22,7 +22,8 @@ A request entry (written by :func:`request_fields`, read by :func:`parse_request
     b0, b1, ...  the payload's out-of-band buffers (raw bytes of large arrays)
     w   optional: the input's cost, by the web side's ``item_cost``
     tp  optional: the W3C ``traceparent`` of the span the call was made in,
-        when the web side traces (a worker that does not know it ignores it)
+        when the web side traces (a worker that does not know it ignores it);
+        flags 00 for a span the sampler left out (its batch makes no span for it)
 
 A result entry holds every answer of one batch for one web process
 (written by :func:`result_entry`, read by :func:`parse_results`)::
@@ -105,7 +106,7 @@ _CODEC_NAME = re.compile(rb"[a-z0-9_-]{1,32}\Z")
 _BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})\Z")
 _RESULT_BUFFER_FIELD = re.compile(rb"b(0|[1-9][0-9]{0,5})_(0|[1-9][0-9]{0,5})\Z")
 
-# Both scripts first delete the presence set if it holds another Redis type
+# The presence scripts first delete the presence set if it holds another Redis type
 # (something else wrote there): presence must never stop for good.
 _FIX_ZSET = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -122,27 +123,36 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return ms
 """
 )
-# How many workers beat within the last ARGV[1] ms, by the server's clock;
-# forgets workers silent for ten times that, and members dated in the future
-# (no worker writes those).
-LIVE_WORKERS_SCRIPT = (
-    _FIX_ZSET
-    + """
+# Forget workers silent for ten times the window ARGV[1] (ms), and members
+# dated in the future (no worker writes those).
+_FORGET_SILENT = """
 local window = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 10 * window)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (ms + window), '+inf')
+"""
+# How many workers beat within the last ARGV[1] ms, by the server's clock.
+LIVE_WORKERS_SCRIPT = (
+    _FIX_ZSET
+    + _FORGET_SILENT
+    + """
 return redis.call('ZCOUNT', KEYS[1], ms - window, '+inf')
 """
 )
-# The info (worker-info, KEYS[2]) of each worker that beat into KEYS[1] within
-# the last ARGV[1] ms, by the server's clock: for web processes to learn the
-# priority levels the live workers read. Nothing where the info is not a hash.
-LIVE_INFO_SCRIPT = (
+# What each of those workers wrote of itself (the hash KEYS[2]: JSON of its
+# host, pid, device, the priority levels it reads), one reply per live
+# worker, nil where it wrote nothing (or KEYS[2] holds another type): the
+# live workers by device, and the levels they read, in one round trip.
+LIVE_WORKER_INFO_SCRIPT = (
     _FIX_ZSET
+    + _FORGET_SILENT
     + """
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], ms - tonumber(ARGV[1]), '+inf')
-if #members == 0 or redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then return {} end
-return redis.call('HMGET', KEYS[2], unpack(members))
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms - window, '+inf')
+if #live == 0 or redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then
+  local none = {}
+  for i = 1, #live do none[i] = false end
+  return none
+end
+return redis.call('HMGET', KEYS[2], unpack(live))
 """
 )
 # Add request entries to the stream KEYS[1] in one command, so that sending
