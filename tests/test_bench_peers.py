@@ -87,7 +87,14 @@ def test_one_precision_reaches_every_server_of_the_comparison(tmp_path: Path, mo
     """``--precision bfloat16``: the examples' EMBEDDING_PRECISION, the
     peers' autocast (BENCH_PEER_PRECISION), infinity's --dtype; granian
     variants serve the examples' WSGI module."""
-    args = scale_bench.parse_args(["--precision", "bfloat16", "--variants", "ours-thread-granian,mosec,infinity"])
+    args = scale_bench.parse_args(
+        [
+            "--precision",
+            "bfloat16",
+            "--variants",
+            "ours-thread-granian,django-thread-granian,django-thread,mosec,infinity",
+        ]
+    )
     args.peer_venvs = {name: f"/venvs/{name}" for name in scale_bench.PEER_VARIANTS}
     started: Dict[str, Any] = {}
 
@@ -101,6 +108,32 @@ def test_one_precision_reaches_every_server_of_the_comparison(tmp_path: Path, mo
     command, env = started["ours-thread-granian"]
     assert command[1:3] == ["-m", "granian"] and command[-1] == "example_flask.wsgi:app"
     assert env["FLASK_EMBEDDING_PRECISION"] == "bfloat16" and env["FLASK_STREAMER_BACKEND"] == "thread"
+    command, env = started["django-thread-granian"]
+    assert command[-1] == "example_django.wsgi:application" and env["EMBEDDING_PRECISION"] == "bfloat16"
+    assert started["django-thread"][1]["EMBEDDING_PRECISION"] == "bfloat16"
     assert started["mosec"][1]["BENCH_PEER_PRECISION"] == "bfloat16"
     infinity = started["infinity"][0]
+    assert infinity[infinity.index("--dtype") + 1] == "bfloat16"
+
+
+def test_many_bench_gives_infinity_the_dtype_asked_and_the_example_its_server(tmp_path: Path, monkeypatch: Any) -> None:
+    from bench import many_bench
+
+    started: List[List[str]] = []
+
+    class Recorded:
+        pid = 0
+
+        def __init__(self, command: List[str], **options: Any) -> None:
+            started.append(command)
+            options["stdout"].close()  # the log the server would have written
+
+    monkeypatch.setattr(many_bench.subprocess, "Popen", Recorded)  # the command line, not a server
+    args = many_bench.parse_args(
+        ["--infinity", "/venvs/infinity", "--infinity-dtype", "bfloat16", "--server", "granian"]
+    )
+    for name in ("ours", "infinity"):
+        many_bench.Server(name, args, str(tmp_path)).start()
+    ours, infinity = started
+    assert ours[1:3] == ["-m", "granian"] and ours[-1] == "example_flask.wsgi:app"
     assert infinity[infinity.index("--dtype") + 1] == "bfloat16"

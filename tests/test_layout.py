@@ -102,3 +102,16 @@ def test_every_package_opens_with_a_docstring_saying_what_it_holds():
     for name, path in modules().items():
         if path.name == "__init__.py" and "management" not in name:
             assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no docstring"
+
+
+def test_the_engine_starts_its_threads_through_one_helper():
+    """Every thread streamer_core starts leaves the process's signals to its
+    main thread (streamer_core.threads.background): none is made elsewhere.
+    demo.py's threads are the demo's callers, not the engine's."""
+    makers = {}
+    for name, path in modules().items():
+        if name.startswith("streamer_core") and name not in ("streamer_core.threads", "streamer_core.demo"):
+            text = path.read_text()
+            if "threading.Thread(" in text or "start_new_thread(target" in text:
+                makers[name] = path
+    assert makers == {}

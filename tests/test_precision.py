@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,3 +113,67 @@ def test_bfloat16_keeps_linear_weights_in_bfloat16_and_autocasts_numbers():
     rounded_each_time._example_precision = "bfloat16"  # autocast over its float32 weights
     assert all(m.weight.dtype == torch.float32 for m in rounded_each_time.modules() if isinstance(m, torch.nn.Linear))
     assert np.abs(embed(kept, TEXTS) - embed(rounded_each_time, TEXTS)).max() < 1e-6
+
+
+def test_auto_is_the_default_of_both_examples():
+    from example_flask.app import DEFAULTS
+
+    assert DEFAULTS["EMBEDDING_PRECISION"] == "auto"
+    env = {k: v for k, v in os.environ.items() if k != "EMBEDDING_PRECISION"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import example_django.settings as s; print(s.EMBEDDING_PRECISION)"],
+        cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.stdout.strip() == "auto", out.stderr[-2000:]
+
+
+def test_without_torchs_amx_probe_or_when_it_fails_there_is_no_amx(monkeypatch):
+    import torch
+
+    def fails() -> bool:
+        raise RuntimeError("cpuinfo could not be read")
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", fails)
+    assert cpu_has_amx() is False
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert cpu_has_amx() is False
+
+
+def test_a_model_not_loaded_by_the_example_computes_in_float32():
+    """embed() on a SentenceTransformer made elsewhere: its own numbers."""
+    from sentence_transformers import SentenceTransformer
+
+    from example_flask.embedding import resolve_model
+
+    model = SentenceTransformer(resolve_model("all-MiniLM-L6-v2"), device="cpu")
+    expected = model.encode(TEXTS, batch_size=len(TEXTS), normalize_embeddings=True, show_progress_bar=False)
+    assert np.abs(embed(model, TEXTS) - expected).max() < 1e-5
+
+
+def test_bfloat16_applies_on_the_slow_tokenizers_path_too():
+    """A model whose tokenizer is not a fast one is called through its own
+    encode, under the same autocast."""
+    exact = embed(load_sentence_model(precision="float32"), TEXTS)
+    model = load_sentence_model(precision="bfloat16")
+    embed(model, TEXTS[:1])  # makes the encoder
+    model._example_encoder.tokenizer = None  # as for a slow tokenizer
+    rounded = embed(model, TEXTS)
+    assert 1e-5 < np.abs(rounded - exact).max() and (rounded * exact).sum(axis=1).min() >= 0.9999
+
+
+def test_autocast_follows_the_models_device(monkeypatch):
+    """The products run in bfloat16 on the device the model is on (the CPU
+    here; ``cuda`` on a GPU: tests/gpu checks the numbers there)."""
+    import torch
+
+    seen = []
+    real = torch.autocast
+
+    def recording(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append((device_type, kwargs.get("enabled", True)))
+        return real(device_type, *args, **kwargs)
+
+    model = load_sentence_model(precision="bfloat16", device="cpu")
+    monkeypatch.setattr(torch, "autocast", recording)
+    embed(model, TEXTS[:2])
+    assert seen and all(entry == (model.device.type, True) for entry in seen), seen

@@ -1,25 +1,27 @@
-"""The model in this web process, for /naive: loaded on first use, once."""
+"""The model in this web process, for /naive: loaded on first use, once per
+model name and precision (the settings a test may override)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Dict, Tuple
 
 from django.conf import settings
 
 from example_flask.embedding import load_sentence_model
 
 _lock = threading.Lock()
-_model: Optional[Any] = None
+_models: Dict[Tuple[str, str], Any] = {}
 
 
 def naive_model() -> Any:
-    """The SentenceTransformer of ``settings.EMBEDDING_MODEL``, loaded on first use."""
-    global _model
-    if _model is None:
+    """The SentenceTransformer of ``settings.EMBEDDING_MODEL`` in
+    ``settings.EMBEDDING_PRECISION`` (``auto`` where unset), loaded on first use."""
+    key = (settings.EMBEDDING_MODEL, getattr(settings, "EMBEDDING_PRECISION", "auto"))
+    model = _models.get(key)
+    if model is None:
         with _lock:
-            if _model is None:
-                _model = load_sentence_model(
-                    settings.EMBEDDING_MODEL, precision=getattr(settings, "EMBEDDING_PRECISION", "auto")
-                )
-    return _model
+            model = _models.get(key)
+            if model is None:
+                model = _models[key] = load_sentence_model(key[0], precision=key[1])
+    return model

@@ -152,3 +152,66 @@ def test_a_forked_childs_main_thread_keeps_its_signals():
         pytest.skip("reads Linux's /proc")
     done = run(script, timeout=60)
     assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
+
+
+def test_the_signals_left_to_the_main_thread_are_those_servers_and_terminals_send():
+    from streamer_core.threads import PROCESS_SIGNALS
+
+    expected = {"SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGTTIN", "SIGTTOU",
+                "SIGCHLD", "SIGALRM"}  # fmt: skip
+    assert {signal.Signals(s).name for s in PROCESS_SIGNALS} == {n for n in expected if hasattr(signal, n)}
+
+
+def test_a_spawned_workers_own_threads_leave_the_signals_to_its_main_thread():
+    """The process backend's worker reads its pipe on a thread of its own:
+    that thread blocks the control signals, the worker's main thread none."""
+    script = """
+    import os, re
+    from streamer_core import Streamer
+    from streamer_core.threads import PROCESS_SIGNALS
+
+    def masks(batch):
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/status") as status:
+                out[int(tid)] = int(re.search(r"SigBlk:\\s*([0-9a-f]+)", status.read()).group(1), 16)
+        return [(os.getpid(), out)] * len(batch)
+
+    if __name__ == "__main__":
+        streamer = Streamer(masks, batch_size=1, max_latency=0.01, worker_num=1)
+        pid, found = streamer.predict([1])[0]
+        wanted = sum(1 << (int(s) - 1) for s in PROCESS_SIGNALS)
+        others = [mask for tid, mask in found.items() if tid != pid]
+        print(found[pid] == 0, len(others) >= 1, any(mask & wanted == wanted for mask in others))
+        streamer.close()
+    """
+    if not os.path.exists("/proc/self/task"):
+        pytest.skip("reads Linux's /proc")
+    path = ROOT / "tests" / "core" / "scripts" / "_masks_in_a_worker.py"
+    path.write_text(textwrap.dedent(script))
+    try:
+        done = subprocess.run(
+            [sys.executable, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        path.unlink()
+    assert done.stdout.split() == ["True", "True", "True"], (done.stdout, done.stderr[-2000:])
+
+
+def test_after_a_signal_the_relay_rests():
+    """One poke per signal: the relay does not wake itself with its own
+    poke, over and over (a core burnt for good)."""
+    script = """
+    import os, signal, time
+    from streamer_core.web.settling import wake_main_thread_on_signals
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    assert wake_main_thread_on_signals()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.3)
+    start = time.process_time()
+    time.sleep(1.0)
+    print(time.process_time() - start < 0.1)
+    """
+    done = run(script, timeout=30)
+    assert done.stdout.split() == ["True"], (done.stdout, done.stderr[-2000:])

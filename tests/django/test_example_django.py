@@ -55,6 +55,7 @@ def example(settings: Any) -> Any:
             streamer = dict(streamer, TIMEOUT=timeout_seconds)
         settings.ROOT_URLCONF = module.ROOT_URLCONF
         settings.EMBEDDING_MODEL = module.EMBEDDING_MODEL
+        settings.EMBEDDING_PRECISION = module.EMBEDDING_PRECISION
         settings.IMAGE_MODEL = module.IMAGE_MODEL
         settings.STREAMER = streamer
         return module
@@ -115,6 +116,21 @@ def test_the_thread_backend_serves_sentence_embeddings(example, client):
             assert response.json()["error"]["type"] == "InvalidInput"
         assert client.get(url).status_code == 405
     assert client.get("/").json()["backend"] == "thread"
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_embedding_precision_decides_what_stream_and_naive_compute_in(example, client, precision):
+    """EMBEDDING_PRECISION reaches the batched view's model and /naive's:
+    float32 gives sentence-transformers' own numbers, bfloat16 others."""
+    from example_flask.embedding import load_sentence_model
+
+    example(EMBEDDING_PRECISION=precision, STREAMER_BACKEND="thread")
+    sentence = "A man is playing a guitar."
+    exact = load_sentence_model(precision="float32").encode([sentence], normalize_embeddings=True)[0]
+    for path in ("/stream", "/naive"):
+        got = post(client, path, {"s": sentence}).json()
+        off = max(abs(a - float(b)) for a, b in zip(got, exact))
+        assert (off < 1e-5) if precision == "float32" else (1e-5 < off < 5e-3), (path, off)
 
 
 def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path):

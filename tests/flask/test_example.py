@@ -87,6 +87,22 @@ def test_embed_gives_what_the_models_own_encode_gives():
     assert np.abs(got - expected).max() < 1e-5
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_flask_examples_setting_decides_what_stream_and_naive_compute_in(precision):
+    from example_flask.embedding import load_sentence_model
+
+    app = create_app({"EMBEDDING_PRECISION": precision, "STREAMER_BACKEND": "thread"})
+    try:
+        client = app.test_client()
+        exact = load_sentence_model(precision="float32").encode([SENTENCES[0]], normalize_embeddings=True)[0]
+        for path in ("/stream", "/naive"):
+            got = np.asarray(client.post(path, json={"s": SENTENCES[0]}).get_json(), dtype=np.float32)
+            off = float(np.abs(got - exact).max())
+            assert (off < 1e-5) if precision == "float32" else (1e-5 < off < 5e-3), (path, off)
+    finally:
+        close_streamers(app)
+
+
 @pytest.mark.parametrize("path", ["/stream", "/naive"])
 def test_paraphrases_are_closer_than_unrelated_sentences(app, path):
     first, second = (embedding(app, s, path) for s in PARAPHRASES)
