@@ -59,5 +59,7 @@ class Embed(Worker):
 
 if __name__ == "__main__":
     server = Server()
-    server.append_worker(Embed, num=1, max_batch_size=BATCH, max_wait_time=WAIT_MS)
+    # BENCH_PEER_WORKERS model processes (scale_bench --model-workers): 1 unless asked.
+    workers = int(os.environ.get("BENCH_PEER_WORKERS", "1"))
+    server.append_worker(Embed, num=workers, max_batch_size=BATCH, max_wait_time=WAIT_MS)
     server.run()
