@@ -196,7 +196,9 @@ class Deployment:
             self.redis.start()
         if variant in PEER_VARIANTS:
             command, env = self.peer_command()
-            env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", BENCH_PEER_WORKERS=str(args.model_workers))
+            env.update(
+                HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", BENCH_PEER_WORKERS=str(args.model_workers)
+            )
             if args.precision != "defaults":
                 env["BENCH_PEER_PRECISION"] = args.precision
             self.web = self._group(command, env, "web")
