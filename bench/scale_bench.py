@@ -49,7 +49,8 @@ when named, each from a virtual environment of its own that
 ``bench/.venvs``, git-ignored): pinned versions, torch 2.13.0. Each is one
 server process tree, serving the same model directory, batches of up to 64
 formed within 10 ms as their docs advise (infinity: ``--batch-size 64``, its
-own timing); its whole tree's CPU is counted under ``web``.
+own timing); its whole tree's CPU is counted under ``web``. mosec runs
+``--model-workers`` model processes, as ``ours-process`` and ``ours-redis`` do.
 ``--stub-forward`` reaches mosec's and LitServe's model (they load it with
 sentence-transformers, as the examples do), not infinity's engine: with it,
 infinity is left out.

@@ -112,6 +112,7 @@ def test_one_precision_reaches_every_server_of_the_comparison(tmp_path: Path, mo
     assert command[-1] == "example_django.wsgi:application" and env["EMBEDDING_PRECISION"] == "bfloat16"
     assert started["django-thread"][1]["EMBEDDING_PRECISION"] == "bfloat16"
     assert started["mosec"][1]["BENCH_PEER_PRECISION"] == "bfloat16"
+    assert started["mosec"][1]["BENCH_PEER_WORKERS"] == str(args.model_workers)
     infinity = started["infinity"][0]
     assert infinity[infinity.index("--dtype") + 1] == "bfloat16"
 
