@@ -35,6 +35,16 @@ def env() -> dict:
     return dict(clean, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
 
 
+def last_line_of(script: str) -> str:
+    """What ``script`` printed last, run in a fresh interpreter (the WSGI
+    module loads the model as it is imported, and sets process-wide state)."""
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_the_wsgi_module_loads_the_model_then_freezes_what_loading_made():
     """What gunicorn's post_worker_init does, done by the module itself for
     servers without the hook: the model is loaded when the import returns,
@@ -46,11 +56,7 @@ def test_the_wsgi_module_loads_the_model_then_freezes_what_loading_made():
         "print(json.dumps([gc.get_freeze_count(), list(gc.get_threshold()), "
         "sorted(r.name for r, h in _state(w.app).handles.items() if h.started)]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    frozen, threshold, started = json.loads(out.stdout.strip().splitlines()[-1])
+    frozen, threshold, started = json.loads(last_line_of(script))
     assert frozen > 100_000, "loading made hundreds of thousands of objects: they are frozen"
     assert threshold == list(GC_THRESHOLD)
     assert "stream" in started
@@ -72,11 +78,7 @@ def test_the_wsgi_module_wakes_the_main_thread_on_signals():
         "fd = signal.set_wakeup_fd(-1)\n"
         "print(fd != -1, any(t.name == 'streamer-signal-relay' for t in threading.enumerate()))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1].split() == ["True", "True"]
+    assert last_line_of(script).split() == ["True", "True"]
 
 
 def test_under_granian_the_example_answers_and_finishes_requests_in_hand_on_sigterm(tmp_path):

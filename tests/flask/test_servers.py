@@ -49,6 +49,27 @@ def mode(port: int) -> Dict[str, Any]:
     return body
 
 
+def check_each_process_batches(port: int, server: Any, rounds: int, tag: str) -> None:
+    """Volleys until both of the server's two worker processes have served a
+    fair share (the kernel picks who accepts): each answered from a process
+    of this server, not its master, and each batched requests of its own."""
+    served: Dict[int, list] = defaultdict(list)
+    for round_ in range(rounds):
+        volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"{tag}-{round_}")
+        volley.check_answers()
+        for reply in volley.replies:
+            served[reply.body["pid"]].append(reply.body["batch"])
+        if len(served) == 2 and min(map(len, served.values())) >= 20:
+            break
+    assert all(map(server.ours, served)), f"answers came from processes not of this server: {sorted(served)}"
+    assert server.process.pid not in served, "the server's master itself ran the model"
+    assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
+    for pid, sizes in served.items():
+        assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
+        # A process's batch holds only that process's requests.
+        assert max(sizes) <= len(sizes), f"worker {pid} reports a batch bigger than all it served: {sizes}"
+
+
 def test_flask_development_server_threaded():
     port = free_port()
     with live_server(flask_dev_argv(port), port) as server:
@@ -87,21 +108,7 @@ def test_gunicorn_gevent_worker():
 def test_gunicorn_two_worker_processes_each_batch_with_their_own_streamer():
     port = free_port()
     with live_server(gunicorn_argv(port, "-w", "2", "-k", "gthread", "--threads", "16"), port) as server:
-        served: Dict[int, list] = defaultdict(list)
-        for round_ in range(4):  # until both workers have served a fair share (the kernel picks who accepts)
-            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"w2-{round_}")
-            volley.check_answers()
-            for reply in volley.replies:
-                served[reply.body["pid"]].append(reply.body["batch"])
-            if len(served) == 2 and min(map(len, served.values())) >= 20:
-                break
-        assert all(map(server.ours, served)), f"answers came from processes not of this server: {sorted(served)}"
-        assert server.process.pid not in served, "the gunicorn master itself ran the model"
-        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
-        for pid, sizes in served.items():
-            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
-            # A process's batch holds only that process's requests.
-            assert max(sizes) <= len(sizes), f"worker {pid} reports a batch bigger than all it served: {sizes}"
+        check_each_process_batches(port, server, 4, "w2")
 
 
 def test_control_the_dev_server_without_threads_cannot_batch():
@@ -133,18 +140,7 @@ def test_uwsgi_several_processes_each_batch_with_their_own_streamer(lazy):
     port = free_port()
     options = ["--master", "--processes", "2", "--threads", "16"] + (["--lazy-apps"] if lazy else [])
     with live_server(uwsgi_argv(port, *options), port) as server:
-        served: Dict[int, list] = defaultdict(list)
-        for round_ in range(6):
-            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"uwsgi-{lazy}-{round_}")
-            volley.check_answers()
-            for reply in volley.replies:
-                served[reply.body["pid"]].append(reply.body["batch"])
-            if len(served) == 2 and min(map(len, served.values())) >= 20:
-                break
-        assert all(map(server.ours, served)) and server.process.pid not in served
-        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
-        for pid, sizes in served.items():
-            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
+        check_each_process_batches(port, server, 6, f"uwsgi-{lazy}")
 
 
 def test_uwsgi_runs_the_process_backends_workers():
@@ -179,15 +175,4 @@ def test_granian_two_workers_each_batch_with_their_own_streamer():
     gets a streamer, and its model, of its own."""
     port = free_port()
     with live_server(granian_argv(port, "--workers", "2", "--blocking-threads", "32"), port) as server:
-        served: Dict[int, list] = defaultdict(list)
-        for round_ in range(8):
-            volley = fire(port, "/predict", CLIENTS, PER_CLIENT, tag=f"granian-2-{round_}")
-            volley.check_answers()
-            for reply in volley.replies:
-                served[reply.body["pid"]].append(reply.body["batch"])
-            if len(served) == 2 and min(map(len, served.values())) >= 20:
-                break
-        assert all(map(server.ours, served)) and server.process.pid not in served
-        assert len(served) == 2, f"only the worker(s) {sorted(served)} answered"
-        for pid, sizes in served.items():
-            assert max(sizes) > 1, f"worker {pid} never batched two requests: {sizes}"
+        check_each_process_batches(port, server, 8, "granian-2")
