@@ -54,7 +54,7 @@ import math
 import os
 import threading
 import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from .errors import (
     ItemCostError,
@@ -91,6 +91,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("streamer_core.stats")
+#: What a broker streamer is asked for (:meth:`ModelStats._most_of_brokers`).
+B = TypeVar("B")
 
 
 def outcome_of(exc: BaseException) -> str:
@@ -241,17 +243,7 @@ class ModelStats:
         scrape must not fail, nor flood the log, while Redis is away). The
         largest among this name's streamers, which share one requests stream
         when they share a prefix (they are not added up)."""
-        with self._lock:
-            sources = list(self._brokers)
-        pending: Optional[int] = None
-        for source in sources:
-            try:
-                count = source.pending_requests()
-            except Exception as exc:
-                logger.debug("no pending count of %s from its broker: %s", self.model, exc)
-                return None
-            pending = count if pending is None else max(pending, count)
-        return pending
+        return self._most_of_brokers(lambda source: source.pending_requests(), float, "pending count")
 
     def broker_workers(self) -> Optional[Dict[str, int]]:
         """The workers of this name serving now by device, as their broker
@@ -260,17 +252,25 @@ class ModelStats:
         broker streamer or when the broker does not answer (logged at debug,
         as for :meth:`broker_pending`). The most among this name's streamers
         (they share their workers when they share a prefix: not added up)."""
+        return self._most_of_brokers(
+            lambda source: source.live_workers_by_device(), lambda devices: sum(devices.values()), "live workers"
+        )
+
+    def _most_of_brokers(self, ask: Callable[[BrokerSource], B], size: Callable[[B], float], what: str) -> Optional[B]:
+        """What ``ask`` gets of each of this name's broker streamers, the
+        largest by ``size``; ``None`` without one, or as soon as one does
+        not answer (logged at debug as ``what``)."""
         with self._lock:
             sources = list(self._brokers)
-        found: Optional[Dict[str, int]] = None
+        found: Optional[B] = None
         for source in sources:
             try:
-                devices = source.live_workers_by_device()
+                value = ask(source)
             except Exception as exc:
-                logger.debug("no live workers of %s from its broker: %s", self.model, exc)
+                logger.debug("no %s of %s from its broker: %s", what, self.model, exc)
                 return None
-            if found is None or sum(devices.values()) > sum(found.values()):
-                found = devices
+            if found is None or size(value) > size(found):
+                found = value
         return found
 
     def batch_ran(
