@@ -162,7 +162,7 @@ def test_the_signals_left_to_the_main_thread_are_those_servers_and_terminals_sen
     assert {signal.Signals(s).name for s in PROCESS_SIGNALS} == {n for n in expected if hasattr(signal, n)}
 
 
-def test_a_spawned_workers_own_threads_leave_the_signals_to_its_main_thread():
+def test_a_spawned_workers_own_threads_leave_the_signals_to_its_main_thread(tmp_path):
     """The process backend's worker reads its pipe on a thread of its own:
     that thread blocks the control signals, the worker's main thread none."""
     script = """
@@ -187,15 +187,12 @@ def test_a_spawned_workers_own_threads_leave_the_signals_to_its_main_thread():
     """
     if not os.path.exists("/proc/self/task"):
         pytest.skip("reads Linux's /proc")
-    path = ROOT / "tests" / "core" / "scripts" / "_masks_in_a_worker.py"
+    path = tmp_path / "masks_in_a_worker.py"  # a script: the spawned worker imports its model from it
     path.write_text(textwrap.dedent(script))
-    try:
-        done = subprocess.run(
-            [sys.executable, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-            text=True, timeout=120,
-        )  # fmt: skip
-    finally:
-        path.unlink()
+    done = subprocess.run(
+        [sys.executable, str(path)], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
     assert done.stdout.split() == ["True", "True", "True"], (done.stdout, done.stderr[-2000:])
 
 
