@@ -13,7 +13,7 @@ import pytest
 from flask import Flask
 
 from flask_streamer import ConfigurationError, FlaskStreamer
-from tests.flask.conftest import error_of, post_in_thread
+from tests.flask.conftest import error_of, post_in_thread, spec_of
 from tests.helpers import wait_for
 
 LEVELS = {"STREAMER_PRIORITY_LEVELS": 2, "STREAMER_BATCH_SIZE": 2, "STREAMER_MAX_LATENCY": 0.01}
@@ -151,3 +151,39 @@ def test_the_commands_count_a_model_two_routes_serve_once(make_app):
     assert [line.split()[0] for line in result.output.splitlines() if not line.startswith(" ")] == ["search"], (
         "one model, so one status (and one set of workers)"
     )
+
+
+def test_a_route_with_its_own_level_and_no_header_ignores_the_header(make_app):
+    """``priority=N`` without ``priority_header``: the header neither moves
+    the request (a public route cannot be jumped) nor is read (no 400)."""
+    app, streamer = make_app(LEVELS)
+    streamer.add_batched_route("/fixed", "fixed", lambda batch: batch, priority=2)
+    queue = streamer.get_streamer("fixed", app)
+    before = [level.requests["ok"] for level in queue.stats().priorities]
+    for value in ("1", "junk"):
+        assert app.test_client().post("/fixed", json=value, headers={"X-Priority": value}).get_json() == value
+    after = [level.requests["ok"] for level in queue.stats().priorities]
+    assert [b - a for a, b in zip(before, after)] == [0, 2], "both ran at the route's level, 2"
+
+
+def test_a_redis_models_level_settings_reach_its_web_side_and_its_workers(make_app, redis_url):
+    """The route's priority settings are the web side's RedisStreamer's
+    (its per-level bounds, timeouts and default) and the workers' that
+    ``run-workers`` starts (the levels they read, their aging)."""
+    app, streamer = make_app(
+        {
+            "STREAMER_BACKEND": "redis",
+            "STREAMER_REDIS_URL": redis_url,
+            "STREAMER_PRIORITY_LEVELS": 2,
+            "STREAMER_DEFAULT_PRIORITY": 1,
+            "STREAMER_PRIORITY_MAX_QUEUE": [None, 5],
+            "STREAMER_PRIORITY_TIMEOUT": [None, 0.3],
+            "STREAMER_PRIORITY_AGING": 5,
+        }
+    )
+    streamer.add_batched_route("/ranked", "ranked", lambda batch: batch)
+    config = streamer.get_streamer("ranked", app)._config
+    assert (config.priority_levels, config.default_priority) == (2, 1)
+    assert (config.priority_max_queue, config.priority_timeout) == ((None, 5), (None, 0.3))
+    options = spec_of(app, "ranked").worker_group().options
+    assert (options["priority_levels"], options["priority_aging"]) == (2, 5.0)

@@ -236,3 +236,30 @@ def test_the_status_command_shows_each_levels_requests(broker, make_streamer):
     text = runner.invoke(args=["streamer", "status"]).output
     assert "  by priority: 1: 2 waiting, 0 pending; 2: 3 waiting, 0 pending" in text.splitlines(), text
     assert not any(future.done() for future in waiting)
+
+
+def test_a_worker_that_does_not_say_its_levels_is_taken_to_read_one(broker, make_streamer):
+    """A worker of a version before levels writes no ``levels`` in its
+    info: it reads the first stream only, and with ``require_workers`` a
+    call at level 2 is refused at once, not left where nobody reads."""
+    from streamer_core.backends.redis.wire import BEAT_SCRIPT, PRESENCE_TTL_MS, Keys
+
+    keys = Keys(broker.prefix)
+    stop = threading.Event()
+
+    def old_worker() -> None:  # its heartbeat and its info, as such a worker writes them
+        while not stop.is_set():
+            broker.conn.eval(BEAT_SCRIPT, 1, keys.workers, "old-worker", PRESENCE_TTL_MS)
+            broker.conn.hset(keys.worker_info, "old-worker", json.dumps({"host": "h", "pid": 1, "device": None}))
+            stop.wait(0.2)
+
+    beating = threading.Thread(target=old_worker, daemon=True)
+    beating.start()
+    try:
+        streamer = make_streamer(broker, require_workers=True, **TWO)
+        assert wait_for(lambda: streamer._backend.roster.levels_read == 1, 5)
+        with pytest.raises(NoWorkerError, match="no live worker reads priority 2"):
+            streamer.predict([1], priority=2)
+    finally:
+        stop.set()
+        beating.join(5)

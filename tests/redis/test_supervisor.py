@@ -230,3 +230,14 @@ def test_workers_do_not_outlive_a_killed_streamer_worker_command(broker, procs):
     os.kill(cli.pid, signal.SIGKILL)
     cli.wait(5)
     assert wait_for(lambda: not any(alive(pid) for pid in pids), 2), "workers outlived their killed command"
+
+
+def test_cli_priority_levels_workers_read_every_levels_stream(broker, make_streamer, procs):
+    """``streamer-worker --priority-levels 2 --priority-aging 0.5``, as the
+    README runs it: its workers say they read two levels, and answer calls
+    of both."""
+    cli = procs.cli(broker, "tests.redis.models:double", "--priority-levels", "2", "--priority-aging", "0.5")
+    streamer = make_streamer(broker, require_workers=True, priority_levels=2, timeout=20)
+    assert streamer.wait_ready(30), procs.log(cli)
+    assert wait_for(lambda: streamer._backend.roster.levels_read == 2, 10), procs.log(cli)
+    assert streamer.predict([3], priority=2) == [6] and streamer.predict([4], priority=1) == [8]
