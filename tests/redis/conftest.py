@@ -364,6 +364,20 @@ def procs(tmp_path: Path, running: Running) -> Processes:
     return p
 
 
+def outcomes_of(futures: Sequence[Any], timeout: float) -> List[Any]:
+    """Each future's result, or the StreamerError it ended with (a clear
+    error is an allowed outcome; anything else fails the test)."""
+    from streamer_core import StreamerError
+
+    outcomes: List[Any] = []
+    for future in futures:
+        try:
+            outcomes.append(future.result(timeout))
+        except StreamerError as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
 def wait_serving(procs: Processes, process: subprocess.Popen, pids: List[int], seconds: float = 30.0) -> None:
     """Wait until each worker ``pids`` (the process itself, or the workers of
     a supervisor) has logged that it serves, i.e. its model is loaded and it

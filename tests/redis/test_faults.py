@@ -22,7 +22,7 @@ from streamer_core import (
 from streamer_core.backends.redis.client import SEND_RETRY_S
 from streamer_core.backends.redis.roster import NO_WORKER_S
 from tests.redis import models
-from tests.redis.conftest import ThreadWorker, wait_for
+from tests.redis.conftest import ThreadWorker, outcomes_of, wait_for
 
 
 def slow_double(batch: list) -> list:
@@ -93,12 +93,7 @@ def test_calls_queued_when_redis_restarts_are_sent_again_and_answered(fault_brok
     fault_broker.server.restart(down_for=0.5)
     start_worker(fault_broker, models.double, batch_size=4)
     started = time.monotonic()
-    outcomes = []
-    for future in futures:
-        try:
-            outcomes.append(future.result(15))
-        except StreamerError as exc:  # allowed: a clear error
-            outcomes.append(exc)
+    outcomes = outcomes_of(futures, 15)  # a clear error is allowed
     assert time.monotonic() - started < 15, "calls in flight across a restart must not hang"
     assert outcomes == [[x * 2] for x in range(6)], "the web side should have sent the lost requests again"
 
@@ -118,13 +113,7 @@ def test_a_worker_running_a_batch_when_redis_restarts_keeps_serving(fault_broker
     gate.release()
     assert held.result(10) == ["ok:hold"]
     assert not wait_for(lambda: not worker.alive(), 1.5), f"the worker died: {worker.error}"
-    outcomes = []
-    for future in queued:
-        try:
-            outcomes.append(future.result(10))
-        except StreamerError as exc:
-            outcomes.append(exc)
-    assert outcomes == [["ok:q0"], ["ok:q1"], ["ok:q2"]]
+    assert outcomes_of(queued, 10) == [["ok:q0"], ["ok:q1"], ["ok:q2"]]
     assert streamer.predict(["after"]) == ["ok:after"]
 
 

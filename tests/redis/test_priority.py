@@ -18,10 +18,10 @@ from typing import Any, List
 import pytest
 import redis
 
-from streamer_core import NoWorkerError, QueueFullError, StreamerError, StreamerTimeoutError
+from streamer_core import NoWorkerError, QueueFullError, StreamerTimeoutError
 from streamer_core.stats import stats_for
 from tests.redis import models
-from tests.redis.conftest import GROUP, wait_for
+from tests.redis.conftest import GROUP, outcomes_of, wait_for
 
 TWO = {"priority_levels": 2}
 
@@ -153,13 +153,7 @@ def test_calls_of_every_level_are_sent_again_after_redis_restarts_empty(fault_br
     assert wait_for(lambda: fault_broker.xlen() == 3 and fault_broker.xlen(_low(fault_broker)) == 3, 5)
     fault_broker.server.restart(down_for=0.5)
     start_worker(fault_broker, models.double, batch_size=4, **TWO)
-    outcomes = []
-    for future in futures:
-        try:
-            outcomes.append(future.result(15))
-        except StreamerError as exc:
-            outcomes.append(exc)
-    assert outcomes == [[x * 2] for x in range(6)], "each level's requests sent again, to its stream"
+    assert outcomes_of(futures, 15) == [[x * 2] for x in range(6)], "each level's requests sent again, to its stream"
 
 
 def test_a_lower_level_call_given_up_is_deleted_from_its_stream(broker, make_streamer):
