@@ -117,9 +117,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    # The line saying a model is ready (and how long it took) is INFO on streamer_core.
+    # The line saying a model is ready (and how long it took) is INFO on
+    # streamer_core; the one naming the precision it computes in, on example_flask.
     "loggers": {
         "django_streamer": {"handlers": ["console"], "level": "INFO"},
         "streamer_core": {"handlers": ["console"], "level": "INFO"},
+        "example_flask": {"handlers": ["console"], "level": "INFO"},
     },
 }

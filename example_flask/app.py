@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Dict, Optional
 
@@ -12,7 +11,6 @@ from flask_streamer import FlaskStreamer, json_error, request_item, request_uplo
 from flask_streamer.settings import written_as
 from streamer_core.config import OPTIONS
 from streamer_core.errors import ConfigurationError
-from streamer_core.logs import LOG_FORMAT
 from streamer_core.web.http import dumps_json
 
 from .embedding import (
@@ -23,6 +21,7 @@ from .embedding import (
     load_sentence_model,
     names_of,
     sentence_of,
+    show_logs,
 )
 from .openai_api import models_reply, serve_embeddings
 from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
@@ -149,15 +148,10 @@ def _checked(app: Flask, key: str, option: str) -> Any:
 
 def _show_streamer_logs() -> None:
     """Let streamer_core's INFO lines (a model ready, and how long it took to
-    load) reach the console, under the dev server and gunicorn alike, unless
-    logging is set up already."""
-    log = logging.getLogger("streamer_core")
-    if log.level == logging.NOTSET:
-        log.setLevel(logging.INFO)
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        log.addHandler(handler)
+    load) and the example's own (the precision its model computes in) reach
+    the console, under the dev server and gunicorn alike, unless logging is
+    set up already."""
+    show_logs(("streamer_core", "example_flask"))
 
 
 def parse_sentence(req: Request) -> str:

@@ -15,6 +15,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from streamer_core import InvalidInput, ManagedModel
+from streamer_core.logs import LOG_FORMAT
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _PACKAGED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
@@ -88,6 +89,22 @@ def sentence_of(value: Any) -> str:
 #: float32); ``auto``, bfloat16 on a CPU with AMX, float32 elsewhere.
 PRECISIONS = ("auto", "float32", "bfloat16")
 log = logging.getLogger(__name__)
+
+
+def show_logs(names: Tuple[str, ...] = ("example_flask",)) -> None:
+    """Let these loggers' INFO lines reach the console (stderr) unless logging
+    is set up already: in the web process (the app calls it, with
+    ``streamer_core``) and in a worker process the process backend spawns,
+    which starts with no logging set up, where the model says the precision
+    it computes in."""
+    for name in names:
+        named = logging.getLogger(name)
+        if named.level == logging.NOTSET:
+            named.setLevel(logging.INFO)
+        if not named.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            named.addHandler(handler)
 
 
 def checked_precision(value: Any, name: str = "EMBEDDING_PRECISION") -> str:
@@ -294,6 +311,7 @@ class SentenceEmbedder(ManagedModel):
     def init_model(
         self, model_name: str = DEFAULT_MODEL, device: Optional[str] = None, precision: str = "auto"
     ) -> None:
+        show_logs()  # a spawned worker's own: the line naming the precision
         self.model = load_sentence_model(model_name, device, precision)
 
     @property

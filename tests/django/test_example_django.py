@@ -133,6 +133,25 @@ def test_embedding_precision_decides_what_stream_and_naive_compute_in(example, c
         assert (off < 1e-5) if precision == "float32" else (1e-5 < off < 5e-3), (path, off)
 
 
+def test_the_log_names_the_precision_the_model_computes_in() -> None:
+    """The example's LOGGING shows the line naming a model's precision (the
+    README: "the log says which it chose"), not only streamer_core's."""
+    import os
+    import subprocess
+
+    code = (
+        "import django; django.setup()\n"
+        "from example_flask.embedding import load_sentence_model\n"
+        "load_sentence_model(precision='bfloat16')\n"
+    )
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="example_django.settings", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "example_flask.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, done.stderr[
+        -3000:
+    ]
+
+
 def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path):
     env = commands.env(EXAMPLE_DJANGO_DB=str(tmp_path / "db.sqlite3"))
     env.pop("DJANGO_SETTINGS_MODULE")  # manage.py chooses example_django.settings
