@@ -107,6 +107,17 @@ class BrokenInitModel(ManagedModel):
         return batch
 
 
+class DiesWhileLoading(ManagedModel):
+    """Its worker process dies as the model loads (a crash in native code,
+    an out-of-memory kill), every time."""
+
+    def init_model(self) -> None:
+        os._exit(9)
+
+    def predict(self, batch: List[Any]) -> List[Any]:  # pragma: no cover - never reached
+        return batch
+
+
 class HoldModel(ManagedModel):
     """While the file ``hold`` exists in ``folder``, a batch announces itself
     (file ``inside-<pid>``) and waits, so a test can kill a worker mid-batch."""

@@ -252,3 +252,41 @@ def test_a_model_that_runs_out_of_memory_loading_says_what_to_look_at(closing, d
     message = str(info.value)
     assert f"ran out of memory on device {device} while it loaded" in message
     assert "nvidia-smi" in message and "0 bytes free" in message
+
+
+class MoreSpecificOutOfMemory(FakeOutOfMemory):
+    """A subclass of the configured out-of-memory type, as a framework's
+    device-specific error subclasses its generic one."""
+
+
+def test_a_subclass_of_a_configured_out_of_memory_type_splits_the_batch_too(closing):
+    """``oom_errors`` names types, as ``except`` clauses do: an error of a
+    subclass of one of them is out of memory as well, and its batch is split."""
+    model = MemoryBound(limit=40, error=MoreSpecificOutOfMemory)
+    streamer = closing(
+        ThreadedStreamer(model, batch_size=8, max_latency=0.2, isolate_errors=False, oom_errors=(FakeOutOfMemory,))
+    )
+    calls = [streamer.submit([x]) for x in (30, 30)]
+    assert [call.result(5) for call in calls] == [[60], [60]]
+    assert model.ran_out(model.calls) >= 1
+
+
+def test_running_out_of_memory_breaks_the_run_of_good_batches_that_lifts_the_cap():
+    """The cap grows after GOOD_RUN good batches *in a row*: a batch that
+    runs out of memory in between (even one whose input alone was too big,
+    which leaves the cap as it is) starts the count again."""
+    from streamer_core.shaping import GROWTH, CostCap
+
+    cap = CostCap(ceiling=10_000)
+    cap.ran_out(100, 40)
+    assert cap.limit == 40
+    for _ in range(GOOD_RUN - 1):
+        cap.ran(30)
+    cap.ran_out(50, 0)  # one input alone did not fit: no new cap, but the run is broken
+    cap.ran(30)
+    assert cap.limit == 40, "the cap grew on a run broken by running out of memory"
+    for _ in range(GOOD_RUN - 2):
+        cap.ran(30)
+    assert cap.limit == 40
+    cap.ran(30)
+    assert cap.limit == 40 * GROWTH

@@ -324,10 +324,57 @@ def test_a_long_batch_whose_caller_still_waits_is_not_taken_for_hung(closing):
     assert streamer.worker_pids() == pids
 
 
+def test_a_batch_one_of_whose_callers_still_waits_is_not_taken_for_hung(closing, caplog):
+    """A batch is taken for hung only while *none* of its callers waits: one
+    caller giving up on a shared batch does not get it killed under the other."""
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.05, hang_timeout=0.5))
+    assert streamer.wait_ready(60)
+    pids = streamer.worker_pids()
+    first = streamer.submit(["slow"])  # the worker runs it for 1.5 s; the next two queue meanwhile
+    time.sleep(0.2)
+    waiting, leaving = streamer.submit(["slow"]), streamer.submit(["x"])  # one batch, sent when the worker is free
+    with pytest.raises(StreamerTimeoutError):
+        leaving.result(timeout=2.0)  # gives up while that batch runs (1.5 s to 3.0 s)
+    assert waiting.result(timeout=20) == ["SLOW"] and first.result(timeout=20) == ["SLOW"]
+    assert "taken for hung" not in caplog.text, caplog.text
+    assert streamer.worker_pids() == pids
+
+
+def test_a_batch_sent_ahead_is_timed_from_when_the_worker_started_it(closing):
+    """A batch sent while the worker ran another ran from when that one
+    ended: timed from when it was sent, the quick batches sent ahead of
+    three slow ones would look slow, and a call that a quick batch answers
+    in time would be refused as one the model could not answer in time."""
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01))
+    assert streamer.wait_ready(60)
+    [slot] = streamer._backend._slots
+    for _ in range(3):
+        slow = streamer.submit(["slow"])  # 1.5 s
+        time.sleep(0.3)
+        quick = [streamer.submit([x]) for x in "abcd"]  # a full batch: sent ahead, run right after the slow one
+        assert wait_for(lambda: len(slot.batches) == 2, 5), "the next full batch should have been sent ahead"
+        assert slow.result(timeout=20) == ["SLOW"]
+        assert [f.result(timeout=20) for f in quick] == [["A"], ["B"], ["C"], ["D"]]
+    assert streamer.predict(["in time"], timeout=0.5) == ["IN TIME"]
+
+
 @pytest.mark.parametrize("value", [0, -1, float("inf"), "60"])
 def test_a_bad_hang_timeout_is_refused(value):
     with pytest.raises((TypeError, ValueError), match="hang_timeout is in seconds"):
         Streamer(models.double, batch_size=4, hang_timeout=value)
+
+
+def test_a_worker_that_dies_while_loading_is_given_up_after_three_deaths(closing, caplog):
+    """A worker dying before its model is ready is started again, with a
+    growing pause, and given up for good at its third death in a row: calls
+    then fail at once, saying so."""
+    streamer = closing(Streamer(models.DiesWhileLoading, batch_size=4))
+    with pytest.raises(WorkerStartError, match="died 3 times while loading the model"):
+        streamer.wait_ready(60)
+    with pytest.raises(WorkerStartError, match="died 3 times while loading the model"):
+        streamer.predict([1], timeout=5)
+    assert caplog.text.count("exited with code 9; restarting it") == 2, caplog.text
+    assert caplog.text.count("exited with code 9; giving it up") == 1, caplog.text
 
 
 def test_a_model_that_cannot_load_fails_calls_with_its_error(closing):

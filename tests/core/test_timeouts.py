@@ -279,3 +279,23 @@ def test_an_estimate_of_stale_batches_drops_nothing(closing, monkeypatch):
     with pytest.raises(StreamerTimeoutError):
         streamer.predict(["stale"], timeout=0.2)
     assert "stale" in ran, "run: nothing fresh said it could not be answered in time"
+
+
+def test_every_thread_waiting_on_one_future_gets_its_result_when_it_ends(closing, gate):
+    """A future several threads wait on (``result()`` with no timeout) wakes
+    them all as it ends, not the first while the rest sit out the call's
+    whole deadline."""
+    streamer = closing(ThreadedStreamer(gate, batch_size=4, max_latency=0.01, timeout=30))
+    future = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    answers = []
+    waiters = [threading.Thread(target=lambda: answers.append(future.result())) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.2)  # all three are waiting
+    started = time.monotonic()
+    gate.release()
+    for waiter in waiters:
+        waiter.join(10)
+    assert answers == [["ok:hold"]] * 3
+    assert time.monotonic() - started < 3.0, "a waiter was woken only by its deadline"
