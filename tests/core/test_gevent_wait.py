@@ -90,6 +90,15 @@ def test_several_greenlets_waiting_on_one_call_all_wake_and_a_failure_wakes_its_
     assert out["max_gap"] < MAX_GAP, f"the hub stopped for {out['max_gap']:.3f}s while greenlets waited"
 
 
+def test_once_its_greenlets_are_answered_the_hub_has_nothing_left_to_wait_for():
+    """The watcher that wakes waiting greenlets does not itself keep the
+    hub's loop alive: after a greenlet's call is answered, ``gevent.wait()``
+    returns at once, as a program that waits for its greenlets to end needs."""
+    out = run_scenario("idle")
+    assert out["result"] == [10], out
+    assert out["idle"] is True and out["elapsed"] < 1.0, out
+
+
 def test_control_a_blocking_wait_is_caught_by_these_checks():
     """With the greenlet-aware wait turned off, every wait blocks the only
     OS thread: calls run one at a time and the ticker stalls. If this test
@@ -293,6 +302,22 @@ def _scenario_shared() -> Dict[str, Any]:
     }
 
 
+def _scenario_idle() -> Dict[str, Any]:
+    """A greenlet's call answered, then ``gevent.wait()`` for what is left."""
+    import gevent
+
+    from streamer_core import ThreadedStreamer
+
+    streamer = ThreadedStreamer(lambda batch: [x * 10 for x in batch], batch_size=8, max_latency=0.01)
+    caller = gevent.spawn(streamer.predict, [1])
+    caller.join(10)
+    start = time.monotonic()
+    idle = gevent.wait(timeout=2)
+    elapsed = time.monotonic() - start
+    streamer.close()
+    return {"result": caller.value, "idle": idle, "elapsed": elapsed}
+
+
 def _main(argv: List[str]) -> None:
     blocking = "--blocking" in argv
     args = [a for a in argv if a != "--blocking"]
@@ -304,6 +329,8 @@ def _main(argv: List[str]) -> None:
         out = _scenario_main_greenlet()
     elif args[0] == "shared":
         out = _scenario_shared()
+    elif args[0] == "idle":
+        out = _scenario_idle()
     else:
         raise SystemExit(f"unknown scenario {args[0]!r}")
     print(json.dumps(out))

@@ -161,6 +161,23 @@ def test_a_process_worker_splits_and_the_parent_learns(closing):
     assert times_ran_out <= 10 + len(inputs) / 4 / GOOD_RUN
 
 
+def test_a_worker_process_caps_at_the_cost_of_the_largest_part_that_ran(closing):
+    """A batch of sixteen inputs of cost 5 runs out of memory in a worker
+    (it fits 40): its halves of eight run, and the cap learned is theirs, 40,
+    exactly as on the thread backend."""
+    streamer = closing(
+        Streamer(
+            models.MemoryBoundModel, batch_size=16, max_latency=0.2, model_init_kwargs={"limit": 40},
+            isolate_errors=False, item_cost=float, batch_cost="sum", oom_errors=(FakeOutOfMemory,),
+            name=f"oom-cap-{uuid.uuid4().hex[:8]}",
+        )
+    )  # fmt: skip
+    assert streamer.wait_ready(60)
+    assert [doubled for doubled, _ in streamer.predict([5] * 16, timeout=30)] == [10] * 16
+    assert streamer.stats().oom_splits == 1
+    assert streamer.stats().batch_cost_cap == 40
+
+
 @pytest.mark.parametrize("value", ["torch", [ValueError, "x"], 3])
 def test_oom_errors_must_be_exception_types(value):
     with pytest.raises(TypeError, match=r"oom_errors must be a tuple of exception types"):

@@ -279,3 +279,39 @@ def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
     assert value("streamer_priority_queue_wait_seconds_count", priority="1") == 7
     assert value("streamer_priority_queue_wait_seconds_count", priority="2") == 6
     assert value("streamer_requests_total", outcome="ok") == 13, "the model's own, once per call"
+
+
+def test_inputs_a_cost_shaped_batch_leaves_behind_are_still_counted_as_waiting(closing: Callable[[Any], Any]) -> None:
+    """With levels and batches shaped by cost, the inputs a batch's shaping
+    leaves for later go back to their lines and count as waiting: queued(),
+    the queue's depth and the bound on it, and close()'s wait for the queue
+    to drain, all read that count."""
+    import threading
+
+    first, second = threading.Event(), threading.Event()
+
+    def model(batch: List[Any]) -> List[Any]:
+        if any(x.startswith("h1") for x in batch):
+            first.wait(30)
+        if any(x.startswith("h2") for x in batch):
+            second.wait(30)
+        return [len(x) for x in batch]
+
+    streamer = closing(
+        ThreadedStreamer(
+            model, batch_size=8, max_latency=0.01, priority_levels=2, item_cost=len, batch_cost="sum",
+            max_batch_cost=8, name=f"priority-{uuid.uuid4().hex[:8]}",
+        )
+    )  # fmt: skip
+    try:
+        held = streamer.submit(["h1"])
+        assert wait_for(lambda: streamer.queued() == 0, 5)
+        calls = [streamer.submit([x]) for x in ("h2xxxxx", "b", "cccccc", "d")]
+        assert streamer.queued() == 4
+        first.set()  # the next batch, shaped to a cost of 8: "h2xxxxx" and "b"; the other two wait
+        assert wait_for(lambda: streamer.queued() == 2, 5), streamer.queued()
+        assert streamer.stats().queue_depth == 2
+    finally:
+        first.set()
+        second.set()
+    assert held.result(10) == [2] and [c.result(10) for c in calls] == [[7], [1], [6], [1]]

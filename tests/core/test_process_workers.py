@@ -267,6 +267,24 @@ def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog
     assert "taken for hung (hang_timeout=0.5s)" in caplog.text
 
 
+def test_a_hung_worker_is_killed_soon_after_its_last_caller_gives_up(closing, caplog):
+    """Workers are looked at every quarter of ``hang_timeout`` (a second at
+    most): a worker stuck past a short one is killed within a fraction of a
+    second of its last caller giving up, not at the next whole second.
+    Three times, as a check that came a second apart would still fall
+    within the bound now and then."""
+    streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01, hang_timeout=0.2))
+    assert streamer.wait_ready(60)
+    for attempt in range(3):
+        kills = caplog.text.count("taken for hung")
+        with pytest.raises(StreamerTimeoutError):
+            streamer.predict(["hang"], timeout=0.3)
+        gave_up = time.monotonic()
+        assert wait_for(lambda kills=kills: caplog.text.count("taken for hung") > kills, 10, interval=0.01)
+        assert time.monotonic() - gave_up < 0.5, f"round {attempt}: killed {time.monotonic() - gave_up:.2f} s after"
+        assert streamer.predict(["answered"], timeout=30) == ["ANSWERED"]  # its hang_timeout back to 0.2 s
+
+
 def test_a_worker_sent_sigterm_exits_through_exit_and_is_said_so(closing, caplog):
     """SIGTERM to a worker (alone, or with its server's process group) ends
     it through ``sys.exit``, so what its model made is cleaned up, and the
@@ -523,3 +541,16 @@ def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(closing):
     streamer = closing(Streamer(models.frozen_objects, batch_size=2, max_latency=0.01, worker_num=1))
     [frozen] = streamer.predict([0])
     assert frozen > 0
+
+
+def test_under_a_host_program_workers_run_this_environments_python(monkeypatch):
+    """Where ``sys.executable`` is not Python (uWSGI's own binary), workers
+    are spawned with the python of this environment (the virtualenv's, whose
+    packages the model needs), not the base interpreter it was made from."""
+    from streamer_core.backends.spawning import python_executable
+
+    assert python_executable() is None  # under Python itself: multiprocessing's own choice
+    monkeypatch.setattr(sys, "executable", os.path.join(sys.prefix, "bin", "uwsgi"))
+    chosen = python_executable()
+    major, minor = sys.version_info[:2]
+    assert chosen == os.path.join(sys.prefix, "bin", f"python{major}.{minor}")

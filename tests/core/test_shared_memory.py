@@ -3,6 +3,7 @@ that arrive, where the model sees them, and that nothing is left in /dev/shm."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -301,3 +302,22 @@ def test_pools_with_one_prefix_in_two_processes_do_not_collide(tmp_path):
         here.close()
         other.communicate("\n", timeout=30)
     assert not [name for name in os.listdir(SHM) if name.startswith(prefix)]
+
+
+def test_a_block_given_back_is_reused_over_and_over_within_a_small_idle_limit():
+    """A pool keeps the blocks given back up to ``idle_bytes`` and hands them
+    out again: a hundred take-and-give rounds of one size make one block,
+    however little room the limit leaves beyond it."""
+    page = mmap.PAGESIZE
+    pool = BlockPool(new_prefix("t"), idle_bytes=3 * page)
+    try:
+        names = set()
+        for _ in range(100):
+            block = pool.take(page)
+            assert block is not None
+            names.add(block.name)
+            pool.give(block)
+        assert len(names) == 1, f"{len(names)} blocks made for one in use at a time"
+        assert pool.dropped() == []
+    finally:
+        pool.close()
