@@ -85,6 +85,7 @@ def test_the_password_is_in_no_message_and_no_repr():
         "redis+sentinel://:hunter2@s1",
         "redis+cluster://:hunter2@n1:7000/3",
         "redis+cluster://:hunter2@n1:7000?sentinel_password=hunter3",
+        "redis+sentinel://s1/mymaster/0?Sentinel_Password=hunter3&retry=1",  # a name in another case, still a password
     ],
 )
 def test_a_wrong_address_is_refused_without_its_passwords(text):

@@ -73,6 +73,9 @@ def test_a_header_that_is_not_a_level_is_a_400_before_anything_is_queued(streame
         assert response.status_code == 400, response.content
         error = response.json()["error"]
         assert f"the {header} header must be a whole number from 1 (the highest priority) to 2" in error["message"]
+    # Checked before the body is read: a body that is no JSON gets the header's error all the same.
+    response = Client().post(url, b"{not json", content_type="application/json", headers={header: "3"})
+    assert response.status_code == 400 and f"the {header} header must be" in response.json()["error"]["message"]
     assert ran_batches(Path(tmp_path)) == [], "nothing reached the model"
     assert _post(url, "x", {header: "2"}).json() == "ok:x"
 

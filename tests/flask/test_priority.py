@@ -102,6 +102,26 @@ def test_a_priority_header_that_is_not_a_level_is_a_400_before_anything_is_queue
     assert app.test_client().post("/rank", json="x", headers={"X-Priority": "2"}).get_json() == "x"
 
 
+def test_a_priority_header_that_is_not_a_level_is_refused_before_the_body_is_read(make_app):
+    """The header is checked first: a request with a wrong X-Priority gets
+    the 400 that names the levels, and its body is never parsed (nor a bad
+    body's error given in its place)."""
+    app, streamer = make_app(LEVELS)
+    parsed: List[Any] = []
+
+    def parse(request: Any) -> Any:
+        parsed.append(request.get_data())
+        raise ValueError("this body is no good")
+
+    streamer.add_batched_route("/parsed", "parsed", lambda batch: batch, parse=parse, priority_header=True)
+    response = app.test_client().post("/parsed", data=b"not json", headers={"X-Priority": "7"})
+    error = error_of(response, 400)
+    assert "the X-Priority header must be a whole number from 1 (the highest priority) to 2" in error["message"], error
+    assert parsed == [], "the body was parsed before the header was checked"
+    error = error_of(app.test_client().post("/parsed", data=b"not json", headers={"X-Priority": "1"}), 400)
+    assert "this body is no good" in error["message"] and parsed == [b"not json"]
+
+
 def test_route_priority_options_are_checked_as_the_route_is_declared(make_app):
     app, streamer = make_app(LEVELS)
     for options, kind, message in [
