@@ -106,3 +106,37 @@ def test_a_request_no_batch_could_answer_in_time_is_acknowledged_unrun(broker, m
     assert wait_for(lambda: broker.xlen() == 0 and broker.pending() == 0, 3), "acknowledged and deleted, unrun"
     assert ran == [0, 1, 2] and worker.worker.stats().dropped["expired"] == 1
     assert streamer.predict([2], timeout=5) == [4]
+
+
+def test_a_withdrawn_request_batched_with_a_fresh_one_never_runs(broker, make_streamer, start_worker):
+    """The worker asks Redis which requests of a batch were withdrawn when any
+    request of it has waited there a while: the oldest decides, not the
+    newest. A request read ahead and then cancelled, batched with one read
+    a moment before the batch runs, does not reach the model."""
+    ran: list = []
+    handle: list = []
+
+    def model(batch: list) -> list:
+        ran.extend(batch)
+        if "hold" in batch:
+            # Return as soon as the fresh request is read ahead, so the next
+            # batch (the withdrawn one and the fresh one) runs at once.
+            deadline = time.monotonic() + 20
+            while handle[0].worker.gauges()[0] < 2 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        return [f"ok:{x}" for x in batch]
+
+    handle.append(start_worker(broker, model, batch_size=2, max_latency=1.0))
+    worker = handle[0]
+    streamer = make_streamer(broker, timeout=10)
+    held = streamer.submit(["hold"])
+    assert wait_for(lambda: "hold" in ran, 5)
+    withdrawn = streamer.submit(["withdrawn"])
+    assert wait_for(lambda: worker.worker.gauges()[0] == 1, 5), "the busy worker should have read it ahead"
+    time.sleep(0.05)  # it has waited in the worker's hands
+    assert withdrawn.cancel()
+    assert wait_for(lambda: broker.xlen() == 1, 3), "its entry deleted from the stream"
+    fresh = streamer.submit(["fresh"])
+    assert held.result(10) == ["ok:hold"] and fresh.result(10) == ["ok:fresh"]
+    assert ran == ["hold", "fresh"], "the worker ran a request its caller had withdrawn"
+    assert wait_for(lambda: worker.worker.stats().dropped["cancelled"] == 1, 3), worker.worker.stats().dropped
