@@ -515,3 +515,21 @@ def test_any_forged_error_decodes_to_an_ordinary_exception():
             assert isinstance(exc.__cause__, RemoteTraceback) and exc.__cause__.tb == data.get("traceback", "")
 
     check()
+
+
+def test_a_model_error_reaches_a_pickle_caller_as_its_own_type(broker, make_streamer, start_worker):
+    """Errors always cross as msgpack, whatever the answers' codec: with
+    codec="pickle" on both sides, a model's ValueError still reaches its
+    caller as a ValueError with the model's message (read with the answers'
+    codec, it was unreadable), and a good input beside it is answered."""
+
+    def model(batch: List[Any]) -> List[Any]:
+        if "bad" in batch:
+            raise ValueError("bad input from the model")
+        return [models.Point(len(x), 0) for x in batch]
+
+    start_worker(broker, model, batch_size=8, codec="pickle")
+    streamer = make_streamer(broker, codec="pickle")
+    with pytest.raises(ValueError, match="^bad input from the model$"):
+        streamer.predict(["bad"], timeout=10)
+    assert streamer.predict(["good"], timeout=10) == [models.Point(4, 0)]

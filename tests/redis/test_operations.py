@@ -201,6 +201,40 @@ def test_a_worker_loading_its_model_is_told_apart_from_no_worker(
     assert worker.alive()
 
 
+def test_with_several_workers_loading_the_longest_load_is_the_one_told(
+    broker: Broker, start_worker: Callable[..., ThreadWorker], tmp_path: Any
+) -> None:
+    """Workers loading at once are listed the longest-loading first: the
+    refusal's "for Xs so far", its Retry-After and the status command's
+    "the longest for" are the first worker's load, not the newcomer's."""
+    from tests.redis.models import GatedLoadModel
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    app = redis_app(broker)
+    client, runner = app.test_client(), app.test_cli_runner()
+    loading_key = f"streamer:{broker.prefix}:loading"
+    try:
+        start_worker(broker, GatedLoadModel, model_init_kwargs={"folder": str(first)})
+        assert wait_for(lambda: broker.conn.zcard(loading_key) == 1, 10), "never said it loads"
+        time.sleep(2.2)
+        start_worker(broker, GatedLoadModel, model_init_kwargs={"folder": str(second)})
+        assert wait_for(lambda: broker.conn.zcard(loading_key) == 2, 10), "the second never said it loads"
+        response = client.post("/identity", json=5)
+        message = response.json["error"]["message"]
+        assert "is loading on 2 worker(s)" in message, message
+        seconds = float(message.split(", for ")[1].split("s so far")[0])
+        assert seconds >= 2.0, f"told the newest load, not the longest: {message}"
+        assert int(response.headers["Retry-After"]) >= 3, "the Retry-After is the longest load so far"
+        status = runner.invoke(args=["streamer", "status"])
+        longest = float(status.output.split("the longest for ")[1].split("s")[0])
+        assert longest >= 2.0, status.output
+    finally:
+        (first / "go").write_text("")
+        (second / "go").write_text("")
+
+
 def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(
     broker: Broker, procs: Processes, make_streamer: Callable[..., Any]
 ) -> None:

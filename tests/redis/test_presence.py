@@ -5,6 +5,7 @@ rather than leaving them to wait out their timeout."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -168,6 +169,39 @@ def test_a_worker_whose_model_hangs_stops_showing_itself_alive_until_it_returns(
     release.set()
     assert wait_for(lambda: streamer.live_workers() == 1, 10), "the worker did not come back when its model returned"
     assert streamer.predict(["b"]) == ["B"]
+
+
+def test_a_long_batch_whose_caller_still_waits_is_not_taken_for_hung(broker, make_streamer, start_worker, caplog):
+    """Hung means one batch ran hang_timeout or more and none of its callers
+    waits any more: a batch running well past hang_timeout (0.5 s) for a
+    caller who waits 30 s is no hang. The worker keeps beating (and claiming
+    its requests) all along, and the caller gets its answer."""
+    entered, release = threading.Event(), threading.Event()
+
+    def model(batch: list) -> list:
+        if "slow" in batch:
+            entered.set()
+            release.wait(30)
+        return [x.upper() for x in batch]
+
+    start_worker(broker, model, batch_size=4, hang_timeout=0.5)
+    streamer = make_streamer(broker, timeout=30)
+    assert streamer.predict(["a"]) == ["A"]
+    assert wait_for(lambda: streamer.live_workers() == 1, 10), "a worker that answers should count as alive"
+    with caplog.at_level(logging.ERROR, logger="streamer_core.redis"):
+        slow = streamer.submit(["slow"])
+        try:
+            assert entered.wait(10)
+            # Past hang_timeout, then past the live window a worker that stopped beating leaves.
+            deadline = time.monotonic() + 0.5 + 3.5
+            while time.monotonic() < deadline:
+                assert streamer.live_workers() == 1, "a worker whose caller still waits stopped showing itself alive"
+                time.sleep(0.1)
+        finally:
+            release.set()
+        assert slow.result(10) == ["SLOW"]
+    hung = [r.getMessage() for r in caplog.records if "taken for hung" in r.getMessage()]
+    assert not hung, "taken for hung while its caller waited"
 
 
 def test_the_time_redis_cannot_be_asked_does_not_count_as_time_without_workers(broker):
