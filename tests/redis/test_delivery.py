@@ -246,3 +246,28 @@ def test_while_one_worker_is_busy_requests_go_to_a_free_one(broker, make_streame
     gate.release()
     assert held.result(5) == ["ok:hold"]
     assert busy.alive() and free.alive()
+
+
+def test_the_sweep_of_dead_workers_consumers_spares_one_that_still_holds_requests(
+    broker, make_streamer, start_worker, monkeypatch
+):
+    """A worker coming up after a long outage first sweeps away the consumers
+    of dead workers, then takes over what they held: a consumer still
+    holding requests is left for the takeover (deleting it would drop them
+    from the group, and their callers would wait in vain)."""
+    from streamer_core.backends.redis import intake
+
+    monkeypatch.setattr(intake, "SWEEP_IDLE_S", 0.3)  # instead of a minute's outage
+    first = start_worker(broker, models.double, batch_size=4, claim_after=0.01)
+    streamer = make_streamer(broker, timeout=15)
+    assert streamer.predict([1]) == [2]
+    first.worker.stop()
+    first.thread.join(5)
+    lost = streamer.submit([21])
+    broker.wait_queued(1)
+    # A worker that read the request, then died before answering it.
+    reply = broker.conn.xreadgroup(GROUP, "dead-worker", {broker.requests: ">"}, count=1)
+    assert reply and reply[0][1], "the test should have taken the request in a dead worker's name"
+    time.sleep(0.6)  # the dead worker's consumer is idle past the sweep's bound
+    start_worker(broker, models.double, batch_size=4, claim_after=0.01)
+    assert lost.result(10) == [42], "the request a dead worker held was dropped with its consumer"

@@ -35,6 +35,11 @@ __all__ = ["Input", "Hands", "ServerClock", "Intake"]
 
 logger = logging.getLogger("streamer_core.redis")
 
+#: Seconds between two sweeps of the consumers of dead workers, and how long
+#: one must have been idle (at least; 30 times ``claim_after`` if longer) to go.
+SWEEP_EVERY_S = 60.0
+SWEEP_IDLE_S = 60.0
+
 
 class Input:
     """A request in this worker's hands: its input, decoded by the reader,
@@ -227,7 +232,7 @@ class Intake:
         if now < self._next_claim:
             return None
         if now >= self._next_sweep:
-            self._next_sweep = now + 60.0
+            self._next_sweep = now + SWEEP_EVERY_S
             self._sweep_consumers()
         level = 0
         while level < len(self.streams):
@@ -266,7 +271,7 @@ class Intake:
     def _sweep_consumers(self) -> None:
         """Remove consumers of dead workers: they hold nothing (their requests
         were taken over) and have not been seen for a long while."""
-        idle_ms = int(max(60.0, 30 * self._claim_after) * 1000)
+        idle_ms = int(max(SWEEP_IDLE_S, 30 * self._claim_after) * 1000)
         me = self._consumer.encode()
         for stream in self.streams:
             for consumer in self._conn.xinfo_consumers(stream, GROUP):
