@@ -8,6 +8,7 @@ takes seconds)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import os
@@ -171,53 +172,20 @@ def test_every_answer_of_the_example_is_json_an_unknown_paths_404_too(app):
     assert error_of(client.post("/"), 405)["type"] == "MethodNotAllowed"
 
 
-def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_path):
-    """The README's first command: the model loads before the first request,
-    and one INFO line says it is ready, on which device, in how long; another
-    the precision it computes in, where that is not float32."""
-    port = free_port()
+@contextlib.contextmanager
+def example_running(tmp_path: Path, **settings: str) -> Iterator[Path]:
+    """``python -m example_flask`` (the README's first command) with these
+    environment variables, on a free port, in a process group of its own;
+    yields the file its output goes to, and stops the group after."""
     log = tmp_path / "example.log"
-    env = dict(
-        os.environ, PORT=str(port), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FLASK_EMBEDDING_PRECISION="bfloat16"
-    )
+    env = dict(os.environ, PORT=str(free_port()), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **settings)
     with open(log, "wb") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "example_flask"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
     try:
-        ready = re.compile(r"streamer_core\[\d+\] INFO thread backend: model SentenceEmbedder ready on cpu in [\d.]+ s")
-        assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
-        # The dev server's banner comes once it listens, a moment after the line.
-        assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
-        text = log.read_text()
-        assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
-        assert re.search(r"example_flask\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(10)
-
-
-def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
-    """On the process backend the model loads in a worker process, which
-    starts with no logging set up: the line naming its precision shows all
-    the same, from the worker's pid."""
-    log = tmp_path / "example.log"
-    env = dict(
-        os.environ, PORT=str(free_port()), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
-        FLASK_EMBEDDING_PRECISION="bfloat16", FLASK_STREAMER_BACKEND="process",
-    )  # fmt: skip
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "example_flask"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        ready = re.compile(r"stream worker 0 \(pid (\d+)\): model SentenceEmbedder ready on cpu")
-        assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
-        text = log.read_text()
-        worker = ready.search(text).group(1)  # type: ignore[union-attr]
-        assert re.search(rf"example_flask\.embedding\[{worker}\] INFO \S+ computes in bfloat16 on cpu", text), text
+        yield log
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -225,6 +193,32 @@ def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(10)
+
+
+def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_path):
+    """The README's first command: the model loads before the first request,
+    and one INFO line says it is ready, on which device, in how long; another
+    the precision it computes in, where that is not float32."""
+    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16") as log:
+        ready = re.compile(r"streamer_core\[\d+\] INFO thread backend: model SentenceEmbedder ready on cpu in [\d.]+ s")
+        assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
+        # The dev server's banner comes once it listens, a moment after the line.
+        assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
+        text = log.read_text()
+        assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
+        assert re.search(r"example_flask\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
+
+
+def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
+    """On the process backend the model loads in a worker process, which
+    starts with no logging set up: the line naming its precision shows all
+    the same, from the worker's pid."""
+    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16", FLASK_STREAMER_BACKEND="process") as log:
+        ready = re.compile(r"stream worker 0 \(pid (\d+)\): model SentenceEmbedder ready on cpu")
+        assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
+        text = log.read_text()
+        worker = ready.search(text).group(1)  # type: ignore[union-attr]
+        assert re.search(rf"example_flask\.embedding\[{worker}\] INFO \S+ computes in bfloat16 on cpu", text), text
 
 
 def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
