@@ -31,7 +31,7 @@ if importlib.util.find_spec("sentence_transformers") is None:  # found, not impo
 from example_flask import create_app  # noqa: E402
 from tests.flask.conftest import close_streamers, error_of  # noqa: E402
 from tests.helpers import alive, wait_for  # noqa: E402
-from tests.servers import delete_prefix, free_port, worker_children  # noqa: E402
+from tests.servers import delete_prefix, free_port, kill_group, worker_children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAPHRASES = ("A man is playing a guitar.", "Someone plays the guitar.")
@@ -187,12 +187,7 @@ def example_running(tmp_path: Path, **settings: str) -> Iterator[Path]:
     try:
         yield log
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
+        kill_group(server)
 
 
 def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_path):
