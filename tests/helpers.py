@@ -56,13 +56,21 @@ def metric_samples(text: str) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], f
 
 
 def post_chunked(
-    port: int, path: str, body: bytes, content_type: str, chunk: int = 64 * 1024, timeout: float = 30.0
+    port: int,
+    path: str,
+    body: bytes,
+    content_type: str,
+    chunk: int = 64 * 1024,
+    timeout: float = 30.0,
+    end: bool = True,
 ) -> Tuple[int, Dict[str, str], Any]:
     """``POST path`` on 127.0.0.1 with ``body`` sent in chunks
     (``Transfer-Encoding: chunked``, no ``Content-Length``), as a client
     streaming an upload does: (status, headers, the JSON body or the text).
     A server may answer (a 413) and close before it has read the whole
-    body: the sending then stops, and its answer is read."""
+    body: the sending then stops, and its answer is read. ``end=False``
+    never sends the last chunk, as a client still sending: only a server
+    that answers before the body's end answers within ``timeout`` seconds."""
     import http.client
     import json
     import socket
@@ -78,7 +86,8 @@ def post_chunked(
             for i in range(0, len(body), chunk):
                 piece = body[i : i + chunk]
                 sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
-            sock.sendall(b"0\r\n\r\n")
+            if end:
+                sock.sendall(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # answered before the body was all sent
         response = http.client.HTTPResponse(sock)

@@ -6,6 +6,7 @@ timeout; a priority that is not a level is refused. (The rule itself is
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -283,11 +284,9 @@ def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
 
 def test_inputs_a_cost_shaped_batch_leaves_behind_are_still_counted_as_waiting(closing: Callable[[Any], Any]) -> None:
     """With levels and batches shaped by cost, the inputs a batch's shaping
-    leaves for later go back to their lines and count as waiting: queued(),
-    the queue's depth and the bound on it, and close()'s wait for the queue
-    to drain, all read that count."""
-    import threading
-
+    leaves for later go back to their lines and count as waiting, in
+    queued() and the queue's depth (the queue's bound and close()'s wait
+    for it to drain read the same count)."""
     first, second = threading.Event(), threading.Event()
 
     def model(batch: List[Any]) -> List[Any]:

@@ -146,10 +146,9 @@ def test_the_log_names_the_precision_the_model_computes_in() -> None:
     )
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="example_django.settings", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "example_flask.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, done.stderr[
-        -3000:
-    ]
+    tail = done.stderr[-3000:]
+    assert done.returncode == 0, tail
+    assert "example_flask.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, tail
 
 
 def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path):
