@@ -7,6 +7,7 @@ same model.
     .venv/bin/python -m bench.many_bench                          # the real model: 3-4 minutes on 2 cores
     .venv/bin/python -m bench.many_bench --stub-forward           # what an input costs outside the forward pass
     .venv/bin/python -m bench.many_bench --infinity PATH/TO/VENV  # infinity-emb beside it (see below)
+    .venv/bin/python -m bench.many_bench --repeat 3 ...           # interleaved rounds, the median shown
 
 The example (``example_flask``, the thread backend, gunicorn with its own
 ``gunicorn.conf.py``, ``--web-workers`` processes) answers ``POST
@@ -28,6 +29,11 @@ the CPU build)::
 
     python3 -m venv /path/infinity && /path/infinity/bin/pip install torch==2.13.0 'infinity-emb[server,torch]==0.0.78'
 
+``--repeat N`` runs N rounds, each starting every server afresh in turn
+(ours, then infinity-emb), and shows for each server and N the run of
+median inputs/s with the range over all rounds: on a shared 2-core machine
+one run of a server can be a third off the next.
+
 The floors of issue #40 are printed, PASS or MISS, never asserted.
 """
 
@@ -44,7 +50,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from bench import harness
 
@@ -75,6 +81,8 @@ class Run:
     errors: int = 0
     cpu_ms_per_input: float = 0.0
     failure: Optional[str] = None
+    #: every round's inputs/s, with --repeat (this run is the median one)
+    rounds: List[float] = field(default_factory=list)
 
 
 @dataclass
@@ -181,11 +189,33 @@ def measure(server: Server, per_request: int, args: argparse.Namespace) -> Run:
     return run
 
 
+def median_runs(runs: List[Run]) -> List[Run]:
+    """One run per server and inputs per request, in the order first met:
+    the one of median inputs/s among the rounds that did not fail (the
+    lower middle of an even count), carrying every round's rate; a failure
+    where every round failed."""
+    groups: Dict[Tuple[str, int], List[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.server, run.per_request), []).append(run)
+    chosen: List[Run] = []
+    for group in groups.values():
+        good = sorted((run for run in group if not run.failure), key=lambda run: run.inputs_per_s)
+        if not good:
+            chosen.append(group[-1])
+            continue
+        middle = good[(len(good) - 1) // 2]
+        middle.rounds = [run.inputs_per_s for run in good]
+        chosen.append(middle)
+    return chosen
+
+
 def report(runs: List[Run], args: argparse.Namespace) -> str:
     settings = ", ".join(args.setting) or "the example's"
+    rounds = f"; median of {args.repeat} interleaved rounds (inputs/s of all in brackets)" if args.repeat > 1 else ""
     lines = [
         f"forward pass {'stubbed' if args.stub_forward else 'real'}, {args.inputs_in_flight} inputs in flight, "
-        f"{args.web_workers} web process(es) under {args.server}, backend {args.backend}, settings: {settings}",
+        f"{args.web_workers} web process(es) under {args.server}, backend {args.backend}, settings: {settings}"
+        + rounds,
         "",
         "| server | inputs/request | connections | inputs/s | p50 ms | p99 ms | errors | server CPU ms/input |",
         "| --- | --: | --: | --: | --: | --: | --: | --: |",
@@ -196,7 +226,7 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
             continue
         lines.append(
             f"| {run.server} | {run.per_request} | {max(1, args.inputs_in_flight // run.per_request)} | "
-            f"{run.inputs_per_s:,.0f} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
+            f"{run.inputs_per_s:,.0f}{_spread(run)} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
             f"{run.cpu_ms_per_input:.3f} |"
         )
     ours = {run.per_request: run for run in runs if run.server == "ours" and not run.failure}
@@ -220,6 +250,12 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
             f"{_verdict(ratio >= FLOOR_VS_INFINITY)} |"
         )
     return "\n".join(lines)
+
+
+def _spread(run: Run) -> str:
+    if len(run.rounds) < 2:
+        return ""
+    return f" ({min(run.rounds):,.0f}-{max(run.rounds):,.0f})"
 
 
 def _verdict(ok: bool) -> str:
@@ -255,7 +291,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds of load before each run (default 4)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds, each server started afresh in turn; the median shown (default 1)"
+    )
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -267,23 +309,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names = ["ours"] + (["infinity"] if args.infinity else [])
     runs: List[Run] = []
     with tempfile.TemporaryDirectory(prefix="many-bench-") as folder:
-        for name in names:
-            server = Server(name, args, folder)
-            try:
-                server.start()
-                server.wait_ready()
-                for n in per_request:
-                    run = measure(server, n, args)
-                    runs.append(run)
-                    said = (
-                        f"{name} {n}/request: {run.inputs_per_s:,.0f} inputs/s, {run.cpu_ms_per_input:.3f} ms CPU/input"
-                    )
-                    print(said + (f" ({run.failure})" if run.failure else ""), flush=True)
-            except Exception as exc:
-                runs.append(Run(name, 0, failure=f"{type(exc).__name__}: {exc}"[:500]))
-            finally:
-                server.stop()
-    print(report(runs, args))
+        for round_ in range(1, args.repeat + 1):
+            for name in names:
+                server = Server(name, args, folder)
+                try:
+                    server.start()
+                    server.wait_ready()
+                    for n in per_request:
+                        run = measure(server, n, args)
+                        runs.append(run)
+                        said = (
+                            f"round {round_}: {name} {n}/request: {run.inputs_per_s:,.0f} inputs/s, "
+                            f"{run.cpu_ms_per_input:.3f} ms CPU/input"
+                        )
+                        print(said + (f" ({run.failure})" if run.failure else ""), flush=True)
+                except Exception as exc:
+                    runs.extend(Run(name, n, failure=f"{type(exc).__name__}: {exc}"[:500]) for n in per_request)
+                finally:
+                    server.stop()
+    print(report(median_runs(runs), args))
     return 0
 
 

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pytest
+
 from bench import peer_venvs, scale_bench
 from bench.scale_bench import Result
 
@@ -138,3 +140,24 @@ def test_many_bench_gives_infinity_the_dtype_asked_and_the_example_its_server(tm
     ours, infinity = started
     assert ours[1:3] == ["-m", "granian"] and ours[-1] == "example_flask.wsgi:app"
     assert infinity[infinity.index("--dtype") + 1] == "bfloat16"
+
+
+def test_many_bench_shows_the_median_round_with_the_range_and_skips_failed_rounds() -> None:
+    from bench import many_bench
+
+    runs = [
+        many_bench.Run("ours", 32, inputs_per_s=rate, p50_ms=1.0, p99_ms=2.0, cpu_ms_per_input=rate / 100)
+        for rate in (271.0, 191.0, 287.0, 240.0)
+    ]
+    runs.append(many_bench.Run("ours", 32, failure="RuntimeError: not ready"))
+    runs += [many_bench.Run("infinity", 32, failure="RuntimeError: exited"), many_bench.Run("infinity", 1)]
+    chosen = many_bench.median_runs(runs)
+    assert [(run.server, run.per_request) for run in chosen] == [("ours", 32), ("infinity", 32), ("infinity", 1)]
+    ours, failed, _ = chosen
+    assert ours.inputs_per_s == 240.0 and ours.cpu_ms_per_input == 2.4  # the lower middle of four, whole
+    assert sorted(ours.rounds) == [191.0, 240.0, 271.0, 287.0] and failed.failure == "RuntimeError: exited"
+    args = many_bench.parse_args(["--per-request", "32", "--repeat", "4"])
+    table = many_bench.report(chosen[:1], args)
+    assert "median of 4 interleaved rounds" in table and "| 240 (191-287) |" in table
+    with pytest.raises(SystemExit):
+        many_bench.parse_args(["--repeat", "0"])
