@@ -176,3 +176,40 @@ def test_the_wire_format_is_openais(example: Example) -> None:
     status, body = _raw(example, {"model": MODEL, "input": "hi", "encoding_format": "int8"})
     assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "encoding_format"
+
+
+def test_as_many_inputs_as_the_limit_are_taken_and_one_more_refused() -> None:
+    from example_flask.openai_api import MAX_INPUTS, ApiError, EmbeddingsRequest
+
+    assert MAX_INPUTS == 2048  # OpenAI's own limit, as the README says
+    taken = EmbeddingsRequest.parse({"model": MODEL, "input": ["a"] * MAX_INPUTS}, [MODEL])
+    assert len(taken.inputs) == MAX_INPUTS
+    assert len(EmbeddingsRequest.parse({"model": MODEL, "input": [[7]] * 3}, [MODEL], max_inputs=3).inputs) == 3
+    with pytest.raises(ApiError, match="holds 4 items; at most 3") as refused:
+        EmbeddingsRequest.parse({"model": MODEL, "input": ["a"] * 4}, [MODEL], max_inputs=3)
+    assert refused.value.status == 400 and refused.value.param == "input"
+
+
+def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(closing: Any, gate: Any) -> None:
+    """What the route answers when the engine refuses: OpenAI's shape, and
+    the ``Retry-After`` a client's retry waits for on a 503 only."""
+    import logging
+
+    from example_flask.openai_api import serve_embeddings
+    from streamer_core import ThreadedStreamer
+    from streamer_core.web.http import RETRY_AFTER_FULL
+
+    streamer = closing(ThreadedStreamer(gate, batch_size=8, max_latency=0.01, max_queue=2))
+    running = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    log = logging.getLogger("tests.openai")
+    body = {"model": MODEL, "input": ["one", "two", "three"]}  # more than the queue holds
+    status, answer, headers = serve_embeddings(lambda: body, lambda: streamer, [MODEL], log)
+    assert status == 503 and headers == {"Retry-After": str(RETRY_AFTER_FULL)}
+    assert answer["error"]["type"] == "server_error" and "max_queue is 2" in answer["error"]["message"]
+    late = closing(ThreadedStreamer(gate, batch_size=8, max_latency=0.01, max_queue=2, timeout=0.2))
+    held = late.submit(["hold"], timeout=10)  # its model busy until the gate opens
+    status, answer, headers = serve_embeddings(lambda: {"model": MODEL, "input": "x"}, lambda: late, [MODEL], log)
+    assert status == 504 and headers == {} and answer["error"]["type"] == "server_error"
+    gate.release()
+    assert running.result(5) == ["ok:hold"] and held.result(5) == ["ok:hold"]
