@@ -151,7 +151,7 @@ def _show_streamer_logs() -> None:
     load) and the example's own (the precision its model computes in) reach
     the console, under the dev server and gunicorn alike, unless logging is
     set up already."""
-    show_logs(("streamer_core", "example_flask"))
+    show_logs(("streamer_core", "example_flask.embedding"))
 
 
 def parse_sentence(req: Request) -> str:

@@ -91,12 +91,16 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 log = logging.getLogger(__name__)
 
 
-def show_logs(names: Tuple[str, ...] = ("example_flask",)) -> None:
+def show_logs(names: Tuple[str, ...] = (__name__,)) -> None:
     """Let these loggers' INFO lines reach the console (stderr) unless logging
     is set up already: in the web process (the app calls it, with
     ``streamer_core``) and in a worker process the process backend spawns,
     which starts with no logging set up, where the model says the precision
-    it computes in."""
+    it computes in. This module's logger, not the package's: the Flask app's
+    own (``example_flask.app``) is left to Flask, whose default handler,
+    left unattached where a parent logger has one, is collected as the
+    interpreter ends, after gevent's thread module, and prints an
+    ``Exception ignored`` traceback as a gevent gunicorn worker exits."""
     for name in names:
         named = logging.getLogger(name)
         if named.level == logging.NOTSET:

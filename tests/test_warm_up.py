@@ -136,6 +136,14 @@ def test_control_without_the_hook_a_flask_model_loads_on_its_first_request(serve
     assert len(_marks(tmp_path)) == 1
 
 
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def _listening(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=1).close()
@@ -259,6 +267,26 @@ def test_ctrl_c_stops_the_examples_gevent_gunicorn_without_a_traceback(servers, 
     assert server.process.wait(30) == 0, server.log()[-3000:]
     log = server.log()
     assert "Shutting down: Master" in log and "Traceback" not in log and "SystemExit" not in log, log[-3000:]
+
+
+def test_sigterm_stops_the_flask_example_under_its_gevent_gunicorn_without_a_traceback(servers):
+    """The example itself (its loggers, its models), served as deployed:
+    SIGTERM to gunicorn's master, as a service manager sends it, ends every
+    worker quietly. A handler of the example's on the Flask app's parent
+    logger once left Flask's default handler to be collected after gevent's
+    thread module, an ``Exception ignored`` traceback at every exit."""
+    port = free_port()
+    server = servers(
+        "gunicorn", "-c", "example_flask/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "example_flask:create_app()",
+        FLASK_EMBEDDING_PRECISION="float32", PIN_WORKERS="0",
+    )  # fmt: skip
+    assert wait_for(lambda: _ready(f"http://127.0.0.1:{port}/readyz"), 120), server.log()[-2000:]
+    assert len(_post(f"http://127.0.0.1:{port}/stream", {"s": "It rains."})) == 384  # type: ignore[arg-type]
+    os.kill(server.process.pid, signal.SIGTERM)
+    assert server.process.wait(30) == 0, server.log()[-3000:]
+    log = server.log()
+    assert "Shutting down: Master" in log, log[-3000:]
+    assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
 
 
 def test_sigterm_stops_the_flask_dev_server_on_the_process_backend_cleanly(servers, tmp_path):
