@@ -271,3 +271,31 @@ def test_the_sweep_of_dead_workers_consumers_spares_one_that_still_holds_request
     time.sleep(0.6)  # the dead worker's consumer is idle past the sweep's bound
     start_worker(broker, models.double, batch_size=4, claim_after=0.01)
     assert lost.result(10) == [42], "the request a dead worker held was dropped with its consumer"
+
+
+def test_a_dead_workers_requests_are_taken_over_while_new_ones_keep_coming(broker, make_streamer, start_worker):
+    """Requests arriving without a pause keep a worker's read-ahead from
+    ever being empty: what a dead worker held is still taken over, one at
+    a time between batches, not left until the traffic stops (each such
+    caller has already waited ``claim_after``, and would time out)."""
+    streamer = make_streamer(broker, timeout=20)
+    lost = [streamer.submit([100 + n]) for n in range(6)]
+    broker.wait_queued(6)
+    # A worker that read them, then died before answering.
+    broker.conn.xgroup_create(broker.requests, GROUP, id="0")
+    reply = broker.conn.xreadgroup(GROUP, "dead-worker", {broker.requests: ">"}, count=6)
+    assert reply and len(reply[0][1]) == 6, "the test should have taken the requests in a dead worker's name"
+
+    def model(batch: list) -> list:
+        time.sleep(0.03)  # a batch takes a while; new requests arrive meanwhile
+        return [x * 2 for x in batch]
+
+    start_worker(broker, model, batch_size=64, max_latency=0.01, claim_after=0.3)
+    arriving, started = [], time.monotonic()
+    while not all(f.done() for f in lost) and time.monotonic() - started < 8:
+        arriving.append(streamer.submit([len(arriving) % 50]))  # one every 2 ms, never waiting
+        time.sleep(0.002)
+    taken_over_in = time.monotonic() - started
+    assert [f.result(1) for f in lost] == [[2 * (100 + n)] for n in range(6)]
+    assert taken_over_in < 4, f"taken over in {taken_over_in:.1f} s, {len(arriving)} requests arriving meanwhile"
+    assert all(f.result(10) == [2 * (n % 50)] for n, f in enumerate(arriving))

@@ -233,7 +233,12 @@ class Reader:
                         if got:
                             handover.add(got)
                         continue
-                    if empty and not handover.orphan_in_hand:
+                    # Whatever this worker holds: with requests arriving
+                    # all the time its read-ahead is never empty, and a dead
+                    # worker's callers, who have already waited claim_after,
+                    # would wait for the traffic to stop. One runs alone
+                    # ahead of the batch held; the next is claimed once it ran.
+                    if not handover.orphan_in_hand:
                         orphan = intake.claim_orphan(self._refuse)
                         if orphan is not None:
                             handover.add([orphan], alone=True)
