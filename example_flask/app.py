@@ -23,7 +23,7 @@ from .embedding import (
     sentence_of,
     show_logs,
 )
-from .openai_api import models_reply, serve_embeddings
+from .openai_api import METHODS, method_not_allowed, models_reply, serve_embeddings
 from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
 
 DEFAULTS: Dict[str, Any] = {
@@ -103,17 +103,21 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
 
     served = names_of(app.config["EMBEDDING_MODEL"])
 
-    @app.post("/v1/embeddings")
-    def embeddings() -> Any:
-        """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
-        status, body, headers = serve_embeddings(
-            request_item, lambda: streamer.get_streamer("stream"), served, app.logger
-        )
+    def answer(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:
         return app.response_class(dumps_json(body), status, headers, mimetype="application/json")
 
-    @app.get("/v1/models")
+    @app.route("/v1/embeddings", methods=METHODS)
+    def embeddings() -> Any:
+        """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
+        if request.method != "POST":
+            return answer(*method_not_allowed(request.method, ["POST"]))
+        return answer(*serve_embeddings(request_item, lambda: streamer.get_streamer("stream"), served, app.logger))
+
+    @app.route("/v1/models", methods=METHODS)
     def models() -> Any:
-        return app.response_class(dumps_json(models_reply(served[0])), mimetype="application/json")
+        if request.method not in ("GET", "HEAD"):
+            return answer(*method_not_allowed(request.method, ["GET"]))
+        return answer(200, models_reply(served[0]), {})
 
     @app.get("/")
     def index() -> Any:

@@ -26,20 +26,26 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from streamer_core import BaseStreamer, BatchFuture
-from streamer_core.web.http import retry_after, status_for
+from streamer_core.errors import MethodNotAllowed
+from streamer_core.web.http import error_headers, status_for
 
 __all__ = [
     "ApiError",
     "EmbeddingsRequest",
     "serve_embeddings",
     "error_reply",
+    "method_not_allowed",
     "embeddings_reply",
     "models_reply",
     "MAX_INPUTS",
+    "METHODS",
 ]
 
 #: The most inputs of one request, as OpenAI's API takes.
 MAX_INPUTS = 2048
+#: The methods a route of this API answers itself, those it does not serve
+#: with a 405 in OpenAI's shape (OPTIONS and HEAD are the framework's).
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 #: When the model is said to have been made (``GET /v1/models``'s ``created``): this example's day.
 _CREATED = calendar.timegm((2026, 11, 25, 0, 0, 0))
 
@@ -167,16 +173,23 @@ def models_reply(model: str) -> Dict[str, Any]:
 
 def error_reply(exc: BaseException, failed_input: Optional[int] = None) -> Reply:
     """``(status, body, headers)`` of an error in OpenAI's shape: an
-    :class:`ApiError` as it is; anything else by the project's statuses
-    (a 503 with ``Retry-After``); ``failed_input``: the input it is the
-    error of, named in the message and the ``param``."""
+    :class:`ApiError` as it is; anything else by the project's statuses and
+    headers (a 503 with ``Retry-After``, a 405 with ``Allow``);
+    ``failed_input``: the input it is the error of, named in the message
+    and the ``param``."""
     if isinstance(exc, ApiError):
-        status, param, code = exc.status, exc.param, exc.code
+        status, param, code, headers = exc.status, exc.param, exc.code, {}
     else:
         status, param, code = status_for(exc), None, None
+        headers = error_headers(exc, status)
     message = str(exc)
     if failed_input is not None:
         message, param = f"input {failed_input}: {message}", f"input[{failed_input}]"
     kind = "invalid_request_error" if status < 500 else "server_error"
-    headers = {"Retry-After": str(retry_after(exc))} if status == 503 else {}
     return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}, headers
+
+
+def method_not_allowed(method: str, allowed: List[str]) -> Reply:
+    """A 405 in OpenAI's shape, with ``Allow``: a route of this API answers
+    every method it does not serve so, not in the web layer's own shape."""
+    return error_reply(MethodNotAllowed(method, allowed))

@@ -166,6 +166,32 @@ def _raw(example: Example, body: Dict[str, Any]) -> Any:
         return exc.code, json.loads(exc.read())
 
 
+def _call(example: Example, method: str, path: str, data: bytes, content_type: str) -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{example.port}{path}", data or None, {"Content-Type": content_type}, method=method
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read())
+
+
+def test_other_methods_and_body_types_are_refused_in_openais_shape(example: Example) -> None:
+    """Every answer of the API's routes is in OpenAI's shape, the web
+    layer's 405 and 415 too; the 415 asks for JSON, not a form the route
+    would then refuse."""
+    for method, path, allowed in [("GET", "/v1/embeddings", "POST"), ("POST", "/v1/models", "GET"),
+                                  ("DELETE", "/v1/models", "GET")]:  # fmt: skip
+        status, headers, body = _call(example, method, path, b"{}" if method == "POST" else b"", "application/json")
+        assert status == 405 and headers["Allow"] == allowed, (method, path, status, body)
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["type"] == "invalid_request_error" and f"use {allowed}" in body["error"]["message"]
+    status, _, body = _call(example, "POST", "/v1/embeddings", b"input=hello", "text/plain")
+    assert status == 415 and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"].endswith("send JSON (Content-Type: application/json)"), body
+
+
 def test_the_wire_format_is_openais(example: Example) -> None:
     """base64 is each vector's little-endian float32 bytes; an error is
     {"error": {"message", "type", "param", "code"}}."""

@@ -5,6 +5,7 @@ django_streamer, and /classify batches uploaded images."""
 from __future__ import annotations
 
 import logging
+from typing import Any, Dict
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -12,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_streamer import batched_view, get_streamer, json_error, request_item, request_upload
 from example_flask.embedding import embed, names_of, sentence_of
-from example_flask.openai_api import models_reply, serve_embeddings
+from example_flask.openai_api import method_not_allowed, models_reply, serve_embeddings
 from example_flask.vision import image_upload
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.http import dumps_json
@@ -66,20 +67,24 @@ def naive(request: HttpRequest) -> HttpResponse:
 def embeddings(request: HttpRequest) -> HttpResponse:
     """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
     if request.method != "POST":
-        return json_error(MethodNotAllowed(str(request.method), ["POST"]), "embeddings")
+        return _answer(*method_not_allowed(str(request.method), ["POST"]))
     served = names_of(settings.EMBEDDING_MODEL)
-    status, body, headers = serve_embeddings(lambda: request_item(request), lambda: get_streamer("embed"), served, log)
+    return _answer(*serve_embeddings(lambda: request_item(request), lambda: get_streamer("embed"), served, log))
+
+
+@csrf_exempt  # another method gets the API's 405, not the CSRF check's 403 page
+def models(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return _answer(*method_not_allowed(str(request.method), ["GET"]))
+    return _answer(200, models_reply(names_of(settings.EMBEDDING_MODEL)[0]), {})
+
+
+def _answer(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> HttpResponse:
+    """A reply of the OpenAI API (example_flask.openai_api) as a response."""
     response = HttpResponse(dumps_json(body), status=status, content_type="application/json")
     for name, value in headers.items():
         response[name] = value
     return response
-
-
-def models(request: HttpRequest) -> HttpResponse:
-    if request.method not in ("GET", "HEAD"):
-        return json_error(MethodNotAllowed(str(request.method), ["GET"]), "models")
-    body = models_reply(names_of(settings.EMBEDDING_MODEL)[0])
-    return HttpResponse(dumps_json(body), content_type="application/json")
 
 
 def index(request: HttpRequest) -> HttpResponse:

@@ -152,7 +152,8 @@ def default_input(
     endpoint that takes many: the JSON array (or its key ``field``), else
     every value of the form field ``field``, else every file of it (``curl
     -F "file=@a.jpg" -F "file=@b.jpg"``)."""
-    check_media_type(body.media_type, (body.content_length or 0) > 0 or body.chunked)
+    has_body = (body.content_length or 0) > 0 or body.chunked
+    check_media_type(body.media_type, has_body, forms=body.reads_form and field is not None)
     if is_json_type(body.media_type):
         return item_from_request(json_of(body.data(), loads), None, field)
     if not body.reads_form:

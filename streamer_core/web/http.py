@@ -52,6 +52,7 @@ __all__ = [
     "RETRY_AFTER_FULL",
     "RETRY_AFTER_DOWN",
     "error_response",
+    "error_headers",
     "error_body",
     "status_for",
     "log_unavailable",
@@ -155,12 +156,18 @@ def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dic
         cause = exc.__cause__
         if isinstance(cause, RemoteTraceback):
             error["worker_traceback"] = cause.tb
+    return status, body, error_headers(exc, status)
+
+
+def error_headers(exc: BaseException, status: int) -> Dict[str, str]:
+    """The headers of an error answer of ``status`` for ``exc``: ``Allow``
+    for a method not served, ``Retry-After`` on a 503."""
     headers: Dict[str, str] = {}
     if isinstance(exc, MethodNotAllowed):
         headers["Allow"] = ", ".join(exc.allowed)
     if status == 503:
         headers["Retry-After"] = str(retry_after(exc))
-    return status, body, headers
+    return headers
 
 
 def error_body(status: int, kind: str, message: str) -> Dict[str, Any]:
@@ -290,13 +297,16 @@ def is_json_type(content_type: str) -> bool:
     )
 
 
-def check_media_type(content_type: Optional[str], has_body: bool) -> None:
+def check_media_type(content_type: Optional[str], has_body: bool, forms: bool = True) -> None:
     """Raise :class:`UnsupportedMediaType` (415) for a body of a type the
-    default parsing does not read: anything but JSON and forms."""
+    default parsing does not read: anything but JSON and forms. ``forms``:
+    whether the endpoint takes its input from a form at all (one that takes
+    the whole JSON body does not), so that the answer names only what it takes."""
     kind = (content_type or "").split(";", 1)[0].strip().lower()
     if has_body and kind and not is_json_type(kind) and kind not in FORM_TYPES:
+        instead = " or a form" if forms else ""
         raise UnsupportedMediaType(
-            f"a body of type {kind} is not read here: send JSON (Content-Type: application/json) or a form"
+            f"a body of type {kind} is not read here: send JSON (Content-Type: application/json){instead}"
         )
 
 

@@ -50,11 +50,17 @@ def test_a_body_of_a_type_that_is_not_read_is_a_json_415(make_app):
     streamer.add_batched_route(
         "/double", model=lambda batch: calls.append(batch) or double(batch), field="n", endpoint="d"
     )
+    streamer.add_batched_route("/sized", model=sized)
     client = app.test_client()
     error = error_of(client.post("/double", data="<n>1</n>", content_type="application/xml"), 415)
     assert error["type"] == "UnsupportedMediaType" and "application/xml" in error["message"]
+    assert error["message"].endswith("send JSON (Content-Type: application/json) or a form")
     assert calls == []
     assert client.post("/double", json={"n": 2}).get_json() == 4
+    assert client.post("/double", data={"n": "2"}).status_code == 200  # the form it offers is read
+    # A route of the whole JSON body reads no form: its 415 offers none.
+    error = error_of(client.post("/sized", data="<n>1</n>", content_type="application/xml"), 415)
+    assert error["message"].endswith("is not read here: send JSON (Content-Type: application/json)"), error
 
 
 def test_the_json_body_is_the_input_and_the_result_is_json(make_app):
