@@ -121,7 +121,7 @@ def _inputs(given: Any, most: int) -> List[Any]:
     ids, lists of token ids."""
     if isinstance(given, str):
         given = [given]
-    elif isinstance(given, list) and given and all(_is_token(x) for x in given):
+    elif isinstance(given, list) and given and all(type(x) is int for x in given):
         given = [given]  # one input as token ids
     if not isinstance(given, list):
         raise ApiError(400, "'input' must be a string, a list of strings, or token ids (lists of integers)", "input")
@@ -133,15 +133,13 @@ def _inputs(given: Any, most: int) -> List[Any]:
         if isinstance(each, str):
             if not each:
                 raise ApiError(400, f"'input[{index}]' is an empty string; every input must hold text", "input")
-        elif not isinstance(each, list) or not each or not all(_is_token(x) for x in each):
+        elif not isinstance(each, list) or not each or not all(type(x) is int for x in each):
             raise ApiError(
                 400, f"'input[{index}]' must be a non-empty string or a non-empty list of token ids", "input"
             )
+        elif min(each) < 0:
+            raise ApiError(400, f"'input[{index}]' holds the token id {min(each)}; token ids start at 0", "input")
     return given
-
-
-def _is_token(value: Any) -> bool:
-    return type(value) is int and value >= 0
 
 
 def embeddings_reply(outputs: List[Dict[str, Any]], request: EmbeddingsRequest) -> Dict[str, Any]:

@@ -260,7 +260,7 @@ def check_read_size(size: int, max_bytes: Optional[int]) -> None:
     if max_bytes is not None and size > max_bytes:
         raise PayloadTooLarge(
             f"the body is more than the {max_bytes} bytes this endpoint takes; "
-            "send a smaller one, or raise the server's max_body_bytes setting"
+            f"send a smaller one, or raise the server's {BODY_LIMIT_SETTING}"
         )
 
 
@@ -282,9 +282,13 @@ def check_body_size(length: Optional[int], max_bytes: Optional[int]) -> None:
     if max_bytes is not None and length is not None and length > max_bytes:
         raise PayloadTooLarge(
             f"the body is {length} bytes, more than the {max_bytes} this endpoint takes; "
-            "send a smaller one, or raise the server's max_body_bytes setting"
+            f"send a smaller one, or raise the server's {BODY_LIMIT_SETTING}"
         )
 
+
+#: The setting a 413 names, as each web layer spells it (a batched route's
+#: ``max_body_bytes`` keyword overrides it for that route).
+BODY_LIMIT_SETTING = 'STREAMER_MAX_BODY_BYTES (Flask\'s config; Django: STREAMER["MAX_BODY_BYTES"])'
 
 #: Media types of request bodies the default parsing reads: JSON, and forms.
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")

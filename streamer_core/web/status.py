@@ -186,8 +186,10 @@ def _worker(member: Any, raw: Any, last_beat_s: float) -> WorkerStatus:
     return WorkerStatus(name, host, pid, device, round(last_beat_s, 3))
 
 
-def render_text(statuses: Sequence[ModelStatus]) -> str:
-    """The statuses as lines for a terminal."""
+def render_text(statuses: Sequence[ModelStatus], worker_command: str) -> str:
+    """The statuses as lines for a terminal; ``worker_command``: the web
+    layer's command that starts Redis workers (``run-workers``,
+    ``run_gpu_workers``), which ``worker_num`` counts per run of."""
     lines = []
     for status in statuses:
         mark = "ok" if status.ok else "PROBLEM"
@@ -207,7 +209,7 @@ def render_text(statuses: Sequence[ModelStatus]) -> str:
             configured = (
                 ""
                 if status.configured_workers is None
-                else (f" (configured: worker_num={status.configured_workers} per run-workers command)")
+                else (f" (configured: worker_num={status.configured_workers} per {worker_command} command)")
             )
             lines.append(f"  live workers: {len(status.workers)}{configured}")
             for worker in status.workers:

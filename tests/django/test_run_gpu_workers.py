@@ -5,6 +5,7 @@ and refuses wrong options with a CommandError saying what to fix."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -53,6 +54,10 @@ def test_serves_requests_and_restarts_a_killed_worker(commands, broker, redis_pr
     assert get_streamer("double").wait_ready(30) and get_streamer("pid").wait_ready(30), commands.log(workers)
     response = post("/double", 21)
     assert (response.status_code, response.json()) == (200, 42), commands.log(workers)
+    status = io.StringIO()
+    call_command("streamer_status", "--model", "double", stdout=status)
+    # worker_num counts per run of Django's own command, named as a Django user runs it.
+    assert "per run_gpu_workers command)" in status.getvalue(), status.getvalue()
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda x: post("/pid", x), range(16)))
     assert [r.status_code for r in answers] == [200] * 16

@@ -150,6 +150,7 @@ def test_the_plain_and_batched_routes_read_requests_by_the_same_rules(app, path)
     client = app.test_client()
     error = error_of(client.post(path, json={"s": "x" * (10 * 1024 * 1024 + 10)}), 413)
     assert error["type"] == "PayloadTooLarge" and "10485760" in error["message"]
+    assert "raise the server's STREAMER_MAX_BODY_BYTES" in error["message"], "the setting as a user writes it"
     big = client.post(path, json={"s": "Happy birthday to you.", "padding": "x" * 5_000_000})  # the same on Django
     assert big.status_code == 200 and len(big.get_json()) == 384, big.get_data()[:300]
     for content_type in ("text/plain", "application/octet-stream", "application/xml"):

@@ -45,6 +45,6 @@ class Command(BaseCommand):
                 f"the models are {', '.join(map(repr, specs))}"
             )
         statuses = [model_status(specs[name]) for name in dict.fromkeys(names)]
-        self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses))
+        self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses, "run_gpu_workers"))
         if not all(status.ok for status in statuses):
             raise CommandError("a model cannot serve; see above", returncode=1)
