@@ -143,16 +143,25 @@ def app_routes(config: Mapping[str, Any]) -> Dict[str, Optional[str]]:
 def written_as(key: str, config: Mapping[str, Any]) -> str:
     """The name the user gave ``key``: ``FLASK_<key>`` when its value is that
     environment variable's, as ``app.config.from_prefixed_env()`` reads it
-    (JSON, else the text), else ``key`` itself."""
-    variable = f"FLASK_{key}"
-    text = os.environ.get(variable)
-    if text is None or key not in config:
-        return key
+    (JSON, else the text), else ``key`` itself. A key not set at all, in an
+    app whose streamer settings came from such variables, is named both
+    ways: setting ``STREAMER_REDIS_URL`` in the environment would do nothing."""
+    if key not in config:
+        from_environment = any(_from_environment(other, config) for other in config if other.startswith("STREAMER_"))
+        return f"{key} (FLASK_{key} in the environment)" if from_environment else key
+    return f"FLASK_{key}" if _from_environment(key, config) else key
+
+
+def _from_environment(key: str, config: Mapping[str, Any]) -> bool:
+    """Whether ``config[key]`` is the value of the variable ``FLASK_<key>``."""
+    text = os.environ.get(f"FLASK_{key}")
+    if text is None:
+        return False
     try:
         value = json.loads(text)
     except ValueError:
         value = text
-    return variable if value == config[key] else key
+    return bool(value == config[key])
 
 
 def _placeholder(batch: Any) -> Any:  # stands for the route's model while checking app-wide settings

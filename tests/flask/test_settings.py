@@ -327,6 +327,23 @@ def test_settings_from_flask_environment_variables(make_app, monkeypatch):
     assert group.options["batch_size"] == 8
 
 
+def test_a_setting_missing_from_the_environment_is_named_as_the_variable_to_set(make_app, monkeypatch):
+    """What a newcomer met: ``FLASK_STREAMER_BACKEND=redis`` and no URL was
+    told to set ``STREAMER_REDIS_URL``, which as a variable does nothing."""
+    monkeypatch.setenv("FLASK_STREAMER_BACKEND", "redis")
+    app, streamer = make_app(init=False)
+    app.config.from_prefixed_env()
+    with pytest.raises(ConfigurationError) as info:
+        streamer.init_app(app)
+    [message] = info.value.messages
+    assert message.startswith("STREAMER_REDIS_URL (FLASK_STREAMER_REDIS_URL in the environment) must be set"), message
+    monkeypatch.delenv("FLASK_STREAMER_BACKEND")
+    app, streamer = make_app({"STREAMER_BACKEND": "redis"}, init=False)  # set in code: the config key alone
+    with pytest.raises(ConfigurationError) as info:
+        streamer.init_app(app)
+    assert info.value.messages[0].startswith("STREAMER_REDIS_URL must be set"), info.value.messages
+
+
 def test_a_bad_environment_variable_fails_init_app(make_app, monkeypatch):
     monkeypatch.setenv("FLASK_STREAMER_BATCH_SIZE", "many")
     app, streamer = make_app(init=False)
