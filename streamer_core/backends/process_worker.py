@@ -21,6 +21,7 @@ from ..errors import RemoteError, RemoteTraceback, SerializationError
 from ..green import unpatched
 from ..threads import block_process_signals
 from .shared_memory import BlockPool, PeerBlocks, Wire, dump, load, plain, shared_wire
+from .spawning import thread_locks_for_progress_bars
 
 # Set in a worker process, so that a streamer made there (say, by importing the
 # web app's module to reach the model) refuses to spawn workers of its own.
@@ -137,11 +138,11 @@ def worker_main(
         except OSError:
             pass  # a core taken away since (a container's cpuset changed): keep what was inherited
     os.environ[IN_WORKER_ENV] = "1"
+    thread_locks_for_progress_bars()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # SIGTERM (to the worker, or to a server's whole process group) ends it
-    # through exit, so that what its model made is cleaned up: a progress
-    # bar's multiprocessing lock (tqdm, as transformers loads weights) is
-    # otherwise reported "leaked" by the resource tracker.
+    # through exit, so that what its model made is cleaned up (a named
+    # semaphore, shared memory) rather than reported leaked by the resource tracker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _start_thread(_watch_parent, parent_pid)
 

@@ -6,17 +6,33 @@ own binary, whose options parser then refuses multiprocessing's arguments,
 and every worker dies before it loads its model. :func:`spawn_context` gives
 the spawn context, set to run this interpreter's ``python`` (that of the
 virtualenv, when there is one) wherever ``sys.executable`` is not Python.
+:func:`thread_locks_for_progress_bars` is the first thing a spawned worker
+does.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import multiprocessing.context
 import os
 import sys
+import threading
 from typing import Optional
 
-__all__ = ["spawn_context", "python_executable"]
+__all__ = ["spawn_context", "python_executable", "thread_locks_for_progress_bars"]
+
+
+def thread_locks_for_progress_bars() -> None:
+    """Give tqdm a thread lock before a worker's model loads. tqdm (the
+    progress bars of transformers, huggingface_hub and many a loader) makes
+    a multiprocessing lock on first use: in a spawned process a named
+    semaphore, which a worker killed by ``kill -9`` or the kernel's
+    out-of-memory killer cannot remove, and the resource tracker warns of
+    it as the server stops ("leaked semaphore objects"). A worker shares no
+    progress bar with other processes; a thread lock is all it needs."""
+    if importlib.util.find_spec("tqdm") is not None:  # not a dependency: the model's, where it has it
+        importlib.import_module("tqdm").tqdm.set_lock(threading.RLock())
 
 
 def python_executable() -> Optional[str]:

@@ -324,3 +324,19 @@ def ran_batches(folder: Path) -> List[List[Any]]:
 def ran_inputs(folder: Path) -> List[Any]:
     """The inputs :class:`RecordingGate` ran, in order."""
     return [x for batch in ran_batches(folder) for x in batch]
+
+
+class ProgressBarModel(ManagedModel):
+    """Loads as transformers does, drawing a tqdm progress bar (to a
+    string, not the test's output); answers with its pid."""
+
+    def init_model(self) -> None:
+        import io
+
+        from tqdm import tqdm
+
+        for _ in tqdm(range(3), file=io.StringIO()):
+            pass
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return [os.getpid()] * len(batch)

@@ -255,6 +255,56 @@ def test_a_done_callback_may_ask_the_streamer_of_its_workers_as_a_worker_dies(tm
     assert json.loads(lines[1]) == ["STILL", "SERVING"]
 
 
+KILLED_AFTER_A_PROGRESS_BAR = textwrap.dedent(
+    """
+    import os, signal, time
+    from streamer_core import Streamer
+    from tests.core.models import ProgressBarModel
+
+
+    def main():
+        streamer = Streamer(ProgressBarModel, batch_size=4, max_latency=0.01)
+        assert streamer.wait_ready(60)
+        [first] = streamer.predict([1], timeout=30)
+        os.kill(first, signal.SIGKILL)  # as the out-of-memory killer does
+        deadline, now = time.monotonic() + 60, first
+        while now == first and time.monotonic() < deadline:
+            try:
+                [now] = streamer.predict([1], timeout=30)
+            except Exception:
+                pass  # the call the dying worker held
+        assert now != first, "the worker was not restarted"
+        streamer.close(10)
+        print("ok")
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_a_worker_killed_after_drawing_a_progress_bar_leaves_no_semaphore_behind(tmp_path):
+    """tqdm, as transformers draws its loading bar, makes a multiprocessing
+    lock: in a spawned worker a named semaphore, which a worker killed by
+    SIGKILL (the out-of-memory killer) cannot remove, and the resource
+    tracker warned of it as the server stopped. Workers give tqdm a thread
+    lock first. Run in a program of its own, whose end the tracker sees."""
+    pytest.importorskip("tqdm")
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AFTER_A_PROGRESS_BAR)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr[-3000:]
+    assert "leaked" not in done.stderr, done.stderr[-3000:]
+
+
 def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(closing, caplog):
     streamer = closing(Streamer(models.stuck_on_hang, batch_size=4, max_latency=0.01, hang_timeout=0.5))
     assert streamer.wait_ready(60)

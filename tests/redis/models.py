@@ -22,6 +22,7 @@ from streamer_core import ManagedModel
 from tests.core.models import (  # noqa: F401  (shared with the core tests)
     BrokenInitModel,
     EnvModel,
+    ProgressBarModel,
     double,
     fail_on_negative,
     kill_self_on_poison,

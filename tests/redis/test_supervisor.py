@@ -45,6 +45,28 @@ def test_a_killed_worker_process_is_replaced_and_calls_are_still_served(fault_br
     assert not any(alive(pid) for pid in (first[1], replacement))
 
 
+def test_a_worker_killed_after_drawing_a_progress_bar_leaves_no_semaphore_behind(fault_broker, make_streamer, procs):
+    """As on the process backend: tqdm's lock in a spawned worker was a named
+    semaphore that a SIGKILL left for the resource tracker to call leaked
+    when the supervisor stopped."""
+    pytest.importorskip("tqdm")
+    supervisor = procs.supervisor(fault_broker, "ProgressBarModel", batch_size=4, claim_after=0.5)
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 1, 20), procs.log(supervisor)
+    [first] = worker_children(supervisor.pid)
+    wait_serving(procs, supervisor, [first])
+    streamer = make_streamer(fault_broker, timeout=15)
+    assert streamer.predict([1]) == [first]
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: set(worker_children(supervisor.pid)) - {first}, 15), procs.log(supervisor)
+    [replacement] = set(worker_children(supervisor.pid)) - {first}
+    wait_serving(procs, supervisor, [replacement])
+    assert streamer.predict([2]) == [replacement]
+    supervisor.send_signal(signal.SIGINT)
+    assert supervisor.wait(15) == 0, procs.log(supervisor)
+    time.sleep(0.5)  # the resource tracker writes as it ends, after the supervisor
+    assert "leaked" not in procs.log(supervisor, tail=None), procs.log(supervisor)
+
+
 def test_a_worker_stuck_in_a_batch_nobody_waits_for_is_restarted(fault_broker, make_streamer, procs):
     supervisor = procs.supervisor(fault_broker, "pid_unless_hang", batch_size=4, hang_timeout=0.5)
     assert wait_for(lambda: len(worker_children(supervisor.pid)) == 1, 20), procs.log(supervisor)

@@ -21,7 +21,7 @@ from ...logs import LOG_FORMAT
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import callable_name
 from ...threads import background
-from ..spawning import spawn_context
+from ..spawning import spawn_context, thread_locks_for_progress_bars
 from .connection import MAX_BACKOFF_S, wait_for_broker
 from .presence import EXIT_HUNG, EXIT_HUNG_AFTER_ANSWERS
 from .worker import RedisWorker
@@ -39,6 +39,7 @@ _STOP_LIMIT_S = 60.0
 def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_pid: int) -> None:
     from ..process_worker import _watch_parent
 
+    thread_locks_for_progress_bars()
     background(_watch_parent, "streamer-parent-watch", (parent_pid,)).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C
     logging.basicConfig(level=options.pop("log_level", logging.INFO), format=LOG_FORMAT)
