@@ -211,6 +211,9 @@ def test_as_many_inputs_as_the_limit_are_taken_and_one_more_refused() -> None:
     taken = EmbeddingsRequest.parse({"model": MODEL, "input": ["a"] * MAX_INPUTS}, [MODEL])
     assert len(taken.inputs) == MAX_INPUTS
     assert len(EmbeddingsRequest.parse({"model": MODEL, "input": [[7]] * 3}, [MODEL], max_inputs=3).inputs) == 3
+    for booleans in ([True, 5], [[5, False]]):  # JSON's true is not token id 1
+        with pytest.raises(ApiError, match=r"'input\[0\]' must be a non-empty string or a non-empty list of token"):
+            EmbeddingsRequest.parse({"model": MODEL, "input": booleans}, [MODEL])
     for negative in ([[5, -1]], [-1, 5]):  # a list of lists of ids, and one list of ids
         with pytest.raises(ApiError, match=r"'input\[0\]' holds the token id -1; token ids start at 0"):
             EmbeddingsRequest.parse({"model": MODEL, "input": negative}, [MODEL])

@@ -12,7 +12,7 @@ from flask import Blueprint, Flask
 
 from flask_streamer import FlaskStreamer
 from tests.flask.apps import GatedModel, double, sized
-from tests.flask.conftest import post_in_thread
+from tests.flask.conftest import post_in_thread, spec_of
 
 
 class Recorder:
@@ -77,6 +77,20 @@ def test_a_blueprint_route_is_served_under_the_blueprint_prefix(make_app):
         from flask import url_for
 
         assert url_for("v1.double") == "/v1/double"
+
+
+def test_routes_of_the_same_endpoint_in_two_blueprints_keep_their_redis_keys_apart(make_app):
+    """``v1.embed`` and ``v2.embed`` are two models: each names its Redis
+    keys after the route's full name, or the workers of one would take the
+    other's requests."""
+    app, streamer = make_app(
+        {"STREAMER_BACKEND": "redis", "STREAMER_REDIS_URL": "redis://127.0.0.1:1/0", "STREAMER_PREFIX": "svc"}
+    )
+    for version in ("v1", "v2"):
+        bp = Blueprint(version, __name__)
+        streamer.add_batched_route("/embed", model=double, blueprint=bp, endpoint="embed")
+        app.register_blueprint(bp, url_prefix=f"/{version}")
+    assert [spec_of(app, name).prefix for name in ("v1.embed", "v2.embed")] == ["svc:v1.embed", "svc:v2.embed"]
 
 
 def test_a_blueprint_declared_with_the_decorator_works_in_an_app_factory(closing_app):

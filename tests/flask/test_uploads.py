@@ -74,6 +74,20 @@ def test_bodies_over_the_limit_are_a_413(app):
     assert error["type"] == "PayloadTooLarge", "the project's 413, not werkzeug's wording"
 
 
+def test_flasks_own_max_content_length_holds_where_it_is_lower():
+    """The README: Flask's ``MAX_CONTENT_LENGTH`` still holds when lower
+    than the streamer's limit, the route's own included."""
+    app = make_app(MAX_CONTENT_LENGTH=600)
+    try:
+        client = app.test_client()
+        error = error_of(client.post("/small", **upload(b"x" * 800)), 413)  # under the route's 1,000
+        assert error["type"] == "PayloadTooLarge"
+        assert error_of(client.post("/upload", json={"file": "x" * 700}), 413)["type"] == "PayloadTooLarge"
+        assert client.post("/small", **upload(b"x" * 100)).status_code == 200
+    finally:
+        close_streamers(app)
+
+
 def test_the_app_wide_limit_and_its_checks():
     app = make_app(STREAMER_MAX_BODY_BYTES=100_000)
     try:
