@@ -35,6 +35,25 @@ def test_without_a_worker_calls_are_refused_at_once(broker, make_streamer):
     assert streamer.wait_ready(0.3) is False
 
 
+def test_the_first_call_after_a_worker_comes_up_is_served_not_refused(broker, make_streamer, start_worker):
+    """The web process looks at the workers once a second; a call refused
+    for want of them asks Redis again first, so that the first callers
+    after a worker finishes loading are not told it is loading (seen on a
+    fresh clone: a 503 0.2 s after the worker said it was ready)."""
+    streamer = make_streamer(broker, require_workers=True, timeout=10)
+    with pytest.raises(NoWorkerError):
+        streamer.predict([1])
+    workers_key = f"streamer:{broker.prefix}:workers"
+    for round_ in range(3):
+        time.sleep(0.1)  # past the last refusal's look at Redis (client._RECHECK_S)
+        worker = start_worker(broker, models.double, batch_size=8)
+        assert wait_for(lambda: broker.conn.zcard(workers_key) > 0, 10, interval=0.002)
+        assert streamer.predict([round_]) == [2 * round_], f"round {round_}: refused though a worker is live"
+        worker.stop()
+        broker.conn.delete(workers_key)
+        assert wait_for(lambda: _refused(streamer), 8), "calls still queued with no worker alive"
+
+
 def test_a_worker_is_seen_and_its_exit_is_noticed(broker, make_streamer, start_worker):
     streamer = make_streamer(broker, require_workers=True, timeout=10)
     worker = start_worker(broker, models.double, batch_size=8)
