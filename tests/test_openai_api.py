@@ -229,7 +229,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(clos
 
     from example_flask.openai_api import serve_embeddings
     from streamer_core import ThreadedStreamer
-    from streamer_core.web.http import RETRY_AFTER_FULL
+    from streamer_core.web.http import RETRY_AFTER_FULL, check_body_size
 
     streamer = closing(ThreadedStreamer(gate, batch_size=8, max_latency=0.01, max_queue=2))
     running = streamer.submit(["hold"])
@@ -245,3 +245,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(clos
     assert status == 504 and headers == {} and answer["error"]["type"] == "server_error"
     gate.release()
     assert running.result(5) == ["ok:hold"] and held.result(5) == ["ok:hold"]
+    # A body over the limit, as the web layer's reader refuses it: a 413, in OpenAI's shape too.
+    status, answer, headers = serve_embeddings(lambda: check_body_size(11, 10), lambda: late, [MODEL], log)
+    assert status == 413 and headers == {} and set(answer["error"]) == {"message", "type", "param", "code"}
+    assert answer["error"]["type"] == "invalid_request_error" and "more than the 10" in answer["error"]["message"]
