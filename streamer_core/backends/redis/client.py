@@ -73,11 +73,6 @@ SEND_RETRY_S = 1.5
 _FIRST_RETRY_S = 0.1
 # How often a web process checks the server is the same one (a restart empties it).
 _CHECK_SERVER_S = 1.0
-#: Before refusing a call for want of workers, Redis is asked again if it
-#: was not asked within this many seconds: the roster's view is up to
-#: _CHECK_SERVER_S old, and a worker that just loaded its model would see
-#: its first callers refused.
-_RECHECK_S = 0.05
 _BLOCK_MS = 500
 #: A request to send: request id, timeout in ms, payload, buffers, cost, traceparent.
 _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
@@ -103,7 +98,6 @@ class _RedisClientBackend(Backend):
         self._keys = Keys(prefix, address.is_cluster)
         #: The workers as this process sees them (checked every _CHECK_SERVER_S).
         self.roster = Roster(self._keys, require_workers, levels)
-        self._rechecked = float("-inf")
         self._dead = DeadLetters(self._keys)
         self._client_id = new_client_id()
         self._results_key = self._keys.results(self._client_id)
@@ -403,20 +397,8 @@ class _RedisClientBackend(Backend):
         return self.roster.live(conn or self._send_conn)
 
     def missing_workers(self) -> bool:
-        """Whether calls are to be refused for want of workers: the roster
-        says so, and so does Redis, asked now unless it was within
-        :data:`_RECHECK_S` (or does not answer: the roster's word stands)."""
-        roster = self.roster
-        if not roster.missing():
-            return False
-        now = time.monotonic()
-        if now - self._rechecked >= _RECHECK_S:
-            self._rechecked = now
-            try:
-                roster.live(self._send_conn)  # a live worker seen moves the roster's last sighting
-            except broker_errors():
-                pass
-        return roster.missing()
+        """Whether calls are to be refused for want of workers (see :meth:`Roster.missing_now`)."""
+        return self.roster.missing_now(self._send_conn)
 
     def why_not_ready(self) -> Optional[str]:
         """Why no call can be served now (see :meth:`Roster.why_not_ready`)."""

@@ -49,12 +49,16 @@ from .wire import (
     loading_workers,
 )
 
-__all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S"]
+__all__ = ["Roster", "NO_WORKER_S", "LONGEST_RETRY_AFTER_S", "RECHECK_S"]
 
 #: With ``require_workers``, calls are refused once no worker has been live for this long (seconds).
 NO_WORKER_S = 2.5
 #: The longest ``Retry-After`` given while the model loads (seconds).
 LONGEST_RETRY_AFTER_S = 30.0
+#: Before a call is refused for want of workers, Redis is asked again if it
+#: was not within this many seconds: the roster is checked once a second,
+#: and a worker that just loaded its model would see its first callers refused.
+RECHECK_S = 0.05
 
 logger = logging.getLogger("streamer_core.redis")
 
@@ -74,6 +78,7 @@ class Roster:
         self._checked = False
         self._unreachable = False  # the last question to Redis went unanswered
         self._loading: List[LoadingWorker] = []
+        self._rechecked = float("-inf")  # monotonic time missing_now last asked Redis
 
     @property
     def watching(self) -> bool:
@@ -198,6 +203,20 @@ class Roster:
         if not (self.require_workers and self._checked) or self._unreachable:
             return False
         return time.monotonic() - self._seen > NO_WORKER_S
+
+    def missing_now(self, conn: Any) -> bool:
+        """:meth:`missing`, and if so, so says Redis asked now, unless it was
+        within :data:`RECHECK_S` (or does not answer: the last word stands)."""
+        if not self.missing():
+            return False
+        now = time.monotonic()
+        if now - self._rechecked >= RECHECK_S:
+            self._rechecked = now
+            try:
+                self.live(conn)  # a live worker seen moves the last sighting
+            except broker_errors():
+                pass
+        return self.missing()
 
     def error(self) -> NoWorkerError:
         """What a call gets while no worker serves: the same whether it is new
