@@ -56,6 +56,13 @@ def test_more_than_max_inputs_is_a_413_and_not_a_list_a_400(client: Client, sett
     assert post(client, "/double-many", [1, 2, 3, 4]).json() == [2, 4, 6, 8]
 
 
+def test_a_class_based_views_own_max_inputs_holds_under_the_settings(client: Client, settings: Any) -> None:
+    settings.STREAMER = dict(settings.STREAMER, MAX_INPUTS=4)
+    error = error_of(post(client, "/double-few-cbv", [1, 2, 3]), 413)
+    assert "3 inputs" in error["message"] and "2" in error["message"], error
+    assert post(client, "/double-few-cbv", [1, 2]).json() == [2, 4]
+
+
 def test_an_input_that_fails_names_its_index(client: Client) -> None:
     error = error_of(post(client, "/double-many", [1, 2, "boom"]), 500)
     assert error["message"] == "input 2: the model refuses 'boom'" and error["input"] == 2, error

@@ -150,6 +150,24 @@ def test_drain_refuses_new_calls_and_finishes_those_in_hand(
     assert held.result(5) == [6]  # the call in hand finished with its result
 
 
+def test_status_command_fails_when_any_model_cannot_serve(streamer_settings: Any, redis_url: str) -> None:
+    """One model served, another on Redis with no worker: the command says
+    which, and exits 1, as a probe or a deploy script reads it."""
+    streamer_settings(
+        models={
+            "double": {"MODEL": "tests.django.batch_models.double"},
+            "remote": {"MODEL": "tests.django.batch_models.double", "BACKEND": "redis", "REDIS_URL": redis_url},
+        },
+        PREFIX="django-status-no-workers",
+    )
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="a model cannot serve") as info:
+        call_command("streamer_status", stdout=out)
+    assert info.value.returncode == 1
+    text = out.getvalue()
+    assert "double [thread] ok:" in text and "remote [redis] PROBLEM:" in text, text
+
+
 def test_status_command_for_in_process_backends() -> None:
     out = io.StringIO()
     call_command("streamer_status", stdout=out)

@@ -7,6 +7,7 @@ urlpatterns = [
     path("double-many", views.double_many),
     path("adouble-many", views.adouble_many),
     path("double-many-cbv", views.double_many_cbv),
+    path("double-few-cbv", views.double_few_cbv),
     path("adouble", views.adouble),
     path("wrapped/<int:x>", views.wrapped),
     path("asizes", views.asizes),

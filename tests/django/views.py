@@ -114,6 +114,7 @@ async def adouble_many(request: HttpRequest) -> Any:
 
 
 double_many_cbv = BatchedView.as_view(model="double", many=True)
+double_few_cbv = BatchedView.as_view(model="double", many=True, max_inputs=2)
 
 
 @batched_view("gate")
