@@ -123,6 +123,19 @@ def test_status_command_with_workers_up_and_down(
     assert runner.invoke(args=["streamer", "status"]).exit_code == 1
 
 
+def test_status_exits_1_when_any_route_cannot_serve(broker: Broker) -> None:
+    """A thread-backend route served beside a Redis route with no worker:
+    the command exits 1 (a probe or deploy script reads it), naming which."""
+    app = Flask(f"ops-mixed-{broker.prefix}")
+    app.config.update(STREAMER_BACKEND="redis", STREAMER_REDIS_URL=broker.url, STREAMER_TIMEOUT=10)
+    streamer = FlaskStreamer(app)
+    streamer.add_batched_route("/identity", "identity", identity, prefix=broker.prefix)
+    streamer.add_batched_route("/local", "local", identity, backend="thread")
+    done = app.test_cli_runner().invoke(args=["streamer", "status"])
+    assert done.exit_code == 1, done.output
+    assert "local [thread] ok:" in done.output and "identity [redis] PROBLEM" in done.output, done.output
+
+
 def test_status_tells_live_workers_from_the_configured_number(
     broker: Broker, start_worker: Callable[..., ThreadWorker]
 ) -> None:
