@@ -147,6 +147,7 @@ def test_errors_come_as_the_sdk_raises_them(example: Example) -> None:
     with pytest.raises(openai.BadRequestError) as wrong_token:
         client.embeddings.create(model=MODEL, input=[[1, 2], [99_999_999]])
     assert "input 1" in str(wrong_token.value) and "token id 99999999" in str(wrong_token.value)
+    assert wrong_token.value.param == "input[1]", "the input refused, as OpenAI's param names it"
 
 
 def test_the_model_is_listed(example: Example) -> None:
