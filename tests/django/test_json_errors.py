@@ -71,6 +71,9 @@ def test_a_failed_csrf_check_is_a_json_403_and_a_good_token_passes(url):
     client = Client(enforce_csrf_checks=True)
     error = error_of(post(client, url, {"x": 1}), 403)
     assert error["type"] == "CsrfFailure" and "CSRF" in error["message"]
+    # A method the view does not take is a 405 first: no token would make it served.
+    wrong_method = client.put(url, json.dumps({"x": 1}), content_type="application/json")
+    assert error_of(wrong_method, 405)["type"] == "MethodNotAllowed" and wrong_method["Allow"] == "POST"
     token = get_token(RequestFactory().get("/"))
     client.cookies["csrftoken"] = token
     response = client.post(url, json.dumps({"x": 2}), content_type="application/json", HTTP_X_CSRFTOKEN=token)
