@@ -200,6 +200,9 @@ def test_the_wire_format_is_openais(example: Example) -> None:
     assert status == 200
     decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
     assert decoded.shape == (384,) and abs(float(np.linalg.norm(decoded)) - 1.0) < 1e-5
+    status, body = _raw(example, {"model": MODEL, "input": ["hello"]})  # no encoding_format: OpenAI's default
+    assert status == 200 and len(body["data"][0]["embedding"]) == 384
+    assert all(isinstance(x, float) for x in body["data"][0]["embedding"]), "floats unless base64 is asked for"
     status, body = _raw(example, {"model": MODEL, "input": "hi", "encoding_format": "int8"})
     assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "encoding_format"
