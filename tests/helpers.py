@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_for(predicate: Callable[[], Any], seconds: float, interval: float = 0.02) -> Any:
@@ -117,3 +122,21 @@ def post_and_leave(port: int, path: str, payload: Any, stay_s: float = 0.3) -> N
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(head + body)
         time.sleep(stay_s)
+
+
+def run_program(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the Python program ``script`` (with ``args``) from the repository's
+    root, the project importable, its output captured as text. A program
+    still running after ``timeout`` seconds fails the test as hung, with what
+    it printed so far."""
+    try:
+        return subprocess.run(
+            [sys.executable, str(script), *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program hung: {exc.stdout!r} {exc.stderr!r}") from None

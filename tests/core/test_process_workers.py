@@ -28,7 +28,7 @@ from streamer_core import (
     WorkerStartError,
 )
 from tests.core import models
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, run_program, wait_for
 from tests.servers import worker_children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,17 +236,7 @@ def test_a_done_callback_may_ask_the_streamer_of_its_workers_as_a_worker_dies(tm
     streamer could not be closed."""
     script = tmp_path / "asks.py"
     script.write_text(ASKS_AS_A_WORKER_DIES)
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the program hung: {exc.stdout!r}") from None
+    done = run_program(script, timeout=90)
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and len(lines) == 2, done.stdout + done.stderr[-3000:]
     asked = json.loads(lines[0])
@@ -293,14 +283,7 @@ def test_a_worker_killed_after_drawing_a_progress_bar_leaves_no_semaphore_behind
     pytest.importorskip("tqdm")
     script = tmp_path / "killed.py"
     script.write_text(KILLED_AFTER_A_PROGRESS_BAR)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_program(script, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr[-3000:]
     assert "leaked" not in done.stderr, done.stderr[-3000:]
 

@@ -20,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 from streamer_core import Streamer, WorkerDiedError
 from streamer_core.backends.shared_memory import BlockPool, PeerBlocks, dump, load, new_prefix, shared_wire
 from tests.core import models
-from tests.helpers import wait_for
+from tests.helpers import run_program, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -163,14 +163,7 @@ def test_nothing_is_left_behind_after_many_calls_and_a_killed_worker(tmp_path):
     script = tmp_path / "leak.py"
     script.write_text(textwrap.dedent(LEAK_SCRIPT))
     calls = 100_000
-    result = subprocess.run(
-        [sys.executable, str(script), str(calls)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = run_program(script, str(calls), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert "poison: WorkerDiedError" in lines
@@ -213,14 +206,7 @@ def test_dev_shm_full_falls_back_to_the_pipe(tmp_path):
             """
         )
     )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_program(script, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
     # Once in each process: the web process's inputs, the worker's results.
     assert result.stderr.count("shared memory is full") == 2, result.stderr[-3000:]
