@@ -44,7 +44,7 @@ def test_the_first_call_after_a_worker_comes_up_is_served_not_refused(broker, ma
     with pytest.raises(NoWorkerError):
         streamer.predict([1])
     workers_key = f"streamer:{broker.prefix}:workers"
-    for round_ in range(3):
+    for round_ in range(2):
         time.sleep(0.1)  # past the last refusal's look at Redis (roster.RECHECK_S)
         worker = start_worker(broker, models.double, batch_size=8)
         assert wait_for(lambda: broker.conn.zcard(workers_key) > 0, 10, interval=0.002)
