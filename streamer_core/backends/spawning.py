@@ -6,8 +6,8 @@ own binary, whose options parser then refuses multiprocessing's arguments,
 and every worker dies before it loads its model. :func:`spawn_context` gives
 the spawn context, set to run this interpreter's ``python`` (that of the
 virtualenv, when there is one) wherever ``sys.executable`` is not Python.
-:func:`thread_locks_for_progress_bars` is the first thing a spawned worker
-does.
+:func:`thread_locks_for_progress_bars` is what a spawned worker does before
+its model loads.
 """
 
 from __future__ import annotations
