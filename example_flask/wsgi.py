@@ -3,7 +3,7 @@ app factory and have no hook to run once a process is up (granian, uWSGI)::
 
     granian --interface wsgi --port 5005 --workers 1 --blocking-threads 128 example_flask.wsgi:app
     uwsgi --http 127.0.0.1:5005 --module example_flask.wsgi:app --master \
-        --processes 1 --threads 64 --lazy-apps --die-on-term
+        --processes 1 --threads 64 --lazy-apps --need-app --die-on-term
 
 It loads the model as it is imported, then keeps what loading made out of
 the garbage collector's sight (:func:`~streamer_core.web.settling.freeze_after_loading`,

@@ -1,15 +1,19 @@
 """A server refuses to boot on a ``STREAMER`` setting so wrong that no
 request could be served, and says why: system checks run only under
-``manage.py``, so gunicorn and uvicorn load the app without them. Each
-server runs for real on 127.0.0.1, with the example project."""
+``manage.py``, so gunicorn, uvicorn and uWSGI load the app without them.
+Each server runs for real on 127.0.0.1, with the example project (uWSGI
+with the README's flags: without ``--need-app`` it serves a 500 instead)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import List, Tuple
 
 import pytest
@@ -20,13 +24,18 @@ from tests.servers import free_port
 SERVERS = {
     "gunicorn": ("gunicorn", ["example_django.wsgi:application", "--workers", "1", "--threads", "4"]),
     "uvicorn": ("uvicorn", ["example_django.asgi:application", "--log-level", "warning"]),
+    "uwsgi": ("uwsgi", ["--module", "example_django.wsgi:application", "--master", "--processes", "1", "--threads",
+                        "4", "--lazy-apps", "--need-app", "--die-on-term"]),  # fmt: skip
 }
 
 
 def _start(commands, server: str, port: int, backend: str) -> subprocess.Popen:
     module, args = SERVERS[server]
-    bind = ["--bind", f"127.0.0.1:{port}"] if server == "gunicorn" else ["--host", "127.0.0.1", "--port", str(port)]
     env = commands.env(DJANGO_SETTINGS_MODULE="example_django.settings", STREAMER_BACKEND=backend)
+    if server == "uwsgi":
+        program = str(Path(sys.executable).with_name("uwsgi"))
+        return commands.start(*args, "--http", f"127.0.0.1:{port}", program=program, env=env)
+    bind = ["--bind", f"127.0.0.1:{port}"] if server == "gunicorn" else ["--host", "127.0.0.1", "--port", str(port)]
     return commands.start(*args, *bind, module=module, env=env)
 
 
@@ -71,3 +80,23 @@ def test_with_right_settings_the_server_boots_and_answers_json(commands, server)
     assert json.loads(body)["error"]["status"] == 405
     time.sleep(0.1)
     assert process.poll() is None
+
+
+def test_under_uwsgi_the_models_load_before_the_first_request(commands):
+    """uWSGI has no hook like gunicorn's ``post_worker_init``: the example's
+    WSGI module loads the models as each lazy-apps worker imports it, so the
+    first caller does not wait for a model (and readiness says ready)."""
+    port = free_port()
+    process = _start(commands, "uwsgi", port, backend="thread")
+    assert wait_for(lambda: "ready on" in commands.log(process), 90, interval=0.2), commands.log(process)[-2000:]
+    log = commands.log(process)
+    assert "loading as the server starts" in log and "loading on its first use" not in log, log[-2000:]
+    status, _, body = _get(f"http://127.0.0.1:{port}/readyz")
+    assert status == 200, body
+    # uWSGI does not decode a chunked body for the app: the README says 411.
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    connection.request("POST", "/stream", body=iter([b'{"s": "chunked"}']), headers=headers, encode_chunked=True)
+    answer = connection.getresponse()
+    assert answer.status == 411 and "Content-Length" in json.loads(answer.read())["error"]["message"]
+    connection.close()
