@@ -24,8 +24,21 @@ from tests.servers import free_port
 SERVERS = {
     "gunicorn": ("gunicorn", ["example_django.wsgi:application", "--workers", "1", "--threads", "4"]),
     "uvicorn": ("uvicorn", ["example_django.asgi:application", "--log-level", "warning"]),
-    "uwsgi": ("uwsgi", ["--module", "example_django.wsgi:application", "--master", "--processes", "1", "--threads",
-                        "4", "--lazy-apps", "--need-app", "--die-on-term"]),  # fmt: skip
+    "uwsgi": (
+        "uwsgi",
+        [
+            "--module",
+            "example_django.wsgi:application",
+            "--master",
+            "--processes",
+            "1",
+            "--threads",
+            "4",
+            "--lazy-apps",
+            "--need-app",
+            "--die-on-term",
+        ],
+    ),  # fmt: skip
 }
 
 
