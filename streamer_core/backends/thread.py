@@ -10,7 +10,7 @@ import queue
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..batching import Scheduler, _Item, deliver, live_items
 from ..config import BatchingConfig, BatchingOptions, default, shown_device
@@ -134,7 +134,10 @@ def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[Lis
     """Under gevent's ``monkey.patch_all()`` the model "thread" is a greenlet,
     so a model call that computes (rather than sleeps) would stop the hub and
     every request with it. Run the calls on a real thread of gevent's pool
-    instead; the greenlet waits cooperatively."""
+    instead; the greenlet waits cooperatively. What the model raises comes
+    back as a value and is raised in the greenlet: raised on the pool's
+    thread, gevent would also print its traceback to stderr, one for every
+    bad input a client sends."""
     monkey = sys.modules.get("gevent.monkey")
     if monkey is None or not monkey.is_module_patched("threading"):
         return predict
@@ -142,9 +145,17 @@ def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[Lis
 
     pool = gevent.get_hub().threadpool
 
+    def caught(batch: List[Any]) -> Tuple[Optional[BaseException], Any]:
+        try:
+            return None, predict(batch)
+        except BaseException as exc:  # raised again in the greenlet, below
+            return exc, None
+
     def on_pool_thread(batch: List[Any]) -> Sequence[Any]:
-        outputs: Sequence[Any] = pool.apply(predict, (batch,))
-        return outputs
+        error, outputs = pool.apply(caught, (batch,))
+        if error is not None:
+            raise error
+        return cast(Sequence[Any], outputs)
 
     return on_pool_thread
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_program
+
 pytest.importorskip("gevent")
 
 SCRIPT = Path(__file__).with_name("scripts") / "gevent_patched_model.py"
@@ -90,3 +92,16 @@ def test_notify_does_not_yield_to_the_hub_with_the_lock_held() -> None:
     assert report["switched"] == [], "notify() let another greenlet run with the lock held"
     assert report["after"] == ["other greenlet"]
     assert "un-acquired lock" in report["unheld"]
+
+
+def test_an_input_the_model_refuses_fails_its_caller_without_a_traceback_on_stderr() -> None:
+    """gevent prints the traceback of whatever a function run on its thread
+    pool raises before handing it back: under a gevent worker, every bad
+    input a client sent printed one to the server's log (a flood, from a
+    hostile client). The model's error reaches its caller alone and quietly."""
+    done = run_program(Path(__file__).with_name("scripts") / "gevent_model_errors.py", timeout=60)
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answers[0::2] == [2, 4, 6], answers
+    assert all(a.startswith("refused: no negative numbers: [-") for a in answers[1::2]), answers
+    assert "Traceback" not in done.stderr and "Refused" not in done.stderr, done.stderr
