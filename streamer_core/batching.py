@@ -279,10 +279,16 @@ class Scheduler:
         end before a batch could answer it (then it fails now)."""
         task = item.task
         if task.live():
+            answered = task.size - task.remaining
+            unrun = (
+                "it was not run"
+                if task.size == 1
+                else f"its inputs still queued were not run ({answered} of its {task.size} had been answered)"
+            )
             task.fail(
                 StreamerTimeoutError(
                     f"the call could not finish within its timeout of {task.timeout:.3g}s: the model's batches "
-                    "take longer than it had left; it was not run"
+                    f"take longer than it had left; {unrun}"
                 )
             )
         if self.stats is not None:

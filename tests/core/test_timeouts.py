@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import re
 import threading
 import time
 import tracemalloc
@@ -249,6 +250,23 @@ def test_a_call_shorter_than_the_models_fastest_batch_is_not_run(closing):
     with pytest.raises(StreamerTimeoutError, match="it was not run"):
         streamer.predict(["short"], timeout=0.2)
     assert time.monotonic() - started < 0.15 and "short" not in ran
+
+
+def test_a_call_of_many_inputs_cut_short_says_how_many_were_answered_not_that_none_ran(closing):
+    """Batches of 2 take 0.3 s: of a call of 8 inputs with 1 s, the first
+    batches run and the inputs still queued when the rest could not end in
+    time are dropped. Its error says so, not that the call was not run."""
+    ran: list = []
+    streamer = closing(ThreadedStreamer(_slow_recorder(ran), batch_size=2, max_latency=0.0, timeout=10))
+    assert [streamer.predict([f"learn{i}"]) for i in range(3)] == [["learn0"], ["learn1"], ["learn2"]]
+    with pytest.raises(StreamerTimeoutError) as raised:
+        streamer.predict([f"x{i}" for i in range(8)], timeout=1.0)
+    message = str(raised.value)
+    assert "it was not run" not in message, message
+    found = re.search(r"its inputs still queued were not run \((\d) of its 8 had been answered\)", message)
+    assert found and 0 < int(found.group(1)) < 8, message
+    time.sleep(0.4)  # a batch running as the call failed ends
+    assert "x7" not in ran and "x0" in ran
 
 
 def test_the_fastest_recent_batch_decides_so_a_call_that_could_make_it_runs(closing):
