@@ -93,7 +93,8 @@ log = logging.getLogger(__name__)
 
 def show_logs(names: Tuple[str, ...] = (__name__,)) -> None:
     """Let these loggers' INFO lines reach the console (stderr) unless logging
-    is set up already: in the web process (the app calls it, with
+    is set up already for them (a handler on one of them, a parent or the
+    root: another would print each line twice): in the web process (the app calls it, with
     ``streamer_core``) and in a worker process the process backend spawns,
     which starts with no logging set up, where the model says the precision
     it computes in. This module's logger, not the package's: the Flask app's
@@ -105,7 +106,7 @@ def show_logs(names: Tuple[str, ...] = (__name__,)) -> None:
         named = logging.getLogger(name)
         if named.level == logging.NOTSET:
             named.setLevel(logging.INFO)
-        if not named.handlers and not logging.getLogger().handlers:
+        if not named.hasHandlers():  # its own, a parent's (Django's LOGGING names example_flask) or the root's
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter(LOG_FORMAT))
             named.addHandler(handler)

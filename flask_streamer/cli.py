@@ -75,7 +75,7 @@ def status(names: Tuple[str, ...], as_json: bool) -> None:
     (Redis unreachable, no live worker), so it works as a health check."""
     app = _app()
     with app.app_context():
-        statuses = [model_status(spec) for _route, spec in _routes(app, names)]
+        statuses = [model_status(spec, "flask streamer run-workers") for _route, spec in _routes(app, names)]
     click.echo(render_json(statuses) if as_json else render_text(statuses, "run-workers"))
     sys.exit(0 if all(status.ok for status in statuses) else 1)
 

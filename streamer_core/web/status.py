@@ -69,8 +69,10 @@ class ModelStatus:
         return not self.problems
 
 
-def model_status(spec: ModelSpec) -> ModelStatus:
-    """The state of ``spec``'s model: its settings, and for Redis, asked now."""
+def model_status(spec: ModelSpec, worker_command: str = "streamer-worker") -> ModelStatus:
+    """The state of ``spec``'s model: its settings, and for Redis, asked now;
+    ``worker_command``: how the user of the layer asking starts Redis workers,
+    named where none serves (``streamer-worker`` too, which any can run)."""
     config = spec.config
     settings: Dict[str, Any] = {
         "batch_size": config.batch_size,
@@ -90,11 +92,11 @@ def model_status(spec: ModelSpec) -> ModelStatus:
         # serve: those are counted live, and the two are shown apart.
         status.configured_workers = spec.worker_num
         settings.update(redis_url=spec.redis.redacted, prefix=spec.prefix)
-        _redis_status(spec, status)
+        _redis_status(spec, status, worker_command)
     return status
 
 
-def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
+def _redis_status(spec: ModelSpec, status: ModelStatus, worker_command: str) -> None:
     from ..backends.redis.connection import (
         broker_errors,
         broker_problem,
@@ -137,10 +139,8 @@ def _redis_status(spec: ModelSpec, status: ModelStatus) -> None:
             f"the longest for {status.loading[0].loading_s}s"
         )
     elif not status.workers:
-        status.problems.append(
-            f"no live worker serves {keys.requests}: start them (flask streamer run-workers, "
-            "manage.py run_gpu_workers or streamer-worker)"
-        )
+        also = "" if worker_command == "streamer-worker" else " or streamer-worker"
+        status.problems.append(f"no live worker serves {keys.requests}: start them ({worker_command}{also})")
 
 
 def _stream_status(conn: Any, stream: str, now_ms: float) -> Dict[str, int]:

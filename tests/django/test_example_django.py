@@ -141,14 +141,15 @@ def test_the_log_names_the_precision_the_model_computes_in() -> None:
 
     code = (
         "import django; django.setup()\n"
-        "from example_flask.embedding import load_sentence_model\n"
-        "load_sentence_model(precision='bfloat16')\n"
+        "from example_flask.embedding import SentenceEmbedder\n"
+        "SentenceEmbedder().init_model(precision='bfloat16')\n"  # as a worker loads it
     )
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="example_django.settings", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     tail = done.stderr[-3000:]
     assert done.returncode == 0, tail
     assert "example_flask.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, tail
+    assert done.stderr.count("computes in bfloat16 on cpu") == 1, f"said more than once: {tail}"
 
 
 def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path):

@@ -166,6 +166,7 @@ def test_status_command_fails_when_any_model_cannot_serve(streamer_settings: Any
     assert info.value.returncode == 1
     text = out.getvalue()
     assert "double [thread] ok:" in text and "remote [redis] PROBLEM:" in text, text
+    assert "start them (manage.py run_gpu_workers or streamer-worker)" in text, "Django's own command, not Flask's"
 
 
 def test_status_command_for_in_process_backends() -> None:

@@ -101,6 +101,7 @@ def test_status_command_with_workers_up_and_down(
     down = runner.invoke(args=["streamer", "status"])
     assert down.exit_code == 1, down.output
     assert "identity [redis] PROBLEM" in down.output and "no live worker serves" in down.output
+    assert "start them (flask streamer run-workers or streamer-worker)" in down.output, "Flask's command"
 
     # Requests waiting with no worker: counted, and the oldest one's age.
     waiting = make_streamer(broker, timeout=30)

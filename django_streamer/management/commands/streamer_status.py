@@ -44,7 +44,7 @@ class Command(BaseCommand):
                 f"no model named {', '.join(map(repr, missing))} in STREAMER['MODELS']; "
                 f"the models are {', '.join(map(repr, specs))}"
             )
-        statuses = [model_status(specs[name]) for name in dict.fromkeys(names)]
+        statuses = [model_status(specs[name], "manage.py run_gpu_workers") for name in dict.fromkeys(names)]
         self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses, "run_gpu_workers"))
         if not all(status.ok for status in statuses):
             raise CommandError("a model cannot serve; see above", returncode=1)
