@@ -248,6 +248,21 @@ def page_not_found(request: HttpRequest, exception: Optional[Exception] = None) 
     return JsonResponse(error_body(404, "NotFound", f"nothing is served at {request.path}"), status=404)
 
 
+def bad_request(request: HttpRequest, exception: Optional[Exception] = None) -> JsonResponse:
+    """A JSON 400 for what Django refuses before any view runs (a ``Host``
+    header not in ``ALLOWED_HOSTS``, another suspicious request):
+    ``handler400 = "django_streamer.views.bad_request"``. The reason stays in
+    Django's log (``django.security``), not in the answer, as Django's own
+    page keeps it."""
+    return JsonResponse(error_body(400, "BadRequest", "the request was refused as malformed or unsafe"), status=400)
+
+
+def permission_denied(request: HttpRequest, exception: Optional[Exception] = None) -> JsonResponse:
+    """A JSON 403 (``PermissionDenied`` raised in a view or middleware):
+    ``handler403 = "django_streamer.views.permission_denied"``."""
+    return JsonResponse(error_body(403, "Forbidden", "this request is not allowed"), status=403)
+
+
 def server_error(request: HttpRequest) -> JsonResponse:
     """A JSON 500 (Django has logged the error): ``handler500 =
     "django_streamer.views.server_error"`` in the root URLconf."""

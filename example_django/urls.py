@@ -13,6 +13,9 @@ urlpatterns = [
     path("", include("django_streamer.urls")),  # metrics, healthz, readyz
 ]
 
-# Every answer is JSON, an unknown path's 404 and a server error's 500 too.
+# Every answer is JSON: what Django refuses before a view (400, a Host not
+# allowed), a refusal (403), an unknown path's 404 and a server error's 500 too.
+handler400 = "django_streamer.views.bad_request"
+handler403 = "django_streamer.views.permission_denied"
 handler404 = "django_streamer.views.page_not_found"
 handler500 = "django_streamer.views.server_error"

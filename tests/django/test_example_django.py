@@ -277,3 +277,17 @@ def test_the_plain_and_batched_views_read_requests_by_the_same_rules(example: An
     as_text = post(client, path, {"s": "Happy birthday to you."})
     assert cosine(as_file.json(), as_text.json()) > 0.9999
     assert error_of(client.get("/no/such/path"), 404)["type"] == "NotFound"
+    assert error_of(client.get("/healthz", HTTP_HOST="evil.example"), 400)["type"] == "BadRequest"
+
+
+def test_a_permission_refused_is_a_json_403_through_the_examples_handler() -> None:
+    """The example's handler403 (README: every answer is JSON): Django calls
+    it for a ``PermissionDenied`` raised by any view or middleware."""
+    from django.core.exceptions import PermissionDenied
+    from django.test import RequestFactory
+    from django.urls import get_resolver
+
+    handler = get_resolver("example_django.urls").resolve_error_handler(403)
+    response = handler(RequestFactory().get("/stream"), exception=PermissionDenied())
+    assert response.status_code == 403 and response["Content-Type"] == "application/json"
+    assert json.loads(response.content)["error"]["type"] == "Forbidden"
