@@ -98,8 +98,10 @@ class EmbeddingsRequest(NamedTuple):
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object with 'input' and 'model'")
         model = body.get("model")
-        if not isinstance(model, str) or not model:
+        if model is None or model == "":
             raise ApiError(400, "you must give 'model', the name of the model to use", "model")
+        if not isinstance(model, str):
+            raise ApiError(400, f"'model' must be a string, the name of the model to use, not {model!r}", "model")
         if model not in served:
             raise ApiError(
                 404, f"The model '{model}' does not exist: this server serves {served[0]!r}", "model", "model_not_found"

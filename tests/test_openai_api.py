@@ -253,3 +253,14 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(clos
     status, answer, headers = serve_embeddings(lambda: check_body_size(11, 10), lambda: late, [MODEL], log)
     assert status == 413 and headers == {} and set(answer["error"]) == {"message", "type", "param", "code"}
     assert answer["error"]["type"] == "invalid_request_error" and "more than the 10" in answer["error"]["message"]
+
+
+def test_a_model_that_is_not_a_string_is_told_so_not_that_it_is_missing() -> None:
+    from example_flask.openai_api import ApiError, EmbeddingsRequest
+
+    for missing in ({"input": "a"}, {"model": "", "input": "a"}):
+        with pytest.raises(ApiError, match="you must give 'model'"):
+            EmbeddingsRequest.parse(missing, [MODEL])
+    with pytest.raises(ApiError, match="'model' must be a string, the name of the model to use, not 5") as wrong:
+        EmbeddingsRequest.parse({"model": 5, "input": "a"}, [MODEL])
+    assert wrong.value.status == 400 and wrong.value.param == "model"
