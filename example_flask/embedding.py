@@ -88,6 +88,9 @@ def sentence_of(value: Any) -> str:
 #: in bfloat16 under autocast (normalisations, softmax and pooling stay in
 #: float32); ``auto``, bfloat16 on a CPU with AMX, float32 elsewhere.
 PRECISIONS = ("auto", "float32", "bfloat16")
+#: A text longer than this many characters per token the model reads is
+#: tokenized from its start only, cut at a space (see ``_Encoder._cut``).
+CUT_CHARS_PER_TOKEN = 32
 log = logging.getLogger(__name__)
 
 
@@ -241,6 +244,13 @@ class _Encoder:
             self.vocab_size = self.tokenizer.get_vocab_size()
             self.pad_id = hf.pad_token_id
             self.max_tokens = model.max_seq_length
+            # Where words end at whitespace and each is tokenized alone
+            # (BERT's pre-tokenizer), the start of a long text cut at a space
+            # gives the same first tokens as the whole: one client's 10 MB
+            # sentence was tokenized whole (7 s and 2 GB, every caller
+            # waiting) to read its first 256 tokens.
+            splits_at_spaces = type(self.tokenizer.pre_tokenizer).__name__ == "BertPreTokenizer"
+            self.cut_after = CUT_CHARS_PER_TOKEN * self.max_tokens if splits_at_spaces else None
 
     def __call__(self, sentences: List[str]) -> Any:
         if self.tokenizer is None:  # a slow tokenizer: the model's own way
@@ -251,7 +261,7 @@ class _Encoder:
                     sentences, batch_size=len(sentences), convert_to_numpy=True, normalize_embeddings=True,
                     show_progress_bar=False,
                 )  # fmt: skip
-        encodings = self.encode_batch(sentences)
+        encodings = self._encode_texts(sentences)
         columns = {
             "input_ids": [e.ids for e in encodings],
             "attention_mask": [e.attention_mask for e in encodings],
@@ -266,7 +276,7 @@ class _Encoder:
         if self.tokenizer is None:
             raise InvalidInput("this model's tokenizer is not a fast one: it takes texts, not token ids")
         texts = [x for x in inputs if isinstance(x, str)]
-        encodings = iter(self.encode_batch(texts) if texts else [])
+        encodings = iter(self._encode_texts(texts) if texts else [])
         rows: List[List[int]] = []
         for x in inputs:
             if isinstance(x, str):
@@ -282,6 +292,31 @@ class _Encoder:
             "token_type_ids": [[0] * longest for _ in rows],
         }
         return self._forward(columns), [len(row) for row in rows]
+
+    def _encode_texts(self, texts: List[str]) -> List[Any]:
+        """The fast tokenizer's encodings of ``texts``, each cut at the
+        model's ``max_seq_length``; a text far longer than that is read from
+        its start (:meth:`_cut`) when that gives the same tokens."""
+        cut = [self._cut(text) for text in texts]
+        if all(short is text for short, text in zip(cut, texts)):
+            return list(self.encode_batch(texts))
+        encodings = self.encode_batch(cut)
+        # The start of a text gives the whole's tokens where it fills the
+        # model's tokens by itself; where it does not (words of hundreds of
+        # characters, long runs of spaces), that text is read whole.
+        whole = [s is not t and sum(e.attention_mask) < self.max_tokens for e, s, t in zip(encodings, cut, texts)]
+        if not any(whole):
+            return list(encodings)
+        return list(self.encode_batch([t if w else s for s, t, w in zip(cut, texts, whole)]))
+
+    def _cut(self, text: str) -> str:
+        """``text`` itself, or where it is longer than ``cut_after``
+        characters, its start up to the last whitespace before that."""
+        limit = self.cut_after
+        if limit is None or len(text) <= limit:
+            return text
+        end = max(text.rfind(space, 0, limit) for space in " \n\t\r")
+        return text[:end] if end > 0 else text
 
     def _around(self, ids: Any) -> List[int]:
         """Token ids between the model's special tokens, cut to fit."""

@@ -88,6 +88,37 @@ def test_embed_gives_what_the_models_own_encode_gives():
     assert np.abs(got - expected).max() < 1e-5
 
 
+def test_a_very_long_text_is_tokenized_from_its_start_only_with_the_same_numbers():
+    """A 10 MB sentence was tokenized whole (7 s, 2 GB, every caller of its
+    batch waiting) for the model to read 256 tokens of it. A text past 32
+    characters a token is read from its start, cut at a space, where that
+    start fills the model's tokens by itself; otherwise (words of hundreds
+    of characters) it is read whole. Both give ``model.encode``'s numbers."""
+    from example_flask.embedding import embed, load_sentence_model
+
+    model = load_sentence_model(precision="float32")
+    long_text = "Happy birthday to you, dear friend.\n" * 40_000  # 1.4 MB
+    long_words = " ".join(["y" * 300] * 60) + " tail"  # 18,000 characters, 62 tokens
+    texts = [long_text, SENTENCES[0], long_words]
+    expected = model.encode(texts, batch_size=len(texts), normalize_embeddings=True, show_progress_bar=False)
+    embed(model, ["warm"])  # makes the model's encoder, whose tokenizer calls are watched below
+    encoder = model._example_encoder
+    seen: list = []
+    tokenize = encoder.encode_batch
+    encoder.encode_batch = lambda batch: seen.append([len(t) for t in batch]) or tokenize(batch)
+    try:
+        got = embed(model, texts)
+    finally:
+        encoder.encode_batch = tokenize
+    assert np.abs(got - expected).max() < 1e-5
+    assert all(lengths[0] <= 32 * 256 for lengths in seen), f"the long text was tokenized whole: {seen}"
+    assert seen[-1][2] == len(long_words), f"the text of long words was not read whole: {seen}"
+    # Cut between words: a word cut in two is other tokens (WordPiece matches
+    # the longest piece first), which matters where it starts within the 256.
+    start = encoder._cut(long_text)
+    assert 0 < len(start) <= 32 * 256 and long_text[len(start)].isspace(), repr(start[-20:])
+
+
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_the_flask_examples_setting_decides_what_stream_and_naive_compute_in(precision):
     from example_flask.embedding import load_sentence_model
