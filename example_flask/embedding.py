@@ -96,11 +96,11 @@ log = logging.getLogger(__name__)
 
 def show_logs(names: Tuple[str, ...] = (__name__,)) -> None:
     """Let these loggers' INFO lines reach the console (stderr) unless logging
-    is set up already for them (a handler on one of them, a parent or the
-    root: another would print each line twice): in the web process (the app calls it, with
-    ``streamer_core``) and in a worker process the process backend spawns,
-    which starts with no logging set up, where the model says the precision
-    it computes in. This module's logger, not the package's: the Flask app's
+    is set up for them already (a handler on one of them, a parent or the
+    root: another would print each line twice): in the web process (the app
+    calls it, with ``streamer_core``) and in a worker process the process
+    backend spawns, which starts with no logging set up, where the model
+    says the precision it computes in. This module's logger, not the package's: the Flask app's
     own (``example_flask.app``) is left to Flask, whose default handler,
     left unattached where a parent logger has one, is collected as the
     interpreter ends, after gevent's thread module, and prints an
@@ -299,15 +299,15 @@ class _Encoder:
         its start (:meth:`_cut`) when that gives the same tokens."""
         cut = [self._cut(text) for text in texts]
         if all(short is text for short, text in zip(cut, texts)):
-            return list(self.encode_batch(texts))
+            return self.encode_batch(texts)
         encodings = self.encode_batch(cut)
         # The start of a text gives the whole's tokens where it fills the
         # model's tokens by itself; where it does not (words of hundreds of
         # characters, long runs of spaces), that text is read whole.
         whole = [s is not t and sum(e.attention_mask) < self.max_tokens for e, s, t in zip(encodings, cut, texts)]
         if not any(whole):
-            return list(encodings)
-        return list(self.encode_batch([t if w else s for s, t, w in zip(cut, texts, whole)]))
+            return encodings
+        return self.encode_batch([t if w else s for s, t, w in zip(cut, texts, whole)])
 
     def _cut(self, text: str) -> str:
         """``text`` itself, or where it is longer than ``cut_after``
