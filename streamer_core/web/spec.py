@@ -276,9 +276,12 @@ class LazyStreamer:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the streamer is built (a model loading)
         self._streamer: Optional[BaseStreamer] = None
         self._pid = 0
+        # The start in the background has a lock of its own: a readiness
+        # probe asking for it while a model loads must not wait for the load.
+        self._starting_lock = threading.Lock()
         self._starting: Optional[threading.Thread] = None
         self._starting_pid = 0
         #: Why the last start in the background failed, if it did.
@@ -317,8 +320,10 @@ class LazyStreamer:
     def start_in_background(self) -> threading.Thread:
         """Start the streamer on a thread of its own (a model built in this
         process may take a while), unless that is under way; return the thread.
-        An error is kept in :attr:`start_error` for a readiness probe."""
-        with self._lock:
+        An error is kept in :attr:`start_error` for a readiness probe. It does
+        not wait for a start under way elsewhere (a request's, the server's at
+        boot): its thread does."""
+        with self._starting_lock:
             thread = self._starting
             if thread is None or not thread.is_alive() or self._starting_pid != os.getpid():
                 thread = background(self._start, f"streamer-start-{self.spec.name}")

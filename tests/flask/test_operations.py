@@ -135,6 +135,29 @@ def test_readiness_waits_for_the_model_without_loading_it_in_the_probe(
     assert client.post("/double", json=4).json == 8
 
 
+def test_every_probe_while_a_model_loads_says_it_is_starting(
+    make_app: Callable[..., Tuple[Flask, FlaskStreamer]],
+) -> None:
+    """The second probe during a load, or one while a request loads the
+    model, waited for the load's lock and said only "its check did not
+    answer within 0.8s" (a newcomer saw it on Django's runserver). Each
+    probe says the model is starting, within the probe's budget."""
+    app, streamer = make_app(ROUTES)
+    streamer.add_batched_route("/double", "slow_loading", SlowLoading, init_kwargs={"seconds": 3.0})
+    client = app.test_client()
+    calling = threading.Thread(target=client.post, args=("/double",), kwargs={"json": 2})
+    calling.start()  # a request loads the model
+    time.sleep(0.2)
+    for _ in range(3):
+        started = time.monotonic()
+        answer = client.get("/readyz")
+        assert time.monotonic() - started < PROBE_BUDGET_S + 0.3
+        reason = answer.json["models"]["slow_loading"]["reason"]
+        assert answer.status_code == 503 and reason == "starting: the model is loading in this process", reason
+    calling.join(10)
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 10)
+
+
 def test_readiness_names_a_model_that_cannot_load(make_app: Callable[..., Tuple[Flask, FlaskStreamer]]) -> None:
     app, streamer = make_app(ROUTES)
     streamer.add_batched_route("/broken", "never_loads", NeverLoads)
