@@ -47,11 +47,12 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
-from streamer_core.errors import InvalidInput, MethodNotAllowed, PayloadTooLarge
+from streamer_core.errors import ClientDisconnected, InvalidInput, MethodNotAllowed, PayloadTooLarge
 from streamer_core.web.body import FormLimits, check_many, default_input, json_of, limit_body, upload_of
 from streamer_core.web.cycle import Cycle, Traced
 from streamer_core.web.http import (
     MISSING,
+    check_whole_body,
     dumps_json,
     error_body,
     is_json_type,
@@ -102,18 +103,22 @@ def _whole_body(request: HttpRequest) -> bytes:
     one over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, 2.5 MB by default: that one
     holds only where the project set it (as it does for form fields, which
     Django's parser reads, on every path)."""
+    length = None
     if not hasattr(request, "_body"):
-        _body_length(request, max_body_bytes())  # refused past the limit; a body in chunks is read here
+        length = _body_length(request, max_body_bytes())  # refused past the limit; a body in chunks is read here
     if (
         hasattr(request, "_body")  # read already
         or getattr(request, "_read_started", False)  # being read: Django says what is wrong
         or settings.DATA_UPLOAD_MAX_MEMORY_SIZE != global_settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     ):
-        return request.body
+        body = request.body
+        check_whole_body(len(body), length)  # cut short: the client left
+        return body
     try:
         data = request.read()
     except OSError as exc:
         raise UnreadablePostError(*exc.args) from exc
+    check_whole_body(len(data), length)
     # Where Django keeps a body it read: request.body, POST and FILES read from here.
     request._body = data
     request._stream = io.BytesIO(data)
@@ -273,7 +278,11 @@ def server_error(request: HttpRequest) -> JsonResponse:
 def _read_error(exc: BaseException) -> Optional[InvalidInput]:
     """What Django raised while reading a body, as the project's error of its
     status: a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (413), a malformed
-    multipart body or one Django refuses, too many fields or files (400)."""
+    multipart body or one Django refuses, too many fields or files (400), an
+    upload the client gave up (Django's ``UnreadablePostError``: 499,
+    counted ``cancelled``)."""
+    if isinstance(exc, UnreadablePostError):
+        return ClientDisconnected(f"the body could not be read whole; the client left: {exc}")
     if isinstance(exc, RequestDataTooBig):
         return PayloadTooLarge(f"the body is larger than this server takes: {exc}")
     if isinstance(exc, (MultiPartParserError, SuspiciousOperation)):

@@ -12,9 +12,9 @@ from flask import Flask, Request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import BadRequest, HTTPException
 
-from streamer_core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from streamer_core.errors import ClientDisconnected, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from streamer_core.web.body import FormLimits, limit_body
-from streamer_core.web.http import FAST_JSON, loads_json
+from streamer_core.web.http import FAST_JSON, check_whole_body, loads_json, unreadable_chunks
 
 __all__ = ["FlaskBody", "limit_request_body", "loads_of", "read_error"]
 
@@ -31,7 +31,10 @@ class FlaskBody:
         self.chunked = req.content_length is None and _sent_in_chunks(req)
 
     def data(self) -> bytes:
-        return self._req.get_data(cache=True, parse_form_data=False)
+        data = self._req.get_data(cache=True, parse_form_data=False)
+        if not self.chunked:
+            check_whole_body(len(data), self.content_length)  # cut short: the client left
+        return data
 
     def boundary(self) -> str:
         return self._req.mimetype_params.get("boundary", "")
@@ -52,9 +55,12 @@ def loads_of(app: Flask) -> Callable[[bytes], Any]:
 
 def read_error(exc: BaseException) -> Optional[InvalidInput]:
     """What werkzeug raised while reading a body, as the project's error of
-    its status: a body over the limit (413), a malformed one (400)."""
+    its status: a body over the limit (413), a malformed one (400), one cut
+    short by a client that left (499, counted ``cancelled``)."""
     if not isinstance(exc, HTTPException):
         return None
+    if isinstance(exc, werkzeug.exceptions.ClientDisconnected):
+        return ClientDisconnected("the connection closed before the whole body arrived")
     if isinstance(exc, werkzeug.exceptions.RequestEntityTooLarge):
         return PayloadTooLarge("the body is larger than this endpoint takes; send a smaller one")
     if isinstance(exc, werkzeug.exceptions.UnsupportedMediaType):
@@ -89,7 +95,12 @@ def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Op
         # One byte past the limit tells a body over it; werkzeug caches what
         # it read, and parses the form from that.
         req.max_content_length = None if limit is None else limit + 1
-        return len(req.get_data(cache=True))
+        try:
+            return len(req.get_data(cache=True))
+        except HTTPException:
+            raise  # werkzeug's own: read_error answers it (past the limit: 413; cut short: 499)
+        except Exception as exc:  # the server's decoder: a malformed chunk is the client's, not a 500
+            raise unreadable_chunks(exc) from exc
 
     limit_body(FlaskBody(req), bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
     return limit

@@ -22,6 +22,7 @@ __all__ = [
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "LengthRequired",
+    "ClientDisconnected",
     "StreamerClosedError",
     "StreamerTimeoutError",
     "UnavailableError",
@@ -87,6 +88,16 @@ class LengthRequired(InvalidInput):
     body (411): send it with a ``Content-Length``."""
 
     status = 411
+
+
+class ClientDisconnected(InvalidInput):
+    """The client closed its connection before its whole body arrived: no
+    input to run, and nobody to read an answer. Answered 499 (nginx's
+    "client closed request", for the access log) and counted as
+    ``cancelled``, as a client that leaves while its call waits; neither
+    an invalid input nor a server error."""
+
+    status = 499
 
 
 class StreamerClosedError(StreamerError, RuntimeError):

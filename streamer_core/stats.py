@@ -57,6 +57,7 @@ import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from .errors import (
+    ClientDisconnected,
     ItemCostError,
     QueueFullError,
     SerializationError,
@@ -103,6 +104,8 @@ def outcome_of(exc: BaseException) -> str:
         return "rejected"
     if isinstance(exc, (UnavailableError, StreamerClosedError)):
         return "unavailable"
+    if isinstance(exc, ClientDisconnected):
+        return "cancelled"  # the client left before its body arrived, as one that leaves while it waits
     if isinstance(exc, (ItemCostError, SerializationError)):
         return "invalid"
     status = getattr(exc, "status", 500)  # the web layers' InvalidInput: a 4xx

@@ -124,6 +124,36 @@ def post_and_leave(port: int, path: str, payload: Any, stay_s: float = 0.3) -> N
         time.sleep(stay_s)
 
 
+#: A body cut short: the client sends the head and these bytes, then leaves.
+CUT_BODIES = {
+    "content-length": ("Content-Length: 100\r\n", b'{"s": "hel'),
+    "chunked": ("Transfer-Encoding: chunked\r\n", b'a\r\n{"s": "hel'),
+}
+
+
+def post_raw(port: int, path: str, head: str, body: bytes, leave: bool = False) -> bytes:
+    """``POST path`` to ``127.0.0.1:port`` as raw bytes: the JSON content
+    type, the header lines ``head`` (each ending in CRLF), then ``body``.
+    ``leave``: close the connection 0.3 s later without reading (a client
+    that gives up mid-body; ``b""``); else the whole response, the server
+    closing the connection after it."""
+    import socket
+
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\n{head}\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request + body)
+        if leave:
+            time.sleep(0.3)
+            return b""
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+        return response
+
+
 def run_program(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run the Python program ``script`` (with ``args``) from the repository's
     root, the project importable, its output captured as text. A program

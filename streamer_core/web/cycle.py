@@ -26,13 +26,13 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
 from .. import tracing  # OpenTelemetry itself is imported only when a span is made
-from ..errors import InvalidInput, StreamerClosedError
+from ..errors import ClientDisconnected, InvalidInput, StreamerClosedError
 from ..future import BatchFuture
 from ..stats import stats_for
 from ..streamer import BaseStreamer
 from .body import inputs_of
-from .http import error_response, log_unavailable
-from .peer import await_call, wait_call
+from .http import error_response, log_unavailable, status_for
+from .peer import await_call, peer_closed, wait_call
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -139,7 +139,7 @@ class Cycle(Generic[R]):
             level = None if priority is None else priority()
             inputs = self._inputs(parse(), many)
         except Exception as exc:
-            return self.parse_failed(name, exc, span)
+            return self.parse_failed(name, exc, span, client)
         future: Optional[BatchFuture] = None
         try:
             future = streamer().submit(inputs) if level is None else streamer().submit(inputs, priority=level)
@@ -254,12 +254,15 @@ class Cycle(Generic[R]):
             log_unavailable(self.log, f"{self.noun} {name}", status, exc)
         return self.reply(status, body, headers)
 
-    def parse_failed(self, name: str, exc: Exception, span: Optional[Span] = None) -> R:
+    def parse_failed(self, name: str, exc: Exception, span: Optional[Span] = None, client: Optional[Any] = None) -> R:
         """The response when parsing the request raised ``exc``: an
         :class:`InvalidInput` as it is (400, or its own status); what the
         framework raised reading the body, as :attr:`read_error` says; a
         ``ValueError``, ``TypeError`` or ``KeyError`` as a 400; anything else
-        as a 500 (the parse hook's own fault, logged). Counted as the call's
+        as a 500 (the parse hook's own fault, logged). A 400 whose client
+        has closed its socket (``client``, where the server gives it) is a
+        :class:`ClientDisconnected`: a body cut short, read by a parse hook
+        of the app's own, is no invalid input. Counted as the call's
         outcome: it never reaches the streamer."""
         problem: BaseException
         if isinstance(exc, InvalidInput):
@@ -270,6 +273,9 @@ class Cycle(Generic[R]):
                 problem = InvalidInput(f"the request could not be parsed: {exc}")
             if problem is not exc:
                 problem.__cause__ = exc
+        if client is not None and status_for(problem) == 400 and peer_closed(client):
+            gone = ClientDisconnected(f"the client closed its connection; its request could not be parsed: {problem}")
+            gone.__cause__, problem = problem, gone
         stats_for(name).failed(problem)
         return self.error(name, problem, span=span)
 

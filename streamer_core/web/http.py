@@ -33,6 +33,7 @@ import traceback
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
 from ..errors import (
+    ClientDisconnected,
     InvalidInput,
     ItemCostError,
     LengthRequired,
@@ -60,6 +61,8 @@ __all__ = [
     "read_upload",
     "check_body_size",
     "read_chunked_body",
+    "check_whole_body",
+    "unreadable_chunks",
     "check_read_size",
     "refuse_undecoded_chunks",
     "retry_after",
@@ -242,16 +245,38 @@ def read_chunked_body(stream: Any, max_bytes: Optional[int]) -> bytes:
     """A body sent in chunks (no ``Content-Length``), read whole from
     ``stream`` (the server decoded the chunks), but no more than one byte
     past ``max_bytes``: a body over it raises :class:`PayloadTooLarge`
-    rather than reaching the model cut short."""
-    data = stream.read() if max_bytes is None else stream.read(max_bytes + 1)
-    if max_bytes is not None:
-        while len(data) <= max_bytes:  # a stream may return less than asked before its end
-            more = stream.read(max_bytes + 1 - len(data))
-            if not more:
-                break
-            data += more
-        check_read_size(len(data), max_bytes)
+    rather than reaching the model cut short. What the server's decoder
+    raises (a chunk cut short by a client that left, a malformed chunk
+    size: gunicorn's ``NoMoreData``, ``InvalidChunkSize``) is an
+    :class:`InvalidInput` (400), not a server error."""
+    try:
+        data = stream.read() if max_bytes is None else stream.read(max_bytes + 1)
+        if max_bytes is not None:
+            while len(data) <= max_bytes:  # a stream may return less than asked before its end
+                more = stream.read(max_bytes + 1 - len(data))
+                if not more:
+                    break
+                data += more
+    except Exception as exc:
+        raise unreadable_chunks(exc) from exc
+    check_read_size(len(data), max_bytes)
     return bytes(data)
+
+
+def unreadable_chunks(exc: Exception) -> InvalidInput:
+    """The 400 for what a server's decoder raised reading a body sent in
+    chunks (see :func:`read_chunked_body`)."""
+    return InvalidInput(f"the body sent in chunks could not be read: {exc!r}")
+
+
+def check_whole_body(size: int, content_length: Optional[int]) -> None:
+    """Raise :class:`ClientDisconnected` when fewer than ``content_length``
+    bytes arrived (``size``): the client closed its connection mid-body
+    (servers hand the app what came, without a word)."""
+    if content_length is not None and size < content_length:
+        raise ClientDisconnected(
+            f"the connection closed after {size} of the body's {content_length} bytes (its Content-Length)"
+        )
 
 
 def check_read_size(size: int, max_bytes: Optional[int]) -> None:

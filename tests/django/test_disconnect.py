@@ -2,7 +2,10 @@
 under uvicorn, ASGI's ``http.disconnect`` makes Django cancel the async
 view, and under gunicorn's gthread worker the sync view notices the closed
 socket; either way the call is given up, its input never reaches the model,
-and it is counted as dropped for ``disconnected``."""
+and it is counted as dropped for ``disconnected``. One that disconnects
+before its whole body arrived is counted as ``cancelled`` too, not as an
+invalid input; a malformed body sent in chunks is the client's 400, not a
+server error."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import pytest
 
 from tests.core.models import ran_inputs
 from tests.flask.live import in_background
-from tests.helpers import post_and_leave, wait_for
+from tests.helpers import CUT_BODIES, post_and_leave, post_raw, wait_for
 from tests.servers import free_port
 
 
@@ -64,3 +67,56 @@ def test_a_client_that_leaves_never_reaches_the_model(commands: Any, tmp_path: P
     assert _call(port, path, "after") == (200, "ok:after")
     assert ran_inputs(tmp_path) == ["hold", "after"], "the model ran the request of a client that had left"
     assert _call(port, "/gate-dropped")[1] == {"cancelled": 0, "expired": 0, "disconnected": 1}
+
+
+def _cut_servers(port: int) -> Dict[str, List[str]]:
+    import sys
+
+    uwsgi = str(Path(sys.executable).with_name("uwsgi"))
+    return {
+        "gunicorn-gthread": [sys.executable, *_servers(port)["gunicorn-gthread"]],
+        "uwsgi": [uwsgi, "--http-socket", f"127.0.0.1:{port}", "--module", "tests.django.wsgi:application",
+                  "--master", "--processes", "1", "--threads", "4", "--disable-logging", "--die-on-term"],
+        "granian": [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port",
+                    str(port), "--blocking-threads", "4", "--no-ws", "--log-level", "warning",
+                    "tests.django.wsgi:application"],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("server", ["gunicorn-gthread", "uwsgi", "granian"])
+def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(
+    commands: Any, tmp_path: Path, server: str
+) -> None:
+    """gunicorn: the client's socket is seen closed; uWSGI raises reading
+    (Django's ``UnreadablePostError``: a cancelled upload); granian hands
+    the view what came (its length tells). Only gunicorn decodes a body in
+    chunks that a client cut short."""
+    port = free_port()
+    argv = _cut_servers(port)[server]
+    process = commands.start(*argv[1:], env=commands.env(TEST_STREAMER_FOLDER=str(tmp_path)), program=argv[0])
+
+    def outcomes() -> Dict[str, int]:
+        found: Dict[str, int] = _call(port, "/gate-outcomes", timeout=2)[1]
+        return found
+
+    def up() -> bool:
+        try:
+            return _call(port, "/gate-outcomes", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    assert wait_for(up, 30, interval=0.1), commands.log(process)
+    gunicorn = server.startswith("gunicorn")
+    cuts = list(CUT_BODIES.values()) if gunicorn else [CUT_BODIES["content-length"]]
+    for n, (head, body) in enumerate(cuts, 1):
+        post_raw(port, "/gate", head, body, leave=True)
+        assert wait_for(lambda n=n: outcomes()["cancelled"] == n, 5), (outcomes(), commands.log(process))
+    if gunicorn:
+        # A malformed chunk size, the client waiting for its answer: a 400 that says why.
+        answer = post_raw(port, "/gate", "Transfer-Encoding: chunked\r\n", b'zz\r\n{"s": "x"}\r\n0\r\n\r\n')
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        assert b"the body sent in chunks could not be read" in answer, answer
+    found = outcomes()
+    assert (found["cancelled"], found["invalid"], found["model_error"]) == (len(cuts), int(gunicorn), 0), found
+    assert ran_inputs(tmp_path) == []
+    assert "Traceback" not in commands.log(process)

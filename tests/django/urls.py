@@ -27,6 +27,7 @@ urlpatterns = [
     path("agate", views.agate),
     path("gate", views.gate),
     path("gate-dropped", views.gate_dropped),
+    path("gate-outcomes", views.gate_outcomes),
     path("ranked-search", views.ranked_search),
     path("aranked-header", views.aranked_header),
     path("ranked-bulk", views.ranked_bulk),

@@ -135,6 +135,13 @@ def gate_dropped(request: HttpRequest) -> HttpResponse:
     return JsonResponse(stats_for("gate").snapshot().dropped)
 
 
+def gate_outcomes(request: HttpRequest) -> HttpResponse:
+    """The gate model's calls in this process, by outcome."""
+    from streamer_core.stats import stats_for
+
+    return JsonResponse(stats_for("gate").snapshot().requests)
+
+
 # The model "ranked" of tests/django/test_priority.py (two levels), at each level, by each form of view.
 @batched_view("ranked", priority=1)
 def ranked_search(request: HttpRequest) -> Any:

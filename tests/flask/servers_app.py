@@ -14,7 +14,7 @@ development server, gunicorn, gevent's WSGIServer).
   :class:`tests.core.models.RecordingGate` (what reached the model is in
   ``GATE_FOLDER/ran.jsonl``; an input ``"hold"`` waits while
   ``GATE_FOLDER/hold`` exists); ``GET /dropped``: its inputs dropped unrun,
-  by reason, in this process;
+  by reason, in this process; ``GET /outcomes``: its calls by outcome;
 * ``GET /ping``: no model; says which process answered, how many batches are
   inside a model right now and how the server runs (gevent, patched or not).
 
@@ -127,6 +127,10 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         @app.get("/dropped")
         def dropped() -> Any:
             return jsonify(stats_for("gate").snapshot().dropped)
+
+        @app.get("/outcomes")
+        def outcomes() -> Any:
+            return jsonify(stats_for("gate").snapshot().requests)
 
     streamer.init_app(app)
 

@@ -1,18 +1,22 @@
 """A client that disconnects while its request waits for a busy model,
 under gunicorn's gevent and gthread workers: the view notices the closed
 socket (``environ["gunicorn.socket"]``), gives the call up, and its input
-never reaches the model; it is counted as dropped for ``disconnected``."""
+never reaches the model; it is counted as dropped for ``disconnected``.
+One that disconnects before its whole body arrived is counted as
+``cancelled`` too, not as an invalid input; a malformed body sent in
+chunks is the client's 400, not a server error."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
 from tests.core.models import ran_inputs
-from tests.flask.live import free_port, get, gunicorn_argv, in_background, live_server, post
-from tests.helpers import post_and_leave, wait_for
+from tests.flask.live import free_port, get, granian_argv, gunicorn_argv, in_background, live_server, post, uwsgi_argv
+from tests.helpers import CUT_BODIES, post_and_leave, post_raw, wait_for
 
 
 @pytest.mark.parametrize("worker", [["-k", "gevent"], ["-k", "gthread", "--threads", "8"]], ids=["gevent", "gthread"])
@@ -32,6 +36,40 @@ def test_a_client_that_leaves_never_reaches_the_model(tmp_path: Path, worker: li
         assert post(port, "/gate", "after")[:2] == (200, "ok:after")
         assert ran_inputs(tmp_path) == ["hold", "after"], "the model ran the request of a client that had left"
         assert get(port, "/dropped")[1] == {"cancelled": 0, "expired": 0, "disconnected": 1}
+
+
+def _servers(port: int) -> Dict[str, List[str]]:
+    return {
+        "gunicorn-gevent": gunicorn_argv(port, "-w", "1", "-k", "gevent"),
+        "gunicorn-gthread": gunicorn_argv(port, "-w", "1", "-k", "gthread", "--threads", "8"),
+        "uwsgi": uwsgi_argv(port, "--master", "--processes", "1", "--threads", "4"),
+        "granian": granian_argv(port, "--blocking-threads", "4"),
+    }
+
+
+@pytest.mark.parametrize("server", ["gunicorn-gevent", "gunicorn-gthread", "uwsgi", "granian"])
+def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(tmp_path: Path, server: str) -> None:
+    """gunicorn: the client's socket is seen closed; uWSGI: werkzeug says
+    the input ended early; granian hands the view what came (its length
+    tells). uWSGI answers a body in chunks 411, granian hands one cut
+    short as whole: only gunicorn's workers tell one cut short."""
+    port = free_port()
+    gunicorn = server.startswith("gunicorn")
+    cuts = list(CUT_BODIES.values()) if gunicorn else [CUT_BODIES["content-length"]]
+    with live_server(_servers(port)[server], port, {"GATE_FOLDER": str(tmp_path)}) as live:
+        for n, (head, body) in enumerate(cuts, 1):
+            post_raw(port, "/gate", head, body, leave=True)
+            assert wait_for(lambda n=n: get(port, "/outcomes")[1]["cancelled"] == n, 5), get(port, "/outcomes")
+        if gunicorn:
+            # A malformed chunk size, the client waiting for its answer: a 400 that says why.
+            answer = post_raw(port, "/gate", "Transfer-Encoding: chunked\r\n", b'zz\r\n{"s": "x"}\r\n0\r\n\r\n')
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+            assert b"the body sent in chunks could not be read" in answer, answer
+        outcomes = get(port, "/outcomes")[1]
+        expected = (len(cuts), 1 if gunicorn else 0, 0)
+        assert (outcomes["cancelled"], outcomes["invalid"], outcomes["model_error"]) == expected, outcomes
+        assert ran_inputs(tmp_path) == []
+        assert "Traceback" not in live.log.read_text()
 
 
 def test_peer_closed_tells_a_closed_peer_from_an_open_or_talking_one() -> None:
