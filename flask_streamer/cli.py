@@ -22,23 +22,26 @@ from streamer_core.backends.redis import run_worker_groups
 from streamer_core.errors import ConfigurationError
 from streamer_core.logs import show_logs
 from streamer_core.web.spec import ModelSpec
-from streamer_core.web.status import model_status, render_json, render_text
+from streamer_core.web.status import model_status, render_json, render_json_error, render_text
 
 __all__ = ["streamer_cli"]
 
 streamer_cli = click.Group("streamer", help="Workers and information for flask_streamer's batched routes.")
 
 
-def _app() -> Flask:
+def _app(as_json: bool = False) -> Flask:
     """The app ``flask`` was told of (``--app``, ``FLASK_APP``), loaded
     here: a ConfigurationError from its set-up is said setting by setting
-    (exit status 2), as ``python -m example_flask`` says it."""
+    (exit status 2), as ``python -m example_flask`` says it; ``as_json``:
+    and as the status command's JSON on standard output."""
     ctx = click.get_current_context()
     try:
         app: Flask = ctx.ensure_object(ScriptInfo).load_app()
     except ConfigurationError as exc:
         for message in exc.messages:
             click.echo(f"Error: {message}", err=True)
+        if as_json:
+            click.echo(render_json_error(exc.messages))
         ctx.exit(2)
     return app
 
@@ -73,9 +76,15 @@ def status(names: Tuple[str, ...], as_json: bool) -> None:
     live workers (host, pid, device, last beat), the requests waiting and
     pending and the oldest one's age. Exits 1 when a route cannot serve
     (Redis unreachable, no live worker), so it works as a health check."""
-    app = _app()
+    app = _app(as_json)
     with app.app_context():
-        statuses = [model_status(spec, "flask streamer run-workers") for _route, spec in _routes(app, names)]
+        try:
+            routes = _routes(app, names)
+        except click.UsageError as exc:
+            if as_json:
+                click.echo(render_json_error([exc.format_message()]))
+            raise
+        statuses = [model_status(spec, "flask streamer run-workers") for _route, spec in routes]
     click.echo(render_json(statuses) if as_json else render_text(statuses, "run-workers"))
     sys.exit(0 if all(status.ok for status in statuses) else 1)
 

@@ -4,6 +4,7 @@ first try of it: ``streamer-worker``, ``flask streamer run-workers`` and
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,34 @@ def test_flask_streamer_commands_say_a_wrong_setting_in_a_line_each(command):
         "Error: FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'",
         "Error: FLASK_STREAMER_BATCH_SIZE must be a whole number >= 1, got 0",
     ], result.stderr
+    assert result.stdout == "", "without --json, nothing on standard output"
+
+
+@pytest.mark.parametrize(
+    "env_settings, args, errors",
+    [
+        (
+            {"FLASK_STREAMER_BATCH_SIZE": "0"},
+            [],
+            ["FLASK_STREAMER_BATCH_SIZE must be a whole number >= 1, got 0"],
+        ),
+        ({}, ["--route", "nope"], ["no batched route named nope; the app has stream, classify"]),
+    ],
+    ids=["wrong-setting", "unknown-route"],
+)
+def test_flask_status_json_is_json_when_it_cannot_ask(env_settings: dict, args: list, errors: list) -> None:
+    """``status --json`` read by a script: what stops it is still one JSON
+    object on standard output, not ok, saying why; the lines on standard
+    error and exit status 2 stay."""
+    command = _command("flask", "flask") + ["--app", "example_flask", "streamer", "status", "--json", *args]
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert json.loads(result.stdout) == {"ok": False, "models": {}, "errors": errors}, result.stdout
+    assert errors[0] in result.stderr, result.stderr

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..config import shown_device
 from .spec import ModelSpec
 
-__all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json"]
+__all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json", "render_json_error"]
 
 
 @dataclass(frozen=True)
@@ -229,3 +229,11 @@ def render_json(statuses: Sequence[ModelStatus]) -> str:
     """The statuses as one JSON object: ``{"ok": bool, "models": {name: ...}}``."""
     models = {status.name: dict(asdict(status), ok=status.ok) for status in statuses}
     return json.dumps({"ok": all(status.ok for status in statuses), "models": models}, indent=2)
+
+
+def render_json_error(messages: Sequence[str]) -> str:
+    """What the status commands print with ``--json`` when they cannot ask
+    a model (wrong settings, a model name that is none): the same object,
+    not ok, no models, and why (``"errors"``, a line each), so that a
+    script reading the output reads JSON whatever happened."""
+    return json.dumps({"ok": False, "models": {}, "errors": list(messages)}, indent=2)

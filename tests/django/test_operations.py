@@ -181,3 +181,24 @@ def test_status_command_for_in_process_backends() -> None:
     assert report["models"]["double"]["settings"]["batch_size"] == 8
     with pytest.raises(CommandError, match="no model named 'nope'"):
         call_command("streamer_status", "--model", "nope", stdout=io.StringIO())
+
+
+def test_status_command_answers_json_when_it_cannot_ask(streamer_settings: Any) -> None:
+    """With ``--json``, what stops the command (a model name that is none,
+    wrong settings) is still one JSON object on standard output, not ok,
+    saying why, as well as the error and its exit status."""
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="no model named 'nope'"):
+        call_command("streamer_status", "--model", "nope", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["ok"] is False and report["models"] == {}
+    [error] = report["errors"]
+    assert error.startswith("no model named 'nope' in STREAMER['MODELS']; the models are 'double', "), report
+    streamer_settings(models={"double": {"MODEL": "tests.django.batch_models.double", "BATCH_SIZE": 0}})
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="bad settings.STREAMER") as info:
+        call_command("streamer_status", "--json", stdout=out)
+    assert info.value.returncode == 1
+    report = json.loads(out.getvalue())
+    assert report["ok"] is False and report["models"] == {}
+    assert any("['BATCH_SIZE'] must be a whole number >= 1, got 0" in line for line in report["errors"]), report

@@ -8,12 +8,13 @@ serve, so it works as a container's health check.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from streamer_core.web.status import model_status, render_json, render_text
+from streamer_core.web.spec import ModelSpec
+from streamer_core.web.status import model_status, render_json, render_json_error, render_text
 
 from ...conf import model_specs
 
@@ -34,17 +35,28 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            specs = self._specs(options["models"])
+        except CommandError as exc:
+            if options["json"]:  # a script reading the output reads JSON whatever happened
+                self.stdout.write(render_json_error([line.strip() for line in str(exc).splitlines() if line.strip()]))
+            raise
+        names = options["models"] or list(specs)
+        statuses = [model_status(specs[name], "manage.py run_gpu_workers") for name in dict.fromkeys(names)]
+        self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses, "run_gpu_workers"))
+        if not all(status.ok for status in statuses):
+            raise CommandError("a model cannot serve; see above", returncode=1)
+
+    @staticmethod
+    def _specs(names: Optional[List[str]]) -> Dict[str, ModelSpec]:
+        """The models of ``STREAMER``, every name in ``names`` among them."""
+        try:
             specs = model_specs()
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
-        names = options["models"] or list(specs)
-        missing = [name for name in names if name not in specs]
+        missing = [name for name in names or () if name not in specs]
         if missing:
             raise CommandError(
                 f"no model named {', '.join(map(repr, missing))} in STREAMER['MODELS']; "
                 f"the models are {', '.join(map(repr, specs))}"
             )
-        statuses = [model_status(specs[name], "manage.py run_gpu_workers") for name in dict.fromkeys(names)]
-        self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses, "run_gpu_workers"))
-        if not all(status.ok for status in statuses):
-            raise CommandError("a model cannot serve; see above", returncode=1)
+        return specs
