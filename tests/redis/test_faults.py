@@ -17,6 +17,7 @@ from streamer_core import (
     RedisStreamer,
     RedisWorker,
     StreamerError,
+    StreamerTimeoutError,
     UnavailableError,
 )
 from streamer_core.backends.redis.client import SEND_RETRY_S
@@ -268,6 +269,35 @@ def test_answers_redis_refuses_for_a_while_are_written_once_it_takes_them(
     conn.config_set("maxmemory", 0)
     assert future.result(10) == ["ok:hold"]
     assert gate.seen() == ["hold"], "the model ran the batch again"
+
+
+def test_refused_answers_are_kept_while_any_caller_of_their_batch_waits(
+    fault_broker, make_streamer, start_worker, gate
+):
+    """A batch of two callers, one whose deadline passes while Redis refuses
+    the answers: the other still waits, so the worker keeps the batch's
+    answers and writes them once Redis takes them, rather than dropping
+    them all and having the waiting caller's request run again."""
+    conn = fault_broker.conn
+    brief = make_streamer(fault_broker, timeout=1.0)
+    patient = make_streamer(fault_broker, timeout=20)
+    hurried = brief.submit(["x"])
+    waiting = patient.submit(["hold"])
+    assert wait_for(lambda: fault_broker.xlen() == 2, 5)
+    start_worker(fault_broker, gate, batch_size=4)
+    assert gate.entered.wait(5)
+    assert [sorted(batch) for batch in gate.batches] == [["hold", "x"]], "one batch of both callers"
+    conn.config_set("maxmemory-policy", "noeviction")
+    conn.config_set("maxmemory", 1)
+    try:
+        gate.release()
+        time.sleep(2.5)  # past the brief caller's deadline, and five times the workers' claim_after
+    finally:
+        conn.config_set("maxmemory", 0)
+    assert waiting.result(10) == ["ok:hold"]
+    assert gate.seen().count("hold") == 1, "the model ran the waiting caller's input again"
+    with pytest.raises(StreamerTimeoutError):
+        hurried.result(5)
 
 
 def test_a_user_without_dangerous_commands_can_call(fault_broker, make_streamer, start_worker, caplog):

@@ -98,6 +98,26 @@ def test_a_busy_worker_takes_the_next_interactive_request_before_the_bulk_it_rea
     assert waits == [1, 9], "the worker counts each input's wait at its level"
 
 
+def test_a_worker_reads_ahead_one_batch_over_all_its_levels_together(broker, make_streamer, start_worker, gate):
+    """The bound on what a busy worker holds (one batch beyond the one
+    running) is over the levels together: filled from level 1, the lower
+    level's requests stay in their stream for another worker."""
+    streamer = make_streamer(broker, **TWO)
+    high = [streamer.submit(["hold"], priority=1)] + [streamer.submit([f"query{i}"], priority=1) for i in range(7)]
+    low = [streamer.submit([f"bulk{i}"], priority=2) for i in range(4)]
+    assert wait_for(lambda: broker.xlen() == 8 and broker.xlen(_low(broker)) == 4, 5)
+    worker = start_worker(broker, gate, batch_size=4, max_latency=0.01, **TWO)
+    assert gate.entered.wait(10)
+    assert wait_for(lambda: worker.worker.gauges()[0] == 4, 5), "the next batch of level 1 is read ahead"
+    time.sleep(0.5)  # a few reads more, were any to come
+    assert _pending(broker, _low(broker)) == 0, "it read level 2's requests beyond the one batch it may hold"
+    assert worker.worker.gauges()[0] == 4
+    gate.release()
+    assert [f.result(10) for f in high + low] == [["ok:hold"]] + [[f"ok:query{i}"] for i in range(7)] + [
+        [f"ok:bulk{i}"] for i in range(4)
+    ]
+
+
 def test_a_dead_workers_requests_of_every_level_are_taken_over_the_highest_first(
     fault_broker, make_streamer, start_worker, procs, tmp_path
 ):
