@@ -85,6 +85,13 @@ def json_of(data: bytes, loads: Callable[[bytes], Any]) -> Any:
     try:
         return loads(data)
     except ValueError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:  # a decoder's own words for it are obscure
+            raise InvalidInput(
+                f"the body is not valid JSON: it is not UTF-8 (byte 0x{data[bad.start]:02x} at {bad.start}); "
+                "JSON is sent in UTF-8 whatever the charset of its Content-Type"
+            ) from exc
         raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
     except RecursionError:
         raise InvalidInput("the body is not valid JSON: it is nested too deep") from None
@@ -165,8 +172,12 @@ def default_input(
             values = [read_upload(upload, field, max_bytes) for upload in _every(files, field)]
         if values:
             return values
+        if not fields and not files:
+            _no_parts(body, has_body)
         return item_from_request(MISSING, fields, field, files, max_bytes)  # says what to send
     fields, files = _form(body) if body.media_type == "multipart/form-data" else body.parsed_form()
+    if not fields and not files:
+        _no_parts(body, has_body)
     return item_from_request(MISSING, fields, field, files, max_bytes)
 
 
@@ -184,11 +195,25 @@ def upload_of(body: RequestBody, field: str, max_bytes: Optional[int]) -> bytes:
             raise UnsupportedMediaType(f"{kind} is not read here: {how}")
         raise InvalidInput(f"the request has no file: {how}")
     fields, files = _form(body)
+    if not fields and not files:
+        _no_parts(body, (body.content_length or 0) > 0 or body.chunked)
     if field in files:
         return read_upload(files[field], field, max_bytes)
     if field in fields:
         raise InvalidInput(f'"{field}" was sent as a text field, not a file: {how}')
     raise InvalidInput(f'the form has no file "{field}": {how}')
+
+
+def _no_parts(body: RequestBody, has_body: bool) -> None:
+    """Say why a multipart body came out as no fields and no files where
+    the reason is plain: its Content-Type names no boundary, which every
+    parser reads as an empty form. Rather than "send the field", which the
+    client thinks it did."""
+    if body.media_type == "multipart/form-data" and has_body and not body.boundary():
+        raise InvalidInput(
+            "the multipart body has no boundary: send Content-Type: multipart/form-data; boundary=... "
+            '(curl -F "name=value" does)'
+        )
 
 
 def _form(body: RequestBody) -> Tuple[Mapping[str, Any], Mapping[str, Any]]:

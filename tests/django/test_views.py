@@ -39,6 +39,10 @@ def test_unparsable_input_is_400_with_a_message(client):
         (post(client, "/double", [1, 2]), 'send a JSON object with the key "x"'),
         (post(client, "/double", {"x": [1]}), '"x" must be a number or a string'),
         (client.post("/double", "{nope", content_type="application/json"), "the body is not valid JSON"),
+        (
+            client.post("/double", '{"x": "\xe9"}', content_type="application/json; charset=latin-1"),
+            "the body is not valid JSON: it is not UTF-8 (byte 0xe9 at 7); JSON is sent in UTF-8",
+        ),
         (client.post("/double", {}), 'send the input as JSON {"x": ...}, as the form field "x", or as the file "x"'),
         (post(client, "/double-cbv", {"y": 1}), 'the JSON body has no key "x"'),
     ]:

@@ -132,6 +132,11 @@ def test_the_readmes_curl_sends_a_photo_the_checkout_holds(app: Flask) -> None:
             400,
             'the form has no file "file": ' + HOW,
         ),
+        (
+            {"data": b"--b\r\nnot a form", "content_type": "multipart/form-data"},
+            400,
+            "the multipart body has no boundary: send Content-Type: multipart/form-data; boundary=...",
+        ),
     ],
 )
 def test_what_is_not_an_image_gets_a_json_4xx(app, kwargs, status, message):

@@ -64,6 +64,8 @@ def test_the_inputs_come_from_a_json_key_or_the_files_of_a_form_field(make_app):
     response = app.test_client().post("/sizes", data=body, content_type=f"multipart/form-data; boundary={boundary}")
     assert response.status_code == 200, response.get_data(as_text=True)
     assert response.get_json() == [3, 5]
+    error = error_of(app.test_client().post("/sizes", data=body, content_type="multipart/form-data"), 400)
+    assert error["message"].startswith("the multipart body has no boundary: send Content-Type: multipart/form-data;")
 
 
 def test_what_is_not_a_list_is_a_400_and_more_than_max_inputs_a_413_before_anything_runs(make_app):

@@ -86,6 +86,10 @@ def test_a_route_field_names_the_json_key_or_the_form_field(make_app):
     "request_kwargs, message",
     [
         (dict(data="{not json", content_type="application/json"), "the body is not valid JSON"),
+        (
+            dict(data='{"n": "caf\xe9"}'.encode("latin-1"), content_type="application/json; charset=latin-1"),
+            "the body is not valid JSON: it is not UTF-8 (byte 0xe9 at 10); JSON is sent in UTF-8",
+        ),
         (dict(data="plain text"), "send the input as a JSON body (Content-Type: application/json)"),
         (dict(data={"n": "1"}), "send the input as a JSON body"),
         (dict(), "send the input as a JSON body"),
@@ -109,6 +113,10 @@ def test_input_that_cannot_be_parsed_is_a_400(make_app, request_kwargs, message)
         (dict(json="n"), 'send a JSON object with the key "n"'),
         (dict(data={"m": "1"}), 'send the input as JSON {"n": ...}, as the form field "n", or as the file "n"'),
         (dict(data="{", content_type="application/json"), "the body is not valid JSON"),
+        (
+            dict(data=b"n=1", content_type="multipart/form-data"),
+            "the multipart body has no boundary: send Content-Type: multipart/form-data; boundary=...",
+        ),
     ],
 )
 def test_a_missing_field_or_a_body_of_the_wrong_shape_is_a_400(make_app, request_kwargs, message):
