@@ -340,3 +340,32 @@ class ProgressBarModel(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Any]:
         return [os.getpid()] * len(batch)
+
+
+def _rebuilt_outside_workers(value: int) -> Box:
+    if os.environ.get("STREAMER_CORE_WORKER"):
+        raise ValueError("this box cannot be rebuilt in a worker")
+    return Box(value)
+
+
+class Box:
+    """An input that pickles, and, ``poisoned``, cannot be unpickled in a
+    worker process: the worker's own failure for that one input."""
+
+    def __init__(self, value: int, poisoned: bool = False) -> None:
+        self.value, self.poisoned = value, poisoned
+
+    def __reduce__(self) -> Any:
+        return (_rebuilt_outside_workers, (self.value,)) if self.poisoned else (Box, (self.value,))
+
+
+def unbox(batch: List[Any]) -> List[Any]:
+    """Each Box's value times ten; ``"sleep"`` holds the batch a second."""
+    out: List[Any] = []
+    for x in batch:
+        if x == "sleep":
+            time.sleep(1.0)
+            out.append("slept")
+        else:
+            out.append(x.value * 10)
+    return out

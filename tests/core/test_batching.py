@@ -269,3 +269,30 @@ def test_a_batch_a_worker_could_not_take_is_handed_out_again_first_and_whole():
     finally:
         scheduler.stop(lambda: RuntimeError("test over"))
         pool.shutdown(wait=True)
+
+
+def test_max_latency_counts_from_the_oldest_input_while_answered_callers_trickle_back(closing):
+    """While the callers of the batch just answered come back one by one
+    (each sooner than max_latency after the last), the wait for them is
+    bounded by max_latency from the oldest input queued, not restarted by
+    each new arrival."""
+    calls: List[Any] = []
+
+    def model(batch: List[Any]) -> List[Any]:
+        calls.append((time.monotonic(), list(batch)))
+        if "warm" in batch:
+            time.sleep(2.0)
+        return batch
+
+    streamer = closing(ThreadedStreamer(model, batch_size=64, max_latency=0.1, timeout=20.0))
+    streamer.submit(["warm"] + [f"w{i}" for i in range(15)]).result(10)  # 16 callers due back
+    started = time.monotonic()
+    futures = []
+    for i in range(20):
+        futures.append(streamer.submit([f"x{i}"]))
+        time.sleep(0.05)
+    for future in futures:
+        future.result(10)
+    assert len(calls) >= 2
+    waited = calls[1][0] - started
+    assert waited < 0.5, f"the oldest input waited {waited:.2f}s with max_latency=0.1"

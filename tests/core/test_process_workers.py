@@ -4,6 +4,7 @@ inputs that cannot cross the process boundary."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -180,6 +181,58 @@ def test_the_batch_sent_ahead_to_a_worker_that_died_is_not_counted_as_crashed(cl
         else:
             assert future.result(10) == [x * 2]
     assert len(ran) == 4
+
+
+def test_callers_beside_an_input_the_worker_cannot_unpickle_get_their_own_results(closing):
+    """An input the worker cannot unpickle fails alone; the outcomes of the
+    inputs after it in the batch stay in their places (shifted, the last
+    slot came back empty and the whole batch waited for its timeout)."""
+    streamer = closing(Streamer(models.unbox, batch_size=4, max_latency=0.5, worker_num=1, timeout=8.0))
+    assert streamer.wait_ready(60)
+    first = streamer.submit(["sleep"])
+    time.sleep(0.3)  # the next four calls fill one batch, handed ahead
+    futures = [streamer.submit([models.Box(v, poisoned=v == 2)]) for v in (1, 2, 3, 4)]
+    assert first.result(10) == ["slept"]
+    with pytest.raises(SerializationError, match="could not unpickle this input"):
+        futures[1].result(10)
+    assert [futures[i].result(10) for i in (0, 2, 3)] == [[10], [30], [40]]
+
+
+class _SlowOnRestart(logging.Handler):
+    """A logging handler that takes its time over the line saying a worker
+    is restarted, as one writing to a slow disk or a network may: the
+    restart is then slower than the next batch's forming."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "restarting it" in record.getMessage() and not self.seen.is_set():
+            self.seen.set()
+            time.sleep(0.5)
+
+
+def test_a_batch_formed_for_a_worker_that_just_died_is_run_by_its_replacement():
+    """The batch handed to a slot whose worker has died is given back to be
+    formed again, and the backend's lock with it: neither the call nor
+    close() waits forever."""
+    handler = _SlowOnRestart()
+    logger = logging.getLogger("streamer_core")
+    logger.addHandler(handler)
+    streamer = Streamer(models.double, batch_size=4, max_latency=0.01, worker_num=1, timeout=15.0)
+    try:
+        assert streamer.wait_ready(60)
+        assert streamer.submit([1]).result(10) == [2]
+        os.kill(streamer.worker_pids()[0], signal.SIGKILL)
+        assert handler.seen.wait(10)
+        assert streamer.submit([3]).result(14) == [6]  # formed for the dead worker
+    finally:
+        logger.removeHandler(handler)
+        closer = threading.Thread(target=streamer.close, kwargs={"timeout": 5}, daemon=True)
+        closer.start()
+        closer.join(15)
+    assert not closer.is_alive(), "close() hung: the backend's lock was never released"
 
 
 def test_an_input_that_kills_workers_fails_clearly_and_spares_the_others(closing):
