@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from typing import Any, Callable, Tuple
 
@@ -50,9 +51,21 @@ def block_process_signals() -> None:
     Does nothing where the platform cannot (no ``pthread_sigmask``)."""
     if not hasattr(signal, "pthread_sigmask"):
         return
-    if threading.get_native_id() == _main_native_id:
+    if _on_main_thread():
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, PROCESS_SIGNALS)
+
+
+def _on_main_thread() -> bool:
+    """Whether the calling OS thread is the process's main one. On Linux
+    that is the thread whose id is the process's: true in a forked child
+    too (its one thread is the forking one), where the library was first
+    imported after the fork and ``threading.main_thread().native_id`` names
+    the parent's thread (CPython 3.11: a gevent gunicorn worker, its app
+    imported after the fork, blocked its own SIGTERM and was killed at its
+    graceful timeout). Elsewhere, the main thread's id as recorded."""
+    native = threading.get_native_id()
+    return native == _main_native_id or (sys.platform == "linux" and native == os.getpid())
 
 
 def background(target: Callable[..., Any], name: str, args: Tuple[Any, ...] = ()) -> threading.Thread:

@@ -154,6 +154,33 @@ def test_a_forked_childs_main_thread_keeps_its_signals():
     assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
 
 
+def test_a_forked_childs_main_thread_keeps_its_signals_when_the_library_is_imported_after_the_fork():
+    """A gunicorn worker whose app, and the library with it, is first
+    imported after the fork: the fork hook never ran, and
+    ``threading.main_thread().native_id`` names the parent's thread."""
+    script = """
+    import os, re, threading
+
+    def blocked():
+        with open("/proc/self/task/%d/status" % os.getpid()) as status:
+            return int(re.search(r"SigBlk:\\s*([0-9a-f]+)", status.read()).group(1), 16)
+
+    threading.main_thread().native_id  # as gunicorn's master leaves it
+    child = os.fork()
+    if child == 0:
+        from streamer_core.threads import block_process_signals
+
+        block_process_signals()  # in the child's main thread
+        os._exit(0 if blocked() == 0 else 1)
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status))
+    """
+    if not os.path.exists("/proc/self/task"):
+        pytest.skip("reads Linux's /proc")
+    done = run(script, timeout=60)
+    assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
+
+
 def test_the_signals_left_to_the_main_thread_are_those_servers_and_terminals_send():
     from streamer_core.threads import PROCESS_SIGNALS
 

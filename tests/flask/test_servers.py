@@ -12,6 +12,8 @@ test_gevent.py.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections import defaultdict
 from typing import Any, Dict
 
@@ -26,6 +28,7 @@ from tests.flask.live import (
     granian_argv,
     gunicorn_argv,
     live_server,
+    post,
     uwsgi_argv,
 )
 
@@ -103,6 +106,27 @@ def test_gunicorn_gevent_worker():
         assert info["gevent"] is True and info["patched"] is True and info["greenlet"] is True, info
         check_batched(port, "gevent-worker")
         check_loop_free(port)
+
+
+@pytest.mark.parametrize("worker", [["-k", "gevent"], ["-k", "gthread", "--threads", "8"]], ids=["gevent", "gthread"])
+def test_sigterm_stops_a_gunicorn_worker_that_imported_the_library_after_the_fork(worker):
+    """No config of the project's (whose hooks import the library in the
+    master): the app, and the library with it, is first imported in the
+    worker. Under gevent the streamer's threads are greenlets on the
+    worker's one OS thread, which must keep its signals: SIGTERM then stops
+    the worker at once, not after the graceful timeout's SIGKILL."""
+    port = free_port()
+    argv = gunicorn_argv(port, "-w", "1", *worker)
+    argv[argv.index("--graceful-timeout") + 1] = "30"
+    with live_server(argv, port) as server:
+        assert post(port, "/predict", 1)[0] == 200  # the model's threads have run
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"gunicorn still running 10 s after SIGTERM:\n{server.output()[-2000:]}")
+        assert server.process.returncode == 0, server.output()[-2000:]
 
 
 def test_gunicorn_two_worker_processes_each_batch_with_their_own_streamer():
