@@ -51,6 +51,15 @@ def with_batch(batch: List[Any]) -> List[Any]:
     return [[x, list(batch)] for x in batch]
 
 
+def pid_unless_exit(batch: List[Any]) -> List[Any]:
+    """Ends its process with exit status 3 on a batch holding "exit" (a
+    model's own ``os._exit``, its code the one a worker whose model cannot
+    load exits with); else each input with the worker's pid."""
+    if "exit" in batch:
+        os._exit(3)
+    return [[x, os.getpid()] for x in batch]
+
+
 def pid_unless_hang(batch: List[Any]) -> List[Any]:
     """Never returns from a batch holding "hang" (a deadlock); else each
     input with the worker's pid."""

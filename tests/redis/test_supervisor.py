@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from streamer_core import StreamerTimeoutError
+from streamer_core import StreamerError, StreamerTimeoutError
 from tests.helpers import beating_workers
 from tests.redis.conftest import alive, wait_for, wait_serving, worker_children
 
@@ -144,6 +144,29 @@ def test_cli_sigterm_lets_the_batch_in_hand_finish_then_exits_0(fault_broker, ma
     assert future.result(10) == [10]
     assert cli.wait(15) == 0, procs.log(cli)
     assert not any(alive(pid) for pid in children), "worker processes outlived the command"
+
+
+def test_a_worker_whose_model_exits_with_any_code_once_serving_is_restarted(fault_broker, make_streamer, procs):
+    """Exit status 3 is also what a worker whose model cannot load exits
+    with; a worker that loaded its model and then exited with it (the
+    model's own ``os._exit(3)``) was taken for one, not restarted, and the
+    command gave up once each worker had met the input: every later call
+    refused."""
+    supervisor = procs.supervisor(
+        fault_broker, "pid_unless_exit", batch_size=1, worker_num=2, claim_after=0.5, max_item_crashes=2
+    )
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 2, 20), procs.log(supervisor)
+    first = worker_children(supervisor.pid)
+    wait_serving(procs, supervisor, first)
+    streamer = make_streamer(fault_broker, timeout=20)
+    with pytest.raises(StreamerError):
+        streamer.predict(["exit"])  # kills each worker that takes it, until max_item_crashes
+    assert "exited with 3; restarting it" in procs.log(supervisor, tail=None)
+    assert wait_for(lambda: len(worker_children(supervisor.pid)) == 2, 20), procs.log(supervisor)
+    wait_serving(procs, supervisor, worker_children(supervisor.pid))
+    assert [x for x, _ in streamer.predict([1, 2])] == [1, 2]
+    assert supervisor.poll() is None, procs.log(supervisor)
+    assert "could not load" not in procs.log(supervisor, tail=None)
 
 
 def test_cli_gives_up_on_a_model_that_cannot_load(fault_broker, procs):

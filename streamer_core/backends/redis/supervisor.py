@@ -36,7 +36,10 @@ EXIT_INIT_FAILED = 3
 _STOP_LIMIT_S = 60.0
 
 
-def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_pid: int) -> None:
+def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_pid: int, failed: Any) -> None:
+    """A worker process's body. ``failed`` (a shared flag) is set when its
+    model could not load: the exit code alone cannot say so, since a model
+    may exit with any code (``os._exit(3)``) once it serves."""
     from ..process_worker import _watch_parent
 
     thread_locks_for_progress_bars()
@@ -49,6 +52,7 @@ def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_
         worker.run_forever(gpu_id)
     except WorkerStartError:
         logger.exception("the model could not be loaded; this worker is not restarted")
+        failed.value = 1
         os._exit(EXIT_INIT_FAILED)
 
 
@@ -194,6 +198,8 @@ class _Supervisor:
         self._log_level = logging.getLogger("streamer_core").getEffectiveLevel()  # the workers log as this does
         self._context = spawn_context()
         self._processes: List[Any] = [None] * len(self._slots)  # multiprocessing.Process; None: not restarted
+        # Set by a worker whose model could not load (see _worker_process).
+        self._load_failed = [self._context.Value("b", 0, lock=False) for _ in self._slots]
         self._restarts = [0] * len(self._slots)
         # A worker that exited because its model hung is started again with
         # twice the hang_timeout (of the one it had, if it had answered
@@ -251,7 +257,7 @@ class _Supervisor:
     def _ended(self, n: int, process: Any) -> None:
         """Worker ``n`` exited: start it again, unless its model could not load."""
         group, i, _ = self._slots[n]
-        if process.exitcode == EXIT_INIT_FAILED:
+        if process.exitcode == EXIT_INIT_FAILED and self._load_failed[n].value:
             logger.error("%s worker %d could not load the model; not restarting it", group.name, i)
             self._processes[n] = None
             return
@@ -273,8 +279,11 @@ class _Supervisor:
         options = dict(group.options, log_level=self._log_level)
         if self._hang_limits[n] is not None:
             options["hang_timeout"] = self._hang_limits[n]
+        self._load_failed[n].value = 0
         process = self._context.Process(
-            target=_worker_process, args=(options, gpu_id, os.getpid()), name=f"streamer-redis-{group.name}-{i}"
+            target=_worker_process,
+            args=(options, gpu_id, os.getpid(), self._load_failed[n]),
+            name=f"streamer-redis-{group.name}-{i}",
         )
         process.start()
         self._processes[n] = process
