@@ -321,6 +321,7 @@ class Scheduler:
         n = len(values)
         now = time.monotonic()
         future._deadline = deadline = now + timeout
+        future._timeout_s = timeout
         task = _Task(future, n, timeout, trace)
         if level:
             ones = [1.0] * n if costs is None else costs

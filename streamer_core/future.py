@@ -68,6 +68,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     #: could not be decoded in a worker); ``None`` otherwise.
     failed_input: Optional[int] = None
     _deadline: float = float("inf")
+    #: The call's timeout (seconds), as its deadline was set from it.
+    _timeout_s: float = float("inf")
     #: Where the call's outcome is counted (set by the scheduler).
     _stats: Optional[ModelStats | Level] = None
     #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
@@ -231,6 +233,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
             self._finished.release()  # let any other waiter through too
             return
         if self._cancel("timeout"):
+            if time.monotonic() >= self._deadline:  # its deadline ended it, however long this last wait
+                raise StreamerTimeoutError(f"the call did not finish within its timeout of {self._timeout_s:.3g}s")
             raise StreamerTimeoutError(f"no result within {timeout:.3g}s; the call was given up")
         # It finished just as we gave up: its result (or error) stands.
 

@@ -4,6 +4,8 @@ private redis-server (``fault_broker``); the shared one is never touched."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -298,6 +300,29 @@ def test_refused_answers_are_kept_while_any_caller_of_their_batch_waits(
     assert gate.seen().count("hold") == 1, "the model ran the waiting caller's input again"
     with pytest.raises(StreamerTimeoutError):
         hurried.result(5)
+
+
+def test_a_call_while_redis_is_frozen_fails_by_its_timeout_and_says_so(fault_broker, make_streamer, start_worker):
+    """Redis stopped (SIGSTOP), answering nothing: the call fails soon
+    after its timeout, as the web layer waits for it (looking at its client
+    now and then), and the error names that timeout, not the grace of the
+    last wait ("no result within 1s" after 21 s)."""
+    start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=3)
+    assert streamer.predict([1]) == [2]
+    assert fault_broker.server.process is not None
+    os.kill(fault_broker.server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        future = streamer.submit([2])
+        while not future._wait_done(0.1):  # as streamer_core.web.peer.wait_call waits
+            if time.monotonic() > future._deadline:
+                break
+        with pytest.raises(StreamerTimeoutError, match=r"did not finish within its timeout of 3s"):
+            future.result()
+        assert time.monotonic() - started < 6
+    finally:
+        os.kill(fault_broker.server.process.pid, signal.SIGCONT)
 
 
 def test_a_user_without_dangerous_commands_can_call(fault_broker, make_streamer, start_worker, caplog):
