@@ -108,7 +108,7 @@ def _redis_status(spec: ModelSpec, status: ModelStatus, worker_command: str) -> 
 
     address = spec.redis
     keys = Keys(spec.prefix, address.is_cluster)
-    conn = connect(address)
+    conn = connect(address, asking=True)  # a health check: a frozen Redis said in a second
     try:
         node = on_node_of(conn, keys.requests).get("target_nodes")
         if node is not None:  # a Cluster: every key of the model is in one slot (Keys)

@@ -93,6 +93,51 @@ def test_readiness_when_redis_is_down(fault_broker: Broker, start_worker: Callab
     assert "Redis" in reason or "redis" in reason, reason
 
 
+def test_metrics_and_status_answer_soon_while_redis_is_frozen(
+    fault_broker: Broker, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    """Redis stopped (SIGSTOP): it takes connections and answers nothing.
+    A scrape of ``/metrics`` and the status command (a container's health
+    check) answer within seconds, saying Redis does not answer, rather than
+    waiting on it (a scrape had no answer in 100 s, the status took 80 s)."""
+    app = redis_app_with_metrics(fault_broker)
+    client, runner = app.test_client(), app.test_cli_runner()
+    start_worker(fault_broker, identity)
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 10)
+    assert client.get("/metrics").status_code == 200
+    assert fault_broker.server is not None and fault_broker.server.process is not None
+    os.kill(fault_broker.server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        scraped = client.get("/metrics")
+        took = time.monotonic() - started
+        assert scraped.status_code == 200 and took < 5, took
+        found = metric_samples(scraped.get_data(as_text=True))
+        assert ("streamer_redis_pending", (("model", "identity"),)) not in found, "a number nobody knows"
+        started = time.monotonic()
+        status = runner.invoke(args=["streamer", "status", "--json"])
+        took = time.monotonic() - started
+        assert status.exit_code == 1 and took < 5, (took, status.output)
+        [problem] = json.loads(status.output)["models"]["identity"]["problems"]
+        assert "Redis" in problem, problem
+    finally:
+        os.kill(fault_broker.server.process.pid, signal.SIGCONT)
+
+
+def redis_app_with_metrics(broker: Broker) -> Flask:
+    app = Flask(f"ops-metrics-{broker.prefix}")
+    app.config.update(
+        STREAMER_BACKEND="redis",
+        STREAMER_REDIS_URL=broker.url,
+        STREAMER_READY_ROUTE="/readyz",
+        STREAMER_METRICS_ROUTE="/metrics",
+        STREAMER_TIMEOUT=10,
+    )
+    streamer = FlaskStreamer(app)
+    streamer.add_batched_route("/identity", "identity", identity, prefix=broker.prefix)
+    return app
+
+
 def test_status_command_with_workers_up_and_down(
     broker: Broker, start_worker: Callable[..., ThreadWorker], make_streamer: Callable[..., Any]
 ) -> None:

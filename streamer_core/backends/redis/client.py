@@ -104,6 +104,7 @@ class _RedisClientBackend(Backend):
         self._address = address
         self._send_conn = connect(address)
         self._read_conn = connect(address)
+        self._ask_conn = connect(address, asking=True)  # a scrape's questions: a frozen Redis said in a second
         self._add_requests = self._send_conn.register_script(ADD_REQUESTS_SCRIPT)
         self._add_packed = self._send_conn.register_script(ADD_PACKED_REQUESTS_SCRIPT)
         self._packed = True  # until the server's Lua turns out to lack cmsgpack
@@ -128,6 +129,7 @@ class _RedisClientBackend(Backend):
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
             self._send_conn.close()
             self._read_conn.close()
+            self._ask_conn.close()
             raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
         if scheduler.stats is not None:
@@ -474,12 +476,13 @@ class _RedisClientBackend(Backend):
             pass
         self._send_conn.close()
         self._read_conn.close()
+        self._ask_conn.close()
 
     def pending_requests(self) -> int:
-        return self.roster.pending(self._send_conn)  # streamer_redis_pending: see Roster.pending
+        return self.roster.pending(self._ask_conn)  # streamer_redis_pending: see Roster.pending
 
     def live_workers_by_device(self) -> Dict[str, int]:
-        return self.roster.live_by_device(self._send_conn)  # streamer_workers_live: see ModelStats.broker_workers
+        return self.roster.live_by_device(self._ask_conn)  # streamer_workers_live: see ModelStats.broker_workers
 
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""

@@ -29,11 +29,19 @@ logger = logging.getLogger("streamer_core.redis")
 MAX_BACKOFF_S = 2.0
 
 
-def connect(address: RedisAddress) -> Any:
+#: Seconds one command of a question that a person or a scraper waits for
+#: (``/metrics``, the status commands) may take, no retry: a Redis that has
+#: stopped answering (frozen, a network cut) is then said in about a
+#: second, where the serving connections wait ten, and once more.
+ASK_TIMEOUT_S = 1.0
+
+
+def connect(address: RedisAddress, asking: bool = False) -> Any:
     """A client for ``address``: one server; Sentinels, whose client asks
     them for the service's master on every new connection, and so follows a
     failover; or a Redis Cluster, a ``RedisCluster`` that sends each command
-    to the node of its key. Nothing is connected until a command is sent."""
+    to the node of its key. Nothing is connected until a command is sent.
+    ``asking``: for questions someone waits on (:data:`ASK_TIMEOUT_S`)."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -41,10 +49,10 @@ def connect(address: RedisAddress) -> Any:
     # One immediate retry (a pooled connection that went stale); the callers'
     # own loops do the rest, so an unreachable server is reported in seconds.
     options: Dict[str, Any] = {
-        "socket_connect_timeout": 2.0,
-        "socket_timeout": 10.0,
+        "socket_connect_timeout": ASK_TIMEOUT_S if asking else 2.0,
+        "socket_timeout": ASK_TIMEOUT_S if asking else 10.0,
         "health_check_interval": 15,
-        "retry": Retry(NoBackoff(), 1),
+        "retry": Retry(NoBackoff(), 0 if asking else 1),
     }
     packer = _large_value_packer()
     if packer is not None:
@@ -53,13 +61,13 @@ def connect(address: RedisAddress) -> Any:
         import redis.sentinel
 
         sentinels: Any = redis.sentinel  # untyped
-        asking = {
+        to_sentinels = {
             "socket_connect_timeout": 1.0,
             "socket_timeout": 2.0,
             "password": address.sentinel_password,
             "retry": Retry(NoBackoff(), 0),  # the next Sentinel is the retry
         }
-        manager = sentinels.Sentinel(list(address.hosts), sentinel_kwargs=asking)
+        manager = sentinels.Sentinel(list(address.hosts), sentinel_kwargs=to_sentinels)
         return manager.master_for(
             address.service, db=address.db, username=address.username, password=address.password, **options
         )
