@@ -13,7 +13,7 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from streamer_core.config import OPTIONS
-from streamer_core.errors import MethodNotAllowed
+from streamer_core.errors import ConfigurationError, MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
 from streamer_core.web.body import check_many, default_input, json_of, upload_of
@@ -26,7 +26,7 @@ from streamer_core.web.spec import LazyStreamer, start_all
 
 from .reading import FlaskBody, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
-from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name
+from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name, written_as
 
 __all__ = [
     "FlaskStreamer",
@@ -113,6 +113,8 @@ class FlaskStreamer:
                 "(one FlaskStreamer serves several apps, each set up once)"
             )
         settings = read_settings(app.config, app.name)
+        ops_routes = {field: rule for field, rule in app_routes(app.config).items() if rule is not None}
+        _check_ops_routes(app, ops_routes)
         state = _AppState(self, app, settings)
         for route in self._routes:
             self._attach(app, state, route)
@@ -121,9 +123,8 @@ class FlaskStreamer:
         if state.json_errors:
             app.register_error_handler(HTTPException, _json_http_error)
         views = {"metrics_route": _metrics_view, "health_route": _health_view, "ready_route": _ready_view}
-        for field, rule in app_routes(app.config).items():
-            if rule is not None:
-                app.add_url_rule(rule, f"streamer_{field[: -len('_route')]}", views[field], methods=["GET"])
+        for field, rule in ops_routes.items():
+            app.add_url_rule(rule, f"streamer_{field[: -len('_route')]}", views[field], methods=["GET"])
         from .cli import streamer_cli
 
         if streamer_cli.name not in app.cli.commands:
@@ -363,6 +364,25 @@ def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> No
 
     See :meth:`FlaskStreamer.start`."""
     _state(app).extension.start(app, wait, timeout)
+
+
+def _check_ops_routes(app: Flask, routes: Dict[str, str]) -> None:
+    """Refuse operations routes (``STREAMER_METRICS_ROUTE`` and the probes')
+    that share a path, or take one the app serves already to GET: either
+    would hide one of the two without a word (werkzeug serves the first)."""
+    problems: List[str] = []
+    taken: Dict[str, str] = {}
+    for field, rule in routes.items():
+        name = written_as(setting_name(field), app.config)
+        if rule in taken:
+            problems.append(f"{name} and {taken[rule]} are both {rule!r}: give each a path of its own")
+            continue
+        taken[rule] = name
+        served = [r.endpoint for r in app.url_map.iter_rules() if r.rule == rule and "GET" in (r.methods or ())]
+        if served:
+            problems.append(f"{name} is {rule!r}, which the app serves already ({served[0]!r}): choose another path")
+    if problems:
+        raise ConfigurationError("bad streamer settings:\n  " + "\n  ".join(problems), problems)
 
 
 def _metrics_view() -> Any:

@@ -141,6 +141,24 @@ def test_every_wrong_setting_is_reported_at_once(make_app):
         assert setting in str(info.value)
 
 
+def test_operations_routes_that_would_hide_a_route_are_refused(make_app):
+    """Two operations routes on one path, or one on a path the app serves
+    to GET already: werkzeug would serve one of the two, and the other
+    would be gone without a word."""
+    app, streamer = make_app({"STREAMER_METRICS_ROUTE": "/hello"}, init=False)
+    app.add_url_rule("/hello", "hello", lambda: "hi")
+    with pytest.raises(ConfigurationError, match=r"STREAMER_METRICS_ROUTE is '/hello', which the app serves already"):
+        streamer.init_app(app)
+    assert app.test_client().get("/hello").get_data(as_text=True) == "hi"
+    app, streamer = make_app({"STREAMER_HEALTH_ROUTE": "/x", "STREAMER_READY_ROUTE": "/x"}, init=False)
+    with pytest.raises(ConfigurationError, match=r"STREAMER_READY_ROUTE and STREAMER_HEALTH_ROUTE are both '/x'"):
+        streamer.init_app(app)
+    app, streamer = make_app({"STREAMER_METRICS_ROUTE": "/metrics", "STREAMER_HEALTH_ROUTE": "/healthz"}, init=False)
+    app.add_url_rule("/metrics", "upload_metrics", lambda: "ok", methods=["POST"])  # POST only: no clash
+    streamer.init_app(app)
+    assert app.test_client().get("/healthz").status_code == 200
+
+
 def test_a_misspelt_setting_is_refused_with_a_did_you_mean(make_app):
     app, streamer = make_app({"STREAMER_BATCHSIZE": 8}, init=False)
     hint = "STREAMER_BATCHSIZE is not a setting.*did you mean STREAMER_BATCH_SIZE"
