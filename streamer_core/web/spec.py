@@ -143,6 +143,16 @@ class ModelSpec:
                     f"({ADDRESS_FORMS})",
                 )
             )
+        if not problems and kept.get("backend") == "process" and _local(model):
+            # Else every request would get a 503 that no retry can help.
+            problems.append(
+                Problem(
+                    "model",
+                    "model",
+                    f"{written_as('model')}: {callable_name(model)} is a lambda or is defined inside a function; "
+                    "the process backend's workers import the model by its module and name: define it at module level",
+                )
+            )
         if not problems:
             problem = priority_problem(kept, written_as)
             if problem is not None:
@@ -362,3 +372,11 @@ def start_all(handles: Iterable[LazyStreamer], wait: bool = True, timeout: float
         for handle, streamer in started:
             if handle.spec.backend != "redis":
                 streamer.wait_ready(timeout)
+
+
+def _local(model: Any) -> bool:
+    """Whether ``model`` can never be imported by name (a lambda, or a
+    function or class defined inside a function). A module-level function
+    being decorated is not bound to its name yet, and is no such model."""
+    qualname = getattr(model, "__qualname__", "")
+    return "<locals>" in qualname or "<lambda>" in qualname

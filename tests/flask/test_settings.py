@@ -159,6 +159,24 @@ def test_operations_routes_that_would_hide_a_route_are_refused(make_app):
     assert app.test_client().get("/healthz").status_code == 200
 
 
+def test_a_model_spawned_workers_cannot_import_is_refused_at_init_app(make_app):
+    """On the process backend a nested function cannot reach a worker: every
+    request got a 503 with Retry-After, which no retry could help. It is a
+    wrong setting, said before the app serves; the thread backend takes it."""
+
+    def nested(batch):
+        return batch
+
+    app, streamer = make_app({"STREAMER_BACKEND": "process"}, init=False)
+    streamer.add_batched_route("/nested", "nested", nested)
+    with pytest.raises(ConfigurationError, match=r"is a lambda or is defined inside a function; the process backend"):
+        streamer.init_app(app)
+    app, streamer = make_app(init=False)
+    streamer.add_batched_route("/nested", "nested", nested)
+    streamer.init_app(app)
+    assert app.test_client().post("/nested", json=1).get_json() == 1
+
+
 def test_a_misspelt_setting_is_refused_with_a_did_you_mean(make_app):
     app, streamer = make_app({"STREAMER_BATCHSIZE": 8}, init=False)
     hint = "STREAMER_BATCHSIZE is not a setting.*did you mean STREAMER_BATCH_SIZE"
