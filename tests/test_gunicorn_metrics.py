@@ -315,6 +315,34 @@ def test_two_workers_metrics_add_up_with_the_examples_config_alone(start, tmp_pa
     assert not folder.exists(), "on_exit should have removed the directory it made"
 
 
+def test_a_killed_workers_gauges_leave_the_sums(start, tmp_path: Path) -> None:
+    """Two web processes on the thread backend, a model worker each: 2 live
+    workers. One is killed (the OOM killer, say) and gunicorn starts
+    another in its place: the scrape says 2 again, not 3 (child_exit marks
+    the dead process's gauge files dead, so livesum leaves it out)."""
+    framework = FRAMEWORKS["flask"]
+    server = start("flask", 2)
+    assert wait_for(lambda: _ready(server, framework, 2, tmp_path), 60), server.text()
+    victim, survivor = server.workers()
+
+    def live() -> object:
+        with urllib.request.urlopen(server.url(framework.metrics), timeout=10) as response:
+            return _live_workers(response.read().decode()).get(framework.model)
+
+    assert wait_for(lambda: live() == (2, {"default": 2}), 10), live()
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        workers = server.workers()
+        return len(workers) == 2 and victim not in workers
+
+    assert wait_for(replaced, 60), server.text()
+    [new] = [pid for pid in server.workers() if pid != survivor]
+    assert wait_for(lambda: (tmp_path / f"built-{new}").exists(), 60), server.text()
+    time.sleep(2)  # each process writes its gauges once a second
+    assert wait_for(lambda: live() == (2, {"default": 2}), 10), live()
+
+
 def test_one_worker_keeps_the_one_process_registry(start, tmp_path: Path) -> None:
     """With one worker nothing is set: its registry is the default one,
     process metrics and all."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import pytest
-from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamer_core import (
@@ -365,3 +365,60 @@ def test_live_workers_are_counted_by_device(closing: Callable[[Any], Any]) -> No
     closing(ThreadedStreamer(models.double, 4, 0.01, name=threaded))
     assert stats_for(threaded).snapshot().workers_by_device == {"default": 1}
     assert scrape()["streamer_workers_live_by_device"][(("device", "default"), ("model", threaded))] == 1
+
+
+_QUEUED = """
+import sys, threading, time
+from streamer_core import ThreadedStreamer
+
+release = threading.Event()
+
+def held(batch):
+    release.wait(60)
+    return batch
+
+name, waiting = sys.argv[1], int(sys.argv[2])
+streamer = ThreadedStreamer(held, batch_size=1, max_latency=0.001, name=name)
+first = streamer.submit([0])  # in the model, held there
+calls = [streamer.submit([x]) for x in range(waiting)]  # these wait (one may be handed on ahead)
+time.sleep(0.5)
+depth = streamer.stats().queue_depth
+time.sleep(1.5)  # the gauges are written to the files once a second (GAUGE_PERIOD_S)
+assert streamer.stats().queue_depth == depth
+print(depth, flush=True)
+sys.stdin.readline()
+release.set()
+streamer.close()
+"""
+
+
+def test_multiprocess_queue_depth_is_the_sum_of_the_live_processes(tmp_path: Path) -> None:
+    """Two web processes, one with a few inputs waiting and one with more:
+    the scrape says how many wait in all (each process has a queue of its
+    own), not the deepest queue's count."""
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
+    name = f"depth-{uuid.uuid4().hex[:8]}"
+    runs = [
+        subprocess.Popen([sys.executable, "-c", _QUEUED, name, str(n)], env=env, cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for n in (3, 5)
+    ]  # fmt: skip
+    try:
+        depths = [int(run.stdout.readline()) for run in runs]
+        assert 0 < depths[0] < depths[1], depths  # each process has inputs waiting in its own queue
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
+        text = generate_latest(registry).decode()
+        depth = {
+            sample.labels["model"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "streamer_queue_depth"
+            for sample in family.samples
+        }
+        assert depth.get(name) == sum(depths), (depths, text)
+    finally:
+        for run in runs:
+            run.communicate("\n", timeout=30)  # let it go; closes its pipes
+    assert [run.returncode for run in runs] == [0, 0]

@@ -169,6 +169,29 @@ def test_status_command_with_workers_up_and_down(
     assert runner.invoke(args=["streamer", "status"]).exit_code == 1
 
 
+def test_status_stops_counting_a_killed_worker_once_its_beats_are_stale(broker: Broker, procs: Processes) -> None:
+    """A worker killed without a word (SIGKILL, its host gone) stays in the
+    presence set until it is forgotten, a minute later; the status command
+    (a container's health check) counts it live only while its last beat
+    is younger than PRESENCE_MS, then says no worker serves and exits 1."""
+    from streamer_core.backends.redis.wire import PRESENCE_MS
+
+    runner = redis_app(broker).test_cli_runner()
+    worker = procs.worker(broker, "identity")
+    wait_serving(procs, worker, [worker.pid])
+    up = runner.invoke(args=["streamer", "status", "--json"])
+    assert up.exit_code == 0, up.output
+    assert [w["pid"] for w in json.loads(up.output)["models"]["identity"]["workers"]] == [worker.pid]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    time.sleep(PRESENCE_MS / 1000 + 1)
+    down = runner.invoke(args=["streamer", "status", "--json"])
+    assert down.exit_code == 1, down.output
+    model = json.loads(down.output)["models"]["identity"]
+    assert model["workers"] == [], model
+    assert any("no live worker serves" in problem for problem in model["problems"]), model
+
+
 def test_status_exits_1_when_any_route_cannot_serve(broker: Broker) -> None:
     """A thread-backend route served beside a Redis route with no worker:
     the command exits 1 (a probe or deploy script reads it), naming which."""
