@@ -112,16 +112,9 @@ def post_and_leave(port: int, path: str, payload: Any, stay_s: float = 0.3) -> N
     ``127.0.0.1:port``, wait ``stay_s`` seconds without reading the answer,
     and close the connection."""
     import json
-    import socket
 
     body = json.dumps(payload).encode()
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(head + body)
-        time.sleep(stay_s)
+    post_raw(port, path, f"Content-Length: {len(body)}\r\n", body, leave=True, stay_s=stay_s)
 
 
 #: A body cut short: the client sends the head and these bytes, then leaves.
@@ -131,12 +124,12 @@ CUT_BODIES = {
 }
 
 
-def post_raw(port: int, path: str, head: str, body: bytes, leave: bool = False) -> bytes:
+def post_raw(port: int, path: str, head: str, body: bytes, leave: bool = False, stay_s: float = 0.3) -> bytes:
     """``POST path`` to ``127.0.0.1:port`` as raw bytes: the JSON content
     type, the header lines ``head`` (each ending in CRLF), then ``body``.
-    ``leave``: close the connection 0.3 s later without reading (a client
-    that gives up mid-body; ``b""``); else the whole response, the server
-    closing the connection after it."""
+    ``leave``: close the connection ``stay_s`` seconds later without reading
+    (a client that gives up, mid-body or waiting; ``b""``); else the whole
+    response, the server closing the connection after it."""
     import socket
 
     request = (
@@ -146,7 +139,7 @@ def post_raw(port: int, path: str, head: str, body: bytes, leave: bool = False) 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request + body)
         if leave:
-            time.sleep(0.3)
+            time.sleep(stay_s)
             return b""
         response = b""
         while chunk := sock.recv(65536):

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _run(args: List[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _run(args: List[str], settings: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """``args`` from the repository's root, the project importable, with
+    ``settings`` in the environment; its output captured as text."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(settings or {})}
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -88,14 +90,7 @@ def test_a_redis_url_with_a_typo_in_its_scheme_is_said_in_one_line(command):
     like any other, named, with the forms that are taken."""
     env_settings = {"FLASK_STREAMER_BACKEND": "redis", "FLASK_STREAMER_REDIS_URL": "rdis://127.0.0.1:6379/0"}
     args = _command("flask", "flask") + ["--app", "example_flask", "streamer", command]
-    result = subprocess.run(
-        args,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run(args, env_settings)
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith("Error: FLASK_STREAMER_REDIS_URL must be 'host:port', a redis://"), line
@@ -109,14 +104,7 @@ def test_flask_streamer_commands_say_a_wrong_setting_in_a_line_each(command):
     commands load the app themselves and say each wrong setting in a line."""
     env_settings = {"FLASK_STREAMER_BACKEND": "proces", "FLASK_STREAMER_BATCH_SIZE": "0"}
     args = _command("flask", "flask") + ["--app", "example_flask", "streamer", command]
-    result = subprocess.run(
-        args,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run(args, env_settings)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines() == [
         "Error: FLASK_STREAMER_BACKEND is 'proces'; use one of 'thread', 'process', 'redis'",
@@ -142,14 +130,7 @@ def test_flask_status_json_is_json_when_it_cannot_ask(env_settings: dict, args: 
     object on standard output, not ok, saying why; the lines on standard
     error and exit status 2 stay."""
     command = _command("flask", "flask") + ["--app", "example_flask", "streamer", "status", "--json", *args]
-    result = subprocess.run(
-        command,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env_settings},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run(command, env_settings)
     assert result.returncode == 2, result.stdout + result.stderr
     assert json.loads(result.stdout) == {"ok": False, "models": {}, "errors": errors}, result.stdout
     assert errors[0] in result.stderr, result.stderr

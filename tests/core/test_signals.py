@@ -128,43 +128,24 @@ def test_under_gevents_monkey_patching_the_main_thread_keeps_its_signals():
     assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
 
 
-def test_a_forked_childs_main_thread_keeps_its_signals():
+@pytest.mark.parametrize("imported", ["before", "after"])
+def test_a_forked_childs_main_thread_keeps_its_signals(imported):
     """After a fork (a gunicorn worker) the child's main thread is the one
     that forked, though ``threading.main_thread().native_id`` still names the
     parent's: it must not block its own signals as if it were another
-    thread (the worker then never quit on Ctrl-C)."""
-    script = """
-    import os, re
-    from streamer_core.threads import block_process_signals
-
-    def blocked():
-        with open("/proc/self/task/%d/status" % os.getpid()) as status:
-            return int(re.search(r"SigBlk:\\s*([0-9a-f]+)", status.read()).group(1), 16)
-
-    child = os.fork()
-    if child == 0:
-        block_process_signals()  # in the child's main thread
-        os._exit(0 if blocked() == 0 else 1)
-    _, status = os.waitpid(child, 0)
-    print(os.waitstatus_to_exitcode(status))
-    """
-    if not os.path.exists("/proc/self/task"):
-        pytest.skip("reads Linux's /proc")
-    done = run(script, timeout=60)
-    assert done.stdout.split() == ["0"], (done.stdout, done.stderr[-2000:])
-
-
-def test_a_forked_childs_main_thread_keeps_its_signals_when_the_library_is_imported_after_the_fork():
-    """A gunicorn worker whose app, and the library with it, is first
-    imported after the fork: the fork hook never ran, and
-    ``threading.main_thread().native_id`` names the parent's thread."""
-    script = """
+    thread (the worker then never quit on Ctrl-C, nor on SIGTERM). The
+    library imported before the fork (a config's hooks import it in the
+    master) or only after it (the app loaded in the worker: the library's
+    fork hook never ran)."""
+    script = f"""
     import os, re, threading
 
     def blocked():
         with open("/proc/self/task/%d/status" % os.getpid()) as status:
             return int(re.search(r"SigBlk:\\s*([0-9a-f]+)", status.read()).group(1), 16)
 
+    if {imported == "before"}:
+        from streamer_core.threads import block_process_signals
     threading.main_thread().native_id  # as gunicorn's master leaves it
     child = os.fork()
     if child == 0:

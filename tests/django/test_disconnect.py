@@ -34,6 +34,14 @@ def _call(port: int, path: str, body: Any = None, timeout: float = 30.0) -> Tupl
         return error.code, json.loads(error.read() or b"null")
 
 
+def _up(port: int) -> bool:
+    """Whether the server on ``port`` answers yet."""
+    try:
+        return _call(port, "/gate-outcomes", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
 def _servers(port: int) -> Dict[str, List[str]]:
     return {
         "uvicorn": ["-m", "uvicorn", "tests.django.asgi:application", "--host", "127.0.0.1", "--port", str(port),
@@ -50,13 +58,7 @@ def test_a_client_that_leaves_never_reaches_the_model(commands: Any, tmp_path: P
     argv = _servers(port)[server]
     process = commands.start(*argv[2:], module=argv[1], env=commands.env(TEST_STREAMER_FOLDER=str(tmp_path)))
 
-    def up() -> bool:
-        try:
-            return _call(port, "/gate-dropped", timeout=2)[0] == 200
-        except OSError:
-            return False
-
-    assert wait_for(up, 30, interval=0.1), commands.log(process)
+    assert wait_for(lambda: _up(port), 30, interval=0.1), commands.log(process)
     held, box = in_background(_call, port, path, "hold")
     assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held request never reached the model"
     post_and_leave(port, path, "left", stay_s=0.3)
@@ -99,13 +101,7 @@ def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(
         found: Dict[str, int] = _call(port, "/gate-outcomes", timeout=2)[1]
         return found
 
-    def up() -> bool:
-        try:
-            return _call(port, "/gate-outcomes", timeout=2)[0] == 200
-        except OSError:
-            return False
-
-    assert wait_for(up, 30, interval=0.1), commands.log(process)
+    assert wait_for(lambda: _up(port), 30, interval=0.1), commands.log(process)
     gunicorn = server.startswith("gunicorn")
     cuts = list(CUT_BODIES.values()) if gunicorn else [CUT_BODIES["content-length"]]
     for n, (head, body) in enumerate(cuts, 1):

@@ -26,12 +26,15 @@ def scrape(port: int) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
         return metric_samples(response.read().decode())
 
 
-def redis_app(broker: Broker) -> Flask:
+def redis_app(broker: Broker, metrics: bool = False) -> Flask:
+    """An app of one batched route on the Redis backend, with ``/readyz``
+    (and ``/metrics`` where ``metrics``)."""
     app = Flask(f"ops-{broker.prefix}")
     app.config.update(
         STREAMER_BACKEND="redis",
         STREAMER_REDIS_URL=broker.url,
         STREAMER_READY_ROUTE="/readyz",
+        STREAMER_METRICS_ROUTE="/metrics" if metrics else None,
         STREAMER_TIMEOUT=10,
     )
     streamer = FlaskStreamer(app)
@@ -100,7 +103,7 @@ def test_metrics_and_status_answer_soon_while_redis_is_frozen(
     A scrape of ``/metrics`` and the status command (a container's health
     check) answer within seconds, saying Redis does not answer, rather than
     waiting on it (a scrape had no answer in 100 s, the status took 80 s)."""
-    app = redis_app_with_metrics(fault_broker)
+    app = redis_app(fault_broker, metrics=True)
     client, runner = app.test_client(), app.test_cli_runner()
     start_worker(fault_broker, identity)
     assert wait_for(lambda: client.get("/readyz").status_code == 200, 10)
@@ -122,20 +125,6 @@ def test_metrics_and_status_answer_soon_while_redis_is_frozen(
         assert "Redis" in problem, problem
     finally:
         os.kill(fault_broker.server.process.pid, signal.SIGCONT)
-
-
-def redis_app_with_metrics(broker: Broker) -> Flask:
-    app = Flask(f"ops-metrics-{broker.prefix}")
-    app.config.update(
-        STREAMER_BACKEND="redis",
-        STREAMER_REDIS_URL=broker.url,
-        STREAMER_READY_ROUTE="/readyz",
-        STREAMER_METRICS_ROUTE="/metrics",
-        STREAMER_TIMEOUT=10,
-    )
-    streamer = FlaskStreamer(app)
-    streamer.add_batched_route("/identity", "identity", identity, prefix=broker.prefix)
-    return app
 
 
 def test_status_command_with_workers_up_and_down(
