@@ -134,3 +134,16 @@ def test_flask_status_json_is_json_when_it_cannot_ask(env_settings: dict, args: 
     assert result.returncode == 2, result.stdout + result.stderr
     assert json.loads(result.stdout) == {"ok": False, "models": {}, "errors": errors}, result.stdout
     assert errors[0] in result.stderr, result.stderr
+
+
+def test_streamer_worker_reads_its_redis_address_from_the_environment(monkeypatch):
+    """``STREAMER_REDIS_URL``, as ``--help`` says, when ``--redis`` is not given."""
+    from streamer_core.cli import build_parser
+    from streamer_core.config import OPTIONS
+
+    monkeypatch.setenv("STREAMER_REDIS_URL", "redis://10.1.2.3:6380/4")
+    args = build_parser().parse_args(["tests.redis.models:double"])
+    address = OPTIONS["redis_url"].checked(args.redis, "--redis")
+    assert (address.hosts, address.db) == ((("10.1.2.3", 6380),), 4)
+    monkeypatch.delenv("STREAMER_REDIS_URL")
+    assert build_parser().parse_args(["tests.redis.models:double"]).redis == "localhost:6379"

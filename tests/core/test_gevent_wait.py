@@ -58,6 +58,16 @@ def test_greenlets_calls_are_batched_and_the_hub_keeps_running():
     )
 
 
+def test_gevent_monkey_imported_without_patching_threading_is_still_unpatched():
+    """A program may import ``gevent.monkey`` and patch nothing, or only
+    sockets (``patch_socket()``), or ask what is patched: its greenlets'
+    calls still wait on the hub, and are batched together."""
+    out = run_scenario("batch", "10", "--monkey-imported")
+    assert out["gevent_patched"] is False and out["unpatched_greenlet"] is True, out
+    assert out["results"] == [[i * 10] for i in range(10)], out
+    assert max(map(len, out["batches"])) > 1, f"no two greenlets' calls were batched together: {out['batches']}"
+
+
 def test_result_timeout_in_a_greenlet_raises_on_time_without_blocking_the_hub():
     out = run_scenario("timeout")
     assert out["unpatched_greenlet"] is True, out
@@ -135,8 +145,11 @@ class _Ticker:
         return sum(1 for t in self.ticks if start <= t <= end)
 
 
-def _setup(blocking: bool) -> Any:
+def _setup(blocking: bool, monkey_imported: bool = False) -> Any:
     import gevent  # imported, never monkey-patched
+
+    if monkey_imported:
+        import gevent.monkey  # noqa: F401  (imported, as a program asking what is patched does; nothing patched)
 
     import streamer_core.future
     from streamer_core.green import in_unpatched_greenlet
@@ -148,8 +161,8 @@ def _setup(blocking: bool) -> Any:
     return gevent, probe.value
 
 
-def _scenario_batch(n: int, blocking: bool) -> Dict[str, Any]:
-    gevent, unpatched_greenlet = _setup(blocking)
+def _scenario_batch(n: int, blocking: bool, monkey_imported: bool = False) -> Dict[str, Any]:
+    gevent, unpatched_greenlet = _setup(blocking, monkey_imported)
     from streamer_core import ThreadedStreamer
 
     batches: List[List[int]] = []
@@ -319,10 +332,10 @@ def _scenario_idle() -> Dict[str, Any]:
 
 
 def _main(argv: List[str]) -> None:
-    blocking = "--blocking" in argv
-    args = [a for a in argv if a != "--blocking"]
+    blocking, monkey_imported = "--blocking" in argv, "--monkey-imported" in argv
+    args = [a for a in argv if a not in ("--blocking", "--monkey-imported")]
     if args[0] == "batch":
-        out = _scenario_batch(int(args[1]), blocking)
+        out = _scenario_batch(int(args[1]), blocking, monkey_imported)
     elif args[0] == "timeout":
         out = _scenario_timeout(blocking)
     elif args[0] == "main":

@@ -187,6 +187,11 @@ def test_default_priority_is_the_level_of_a_call_naming_none() -> None:
     assert config.call_timeout(1.5, 2) == 1.5, "a call's own timeout wins"
 
 
+def test_default_priority_may_be_the_lowest_level() -> None:
+    assert BatchingConfig(4, priority_levels=3, default_priority=3).level_of(None) == 2
+    assert BatchingConfig(4, priority_levels=1, default_priority=1).level_of(None) == 0
+
+
 def test_web_settings_check_the_priority_options_together() -> None:
     from streamer_core.web.spec import ModelSpec
 

@@ -62,6 +62,25 @@ def test_a_wrong_address_says_how_to_write_it(text, message):
         assert ADDRESS_FORMS in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("redis://user:p@ss@host:6379/0", "redis://***@host:6379/0"),
+        ("redis+sentinel://:p@ss@s1:26379/mymaster/0", "redis+sentinel://***@s1:26379/mymaster/0"),
+    ],
+)
+def test_a_password_holding_an_at_sign_is_hidden_whole(text, shown):
+    """The password is read up to the last '@', as redis-py reads it: the
+    redacted form hides it up to there too, not only its first part."""
+    from streamer_core.redis_address import redact_url
+
+    address = RedisAddress.parse(text)
+    assert address.password == "p@ss"
+    for written in (str(address), repr(address), address.redacted, redact_url(text)):
+        assert "ss@" not in written and "p@ss" not in written, written
+    assert address.redacted == shown
+
+
 def test_the_password_is_in_no_message_and_no_repr():
     address = RedisAddress.parse("redis+sentinel://:hunter2@s1/mymaster/0?sentinel_password=hunter3")
     assert (address.password, address.sentinel_password) == ("hunter2", "hunter3")
