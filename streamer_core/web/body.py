@@ -159,7 +159,7 @@ def default_input(
     endpoint that takes many: the JSON array (or its key ``field``), else
     every value of the form field ``field``, else every file of it (``curl
     -F "file=@a.jpg" -F "file=@b.jpg"``)."""
-    has_body = (body.content_length or 0) > 0 or body.chunked
+    has_body = _has_body(body)
     check_media_type(body.media_type, has_body, forms=body.reads_form and field is not None)
     if is_json_type(body.media_type):
         return item_from_request(json_of(body.data(), loads), None, field)
@@ -172,12 +172,10 @@ def default_input(
             values = [read_upload(upload, field, max_bytes) for upload in _every(files, field)]
         if values:
             return values
-        if not fields and not files:
-            _no_parts(body, has_body)
+        _no_boundary(body, fields, files)
         return item_from_request(MISSING, fields, field, files, max_bytes)  # says what to send
     fields, files = _form(body) if body.media_type == "multipart/form-data" else body.parsed_form()
-    if not fields and not files:
-        _no_parts(body, has_body)
+    _no_boundary(body, fields, files)
     return item_from_request(MISSING, fields, field, files, max_bytes)
 
 
@@ -190,13 +188,12 @@ def upload_of(body: RequestBody, field: str, max_bytes: Optional[int]) -> bytes:
     a form without it a 400; a file over ``max_bytes`` a 413."""
     how = f'send the file as "{field}" of a multipart form: curl -F "{field}=@path"'
     if body.media_type != "multipart/form-data":
-        if (body.content_length or 0) > 0 or body.chunked:
+        if _has_body(body):
             kind = body.media_type or "a body with no Content-Type"
             raise UnsupportedMediaType(f"{kind} is not read here: {how}")
         raise InvalidInput(f"the request has no file: {how}")
     fields, files = _form(body)
-    if not fields and not files:
-        _no_parts(body, (body.content_length or 0) > 0 or body.chunked)
+    _no_boundary(body, fields, files)
     if field in files:
         return read_upload(files[field], field, max_bytes)
     if field in fields:
@@ -204,12 +201,18 @@ def upload_of(body: RequestBody, field: str, max_bytes: Optional[int]) -> bytes:
     raise InvalidInput(f'the form has no file "{field}": {how}')
 
 
-def _no_parts(body: RequestBody, has_body: bool) -> None:
-    """Say why a multipart body came out as no fields and no files where
-    the reason is plain: its Content-Type names no boundary, which every
-    parser reads as an empty form. Rather than "send the field", which the
-    client thinks it did."""
-    if body.media_type == "multipart/form-data" and has_body and not body.boundary():
+def _has_body(body: RequestBody) -> bool:
+    return (body.content_length or 0) > 0 or body.chunked
+
+
+def _no_boundary(body: RequestBody, fields: Mapping[str, Any], files: Mapping[str, Any]) -> None:
+    """Say why a multipart body came out as no ``fields`` and no ``files``
+    where the reason is plain: its Content-Type names no boundary, which
+    every parser reads as an empty form. Rather than "send the field",
+    which the client thinks it did."""
+    if fields or files or body.media_type != "multipart/form-data" or not _has_body(body):
+        return
+    if not body.boundary():
         raise InvalidInput(
             "the multipart body has no boundary: send Content-Type: multipart/form-data; boundary=... "
             '(curl -F "name=value" does)'
