@@ -97,3 +97,14 @@ def test_a_call_given_up_for_a_client_that_left_answers_499() -> None:
     from streamer_core.web.http import status_for
 
     assert status_for(concurrent.futures.CancelledError()) == 499
+
+
+def test_a_client_gone_before_its_body_arrived_answers_499_counted_cancelled() -> None:
+    """As a call given up for a client that left: no invalid input, no server error."""
+    from streamer_core.errors import ClientDisconnected
+    from streamer_core.stats import outcome_of
+    from streamer_core.web.http import error_response, status_for
+
+    gone = ClientDisconnected("the connection closed after 10 of the body's 100 bytes (its Content-Length)")
+    assert status_for(gone) == 499 and outcome_of(gone) == "cancelled"
+    assert error_response(gone)[1]["error"]["type"] == "ClientDisconnected"

@@ -127,6 +127,27 @@ def test_metrics_and_status_answer_soon_while_redis_is_frozen(
         os.kill(fault_broker.server.process.pid, signal.SIGCONT)
 
 
+def test_a_question_someone_waits_on_is_asked_once_for_a_second(broker: Broker) -> None:
+    """What the test above bounds loosely, exactly: the connection of
+    ``/metrics`` and the status commands waits ASK_TIMEOUT_S a command and
+    does not try again (a retry doubled every wait on a frozen Redis); the
+    serving connections keep their ten seconds and one retry."""
+    from streamer_core.backends.redis.connection import ASK_TIMEOUT_S, connect
+    from streamer_core.redis_address import RedisAddress
+
+    address = RedisAddress.of(broker.url)
+    asking, serving = connect(address, asking=True), connect(address)
+    try:
+        assert ASK_TIMEOUT_S == 1.0
+        assert asking.connection_pool.connection_kwargs["socket_timeout"] == ASK_TIMEOUT_S
+        assert asking.get_retry().get_retries() == 0
+        assert serving.connection_pool.connection_kwargs["socket_timeout"] == 10.0
+        assert serving.get_retry().get_retries() == 1
+    finally:
+        asking.close()
+        serving.close()
+
+
 def test_status_command_with_workers_up_and_down(
     broker: Broker, start_worker: Callable[..., ThreadWorker], make_streamer: Callable[..., Any]
 ) -> None:
