@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ class Deployment(NamedTuple):
     metrics: str
     model: str
     env: Dict[str, str]
+    loaded: str  # how a web process shows it has loaded the app: "log" (uWSGI's line) or "built" (its model's mark)
 
 
 def _deployments() -> Dict[str, Deployment]:
@@ -47,12 +49,12 @@ def _deployments() -> Dict[str, Deployment]:
             [uwsgi, "--http-socket", "127.0.0.1:{port}", "--module", "tests.flask.warm_app:create_app()",
              "--master", "--processes", "2", "--threads", "4", "--lazy-apps", "--need-app",
              "--disable-logging", "--die-on-term"],
-            "/marked", "/metrics", "marked", {"FLASK_STREAMER_METRICS_ROUTE": "/metrics"},
+            "/marked", "/metrics", "marked", {"FLASK_STREAMER_METRICS_ROUTE": "/metrics"}, "log",
         ),
         "django-uvicorn": Deployment(
             [sys.executable, "-m", "uvicorn", "tests.django.asgi:application", "--host", "127.0.0.1",
              "--port", "{port}", "--workers", "2", "--log-level", "warning"],
-            "/pid", "/ops/metrics", "pid", {"DJANGO_SETTINGS_MODULE": "tests.django.settings"},
+            "/pid", "/ops/metrics", "pid", {"DJANGO_SETTINGS_MODULE": "tests.django.settings"}, "built",
         ),
     }  # fmt: skip
 
@@ -88,17 +90,27 @@ class Server:
         request = urllib.request.Request(
             self.url(self.deployment.call), json.dumps({"x": x}).encode(), {"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             answer = json.loads(response.read())
         assert answer[0] in (x, {"x": x}), answer  # Django's view takes "x", Flask's route the whole body
         return int(answer[1])
 
+    def loaded(self, pid: int) -> bool:
+        """Whether the web process ``pid`` has loaded the app and takes
+        requests (uWSGI's ``--lazy-apps`` loads it in each after the fork)."""
+        if self.deployment.loaded == "log":
+            return re.search(rf"WSGI app 0 .* ready .* pid: {pid}\b", self.log.read_text(errors="replace")) is not None
+        return (self.folder / f"built-{pid}").exists()
+
     def calls_to(self, worker: int) -> set[int]:
-        """``ROUND`` calls, 4 at a time, every other web process stopped: the pids that answered."""
+        """``ROUND`` calls, 4 at a time, every other web process stopped
+        (seen stopped before the first is sent: one still running could
+        take a connection): the pids that answered."""
         others = [pid for pid in self.workers() if pid != worker]
         for other in others:
             os.kill(other, signal.SIGSTOP)
         try:
+            assert wait_for(lambda: all(_state(pid) == "T" for pid in others), 10), [_state(p) for p in others]
             with ThreadPoolExecutor(4) as pool:
                 return set(pool.map(self.call, range(1, ROUND + 1)))
         finally:
@@ -111,6 +123,14 @@ class Server:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``T``: stopped), from /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 def _cmdline(pid: int) -> bytes:
@@ -139,7 +159,8 @@ def test_several_web_processes_add_up_with_the_directory_set_by_hand(serve, name
     server = serve(name)
 
     def ready() -> bool:
-        if len(server.workers()) != 2:
+        workers = server.workers()
+        if len(workers) != 2 or not all(server.loaded(pid) for pid in workers):
             return False
         try:
             urllib.request.urlopen(server.url(server.deployment.metrics), timeout=5).close()
