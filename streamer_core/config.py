@@ -288,6 +288,14 @@ _TABLE = (
     Option("backend", "thread", _backend, "backend", "where the model runs: 'thread', 'process' or 'redis'"),
     Option("worker_num", 1, whole(1), "size", "worker processes per model (process and redis backends)"),
     Option(
+        "model_threads",
+        1,
+        whole(1),
+        "size",
+        "batches the model runs at once on the thread backend, each on a thread of its own, one copy of the model "
+        "shared: for a model safe to call from several threads (PyTorch's inference is)",
+    ),
+    Option(
         "cuda_devices",
         None,
         devices_checked,

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..batching import Scheduler, _Item, deliver, live_items
-from ..config import BatchingConfig, BatchingOptions, default, shown_device
+from ..config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
 from ..runner import BatchRun, run_batch
@@ -28,10 +28,24 @@ if TYPE_CHECKING:
 __all__ = ["ThreadedStreamer"]
 
 
+class _Lane:
+    """One of the model's threads and the batches handed to it: the one it
+    runs and, under load, the next (see :class:`Scheduler`)."""
+
+    __slots__ = ("inbox", "held", "thread")
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
+        self.held = 0  # batches handed to this thread and not finished
+        self.thread: Optional[threading.Thread] = None
+
+
 class _ThreadBackend(Backend):
     name = "thread"
 
-    def __init__(self, predict: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig, name: str) -> None:
+    def __init__(
+        self, predict: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig, name: str, threads: int = 1
+    ) -> None:
         self._predict = predict
         self._isolate = config.isolate_errors
         self._oom_errors = config.oom_errors
@@ -40,31 +54,46 @@ class _ThreadBackend(Backend):
         self._facts: Optional[BatchFacts] = None
         if config.tracing:
             self._facts = BatchFacts(name, "thread", "thread", model_facts(predict, None).device)
-        self._inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
-        self._thread = background(self._loop, "streamer-thread-model")
+        # One lane per model thread, each a slot of the scheduler's: a batch
+        # goes to a thread holding as many batches as the scheduler counted
+        # for the slot it chose.
+        self._lanes = [_Lane() for _ in range(threads)]
+        for i, lane in enumerate(self._lanes):
+            lane.thread = background(self._loop, "streamer-thread-model" + (f"-{i}" if i else ""), (lane,))
         self._scheduler: Optional[Scheduler] = None
-        self._held = 0  # batches handed to the model thread and not finished
-        self._held_lock = threading.Lock()
+        self._lock = threading.Lock()  # the lanes' held counts
 
     def start(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
-        self._thread.start()
-        scheduler.add_slot()
+        for lane in self._lanes:
+            assert lane.thread is not None
+            lane.thread.start()
+            scheduler.add_slot()
 
     def run(self, items: List[_Item], held: int) -> None:
-        with self._held_lock:
-            self._held += 1
-        self._inbox.put(items)
+        with self._lock:
+            lane = next((lane for lane in self._lanes if lane.held == held), None)
+            if lane is not None:
+                lane.held += 1
+        if lane is None:
+            # The thread counted on finished a batch after this one was
+            # formed and before it came here: the scheduler counts it anew
+            # and hands the items out again, first.
+            assert self._scheduler is not None
+            self._scheduler.batch_returned(items, held)
+            return
+        lane.inbox.put(items)
 
-    def _finished_one(self) -> int:
-        with self._held_lock:
-            self._held -= 1
-            return self._held
+    def _finished_one(self, lane: _Lane) -> int:
+        with self._lock:
+            lane.held -= 1
+            return lane.held
 
-    def _loop(self) -> None:
+    def _loop(self, lane: _Lane) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
-        predict, isolate, oom_errors, inbox = _off_the_hub(self._predict), self._isolate, self._oom_errors, self._inbox
+        predict = _off_the_hub(self._predict, len(self._lanes))
+        isolate, oom_errors, inbox = self._isolate, self._oom_errors, lane.inbox
         stats, facts = scheduler.stats, self._facts
         while True:
             items = inbox.get()
@@ -72,7 +101,7 @@ class _ThreadBackend(Backend):
                 return
             items = live_items(items, stats)  # given up while waiting for this thread
             if not items:
-                scheduler.batch_done(0, 0.0, self._finished_one())
+                scheduler.batch_done(0, 0.0, self._finished_one(lane))
                 continue
             started = time.monotonic()
             try:
@@ -86,7 +115,7 @@ class _ThreadBackend(Backend):
                 logger.exception("the model raised %r outside of its error isolation", exc)
                 outcomes = [(False, _ended(exc))] * len(items)
             seconds = time.monotonic() - started
-            scheduler.batch_done(len(items), seconds, self._finished_one())
+            scheduler.batch_done(len(items), seconds, self._finished_one(lane))
             if stats is not None:
                 levels = [item.level for item in items] if stats.levels else None
                 stats.batch_ran(started, seconds, [item.arrival for item in items], levels)
@@ -104,17 +133,26 @@ class _ThreadBackend(Backend):
         return run
 
     def workers_now(self) -> int:
-        return int(self._thread.is_alive())
+        return sum(1 for lane in self._lanes if lane.thread is not None and lane.thread.is_alive())
 
     def workers_by_device(self) -> Dict[str, int]:
-        return {shown_device(None): self.workers_now()}  # the model's thread, on whichever device it chose
+        return {shown_device(None): self.workers_now()}  # the model's threads, on whichever device it chose
 
     def stop(self, deadline: float) -> None:
-        self._inbox.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        for lane in self._lanes:
+            lane.inbox.put(None)
+        current = threading.current_thread()
+        left = 0
+        for lane in self._lanes:
+            thread = lane.thread
+            assert thread is not None
+            if thread is not current:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            left += thread.is_alive()
+        if left == 1:
             logger.warning("the model thread is still inside the model; it is left to finish on its own")
+        elif left:
+            logger.warning("%d model threads are still inside the model; they are left to finish on their own", left)
 
 
 def _ended(exc: BaseException) -> BaseException:
@@ -130,20 +168,30 @@ def _ended(exc: BaseException) -> BaseException:
     return error
 
 
-def _off_the_hub(predict: Callable[[List[Any]], Sequence[Any]]) -> Callable[[List[Any]], Sequence[Any]]:
+#: Threads of gevent's pool left to gevent's own calls (its resolver) beside the model's.
+_GEVENT_OWN_THREADS = 4
+
+
+def _off_the_hub(
+    predict: Callable[[List[Any]], Sequence[Any]], threads: int = 1
+) -> Callable[[List[Any]], Sequence[Any]]:
     """Under gevent's ``monkey.patch_all()`` the model "thread" is a greenlet,
     so a model call that computes (rather than sleeps) would stop the hub and
     every request with it. Run the calls on a real thread of gevent's pool
     instead; the greenlet waits cooperatively. What the model raises comes
     back as a value and is raised in the greenlet: raised on the pool's
     thread, gevent would also print its traceback to stderr, one for every
-    bad input a client sends."""
+    bad input a client sends. The pool grows to hold the model's
+    ``threads`` beside the few gevent keeps for its own (name lookups), so
+    the batches run at once as many as asked."""
     monkey = sys.modules.get("gevent.monkey")
     if monkey is None or not monkey.is_module_patched("threading"):
         return predict
     import gevent
 
     pool = gevent.get_hub().threadpool
+    if pool.maxsize < threads + _GEVENT_OWN_THREADS:
+        pool.maxsize = threads + _GEVENT_OWN_THREADS
 
     def caught(batch: List[Any]) -> Tuple[Optional[BaseException], Any]:
         try:
@@ -176,6 +224,14 @@ class ThreadedStreamer(BaseStreamer):
     default is in :data:`streamer_core.config.OPTIONS`); ``name`` is the
     model's name in :meth:`stats` and the metrics (default the function's).
 
+    ``model_threads`` (default 1) runs that many batches at once, each on a
+    thread of its own, calling the one ``predict_function``: for a model
+    safe to call from several threads, as PyTorch's inference is. On a GPU
+    one batch's tokenizing and copying then overlap another's forward pass;
+    on a CPU, give each batch its share of the cores
+    (``torch.set_num_threads(cores // model_threads)``), which a busy web
+    process disturbs less than one batch spread over every core.
+
     Same signature as service_streamer's ``ThreadedStreamer``.
     """
 
@@ -186,9 +242,10 @@ class ThreadedStreamer(BaseStreamer):
         max_latency: float = default("max_latency"),
         *,
         name: Optional[str] = None,
+        model_threads: int = default("model_threads"),
         **options: Unpack[BatchingOptions],
     ) -> None:
-        self._start_on(predict_function, BatchingConfig(batch_size, max_latency, **options), name)
+        self._start_on(predict_function, BatchingConfig(batch_size, max_latency, **options), name, model_threads)
 
     @classmethod
     def from_config(
@@ -197,16 +254,22 @@ class ThreadedStreamer(BaseStreamer):
         config: BatchingConfig,
         *,
         name: Optional[str] = None,
+        model_threads: int = default("model_threads"),
     ) -> ThreadedStreamer:
         """A streamer of ``config``, a :class:`BatchingConfig` made (and so
         checked) already: what the Flask and Django layers make from their settings."""
         streamer = cls.__new__(cls)
-        streamer._start_on(predict_function, config, name)
+        streamer._start_on(predict_function, config, name, model_threads)
         return streamer
 
     def _start_on(
-        self, predict_function: Callable[[List[Any]], Sequence[Any]], config: BatchingConfig, name: Optional[str]
+        self,
+        predict_function: Callable[[List[Any]], Sequence[Any]],
+        config: BatchingConfig,
+        name: Optional[str],
+        model_threads: int,
     ) -> None:
+        threads = OPTIONS["model_threads"].checked(model_threads)
         predict = predict_function  # as given: the checks below narrow the name they test
         if isinstance(predict_function, type) and issubclass(predict_function, ManagedModel):
             raise TypeError(
@@ -216,6 +279,6 @@ class ThreadedStreamer(BaseStreamer):
         if not callable(predict_function):
             raise TypeError(f"predict_function must be callable (a function taking a list), got {predict_function!r}")
         shown = callable_name(predict) if name is None else name
-        super().__init__(config, lambda: _ThreadBackend(predict, config, self.name), name=shown)
+        super().__init__(config, lambda: _ThreadBackend(predict, config, self.name, threads), name=shown)
         facts = model_facts(predict, None)
-        logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency))
+        logger.info("thread backend: %s", ready_line(facts, config.batch_size, config.max_latency, threads))
