@@ -12,8 +12,8 @@ django_streamer.E001    ``STREAMER`` is missing or not a dict; ``MODELS`` is mis
 django_streamer.E002    ``BACKEND`` is not ``"thread"``, ``"process"`` or ``"redis"``
 django_streamer.E003    ``MODEL`` is missing, does not import, or is neither a
                         ManagedModel subclass nor a function taking a list
-django_streamer.E004    ``BATCH_SIZE``, ``WORKER_NUM`` or ``MAX_QUEUE`` is not a whole
-                        number >= 1
+django_streamer.E004    ``BATCH_SIZE``, ``WORKER_NUM``, ``MODEL_THREADS`` or ``MAX_QUEUE``
+                        is not a whole number >= 1
 django_streamer.E005    ``MAX_LATENCY`` (>= 0) or ``TIMEOUT`` (> 0) is not a number
                         of seconds of at most a day (86400)
 django_streamer.E006    ``CUDA_DEVICES`` is not a list of device indexes or GPU UUIDs
@@ -22,7 +22,8 @@ django_streamer.E007    the redis backend without ``REDIS_URL``, or a malformed 
 django_streamer.E008    an unknown key in ``STREAMER`` or in a model's entry (a typo)
 django_streamer.E009    another option is wrong: ``PREFIX``, ``CODEC``, ``INIT_ARGS``,
                         ``INIT_KWARGS``, ``ITEM_COST``, ``MAX_BATCH_COST``,
-                        ``BATCH_COST``
+                        ``BATCH_COST``; ``MODEL_THREADS`` above 1 on the process or
+                        redis backend
 django_streamer.E010    a batched view names a model that ``STREAMER["MODELS"]`` lacks
 django_streamer.E011    a batched view's ``priority`` is not a level of its model, or
                         its ``priority_header`` is on a model of one level

@@ -7,6 +7,7 @@ setting                            default         meaning
 ``STREAMER_BATCH_SIZE``            ``64``          the most inputs in one model call
 ``STREAMER_MAX_LATENCY``           ``0.1``         seconds the oldest input may wait for companions
 ``STREAMER_WORKER_NUM``            ``1``           worker processes per route (process, redis)
+``STREAMER_MODEL_THREADS``         ``1``           batches run at once on the thread backend (one model)
 ``STREAMER_CUDA_DEVICES``          ``None``        e.g. ``[0, 1]`` or ``"0,1"``: worker i gets devices[i % n]
 ``STREAMER_REDIS_URL``             ``None``        e.g. ``"redis://127.0.0.1:6379/0"``; required for redis
 ``STREAMER_PREFIX``                ``app.name``    names this app's Redis keys (web and workers agree)

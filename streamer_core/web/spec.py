@@ -39,6 +39,7 @@ MODEL_SETTINGS: Tuple[str, ...] = (
     "batch_size",
     "max_latency",
     "worker_num",
+    "model_threads",
     "cuda_devices",
     "redis_url",
     "prefix",
@@ -86,6 +87,7 @@ class ModelSpec:
     backend: str
     config: BatchingConfig
     worker_num: int
+    model_threads: int
     cuda_devices: Optional[Tuple[DeviceId, ...]]
     redis_url: Optional[RedisAddress]
     prefix: str
@@ -141,6 +143,17 @@ class ModelSpec:
                     "redis_url",
                     f"{written_as('redis_url')} must be set for the redis backend, e.g. 'redis://127.0.0.1:6379/0' "
                     f"({ADDRESS_FORMS})",
+                )
+            )
+        if kept.get("backend") in ("process", "redis") and kept.get("model_threads", 1) > 1:
+            # A setting that would do nothing is a mistake to say at once.
+            problems.append(
+                Problem(
+                    "model_threads",
+                    "option",
+                    f"{written_as('model_threads')} is the thread backend's: the {kept['backend']} backend runs "
+                    f"{written_as('worker_num')} worker processes instead; set that, or leave "
+                    f"{written_as('model_threads')} at 1",
                 )
             )
         if not problems and kept.get("backend") == "process" and _local(model):
@@ -202,7 +215,7 @@ class ModelSpec:
                     "or redis backend)",
                     self.name or callable_name(self.model),
                 )
-            return ThreadedStreamer.from_config(predict, config, name=name)
+            return ThreadedStreamer.from_config(predict, config, name=name, model_threads=self.model_threads)
         if self.backend == "process":
             return Streamer.from_config(
                 self.model,

@@ -82,6 +82,8 @@ def model_status(spec: ModelSpec, worker_command: str = "streamer-worker") -> Mo
     }
     if spec.backend == "process":
         settings["worker_num"] = spec.worker_num
+    if spec.backend == "thread" and spec.model_threads > 1:
+        settings["model_threads"] = spec.model_threads
     if config.shapes_by_cost:
         settings.update(max_batch_cost=config.max_batch_cost, batch_cost=config.batch_cost)
     if config.priority_levels > 1:

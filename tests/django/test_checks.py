@@ -95,6 +95,7 @@ def test_e003_a_model_entry_without_model(streamer_settings):
         ("BATCH_SIZE", 2.5),
         ("BATCH_SIZE", True),
         ("WORKER_NUM", 0),
+        ("MODEL_THREADS", 0),
         ("MAX_QUEUE", 0),
         ("MAX_QUEUE", "10"),
     ],
@@ -181,6 +182,8 @@ def test_e008_unknown_keys_with_did_you_mean(streamer_settings):
         ({"MAX_BATCH_COST": 0}, {}),
         ({}, {"MAX_BATCH_COST": "big"}),
         ({"BATCH_COST": "mean"}, {}),
+        ({"BACKEND": "process", "MODEL_THREADS": 2}, {}),
+        ({"MODEL_THREADS": 2}, {"BACKEND": "redis", "REDIS_URL": "redis://127.0.0.1:6379/0"}),
     ],
 )
 def test_e009_other_options(streamer_settings, entry, top):

@@ -202,3 +202,18 @@ def test_status_command_answers_json_when_it_cannot_ask(streamer_settings: Any) 
     report = json.loads(out.getvalue())
     assert report["ok"] is False and report["models"] == {}
     assert any("['BATCH_SIZE'] must be a whole number >= 1, got 0" in line for line in report["errors"]), report
+
+
+def test_status_command_says_a_thread_backend_s_model_threads(streamer_settings: Any) -> None:
+    streamer_settings(
+        models={
+            "double": {"MODEL": "tests.django.batch_models.double", "MODEL_THREADS": 2},
+            "single": {"MODEL": "tests.django.batch_models.double"},
+        }
+    )
+    out = io.StringIO()
+    call_command("streamer_status", stdout=out)
+    text = out.getvalue()
+    double, single = text.splitlines()
+    assert double.startswith("double [thread] ok: ") and double.endswith(", model_threads=2"), text
+    assert single.startswith("single [thread] ok: ") and "model_threads" not in single, text

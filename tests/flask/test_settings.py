@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,12 @@ def test_an_app_without_settings_runs_with_the_defaults(make_app):
         ({"STREAMER_MAX_BATCH_COST": 0}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
         ({"STREAMER_MAX_BATCH_COST": "1024"}, "STREAMER_MAX_BATCH_COST", "finite number > 0"),
         ({"STREAMER_BATCH_COST": "mean"}, "STREAMER_BATCH_COST", "'max' (length times the costliest input"),
+        ({"STREAMER_MODEL_THREADS": 0}, "STREAMER_MODEL_THREADS", "whole number >= 1"),
+        (
+            {"STREAMER_BACKEND": "process", "STREAMER_MODEL_THREADS": 2},
+            "STREAMER_MODEL_THREADS",
+            "the process backend runs STREAMER_WORKER_NUM worker processes instead",
+        ),
     ],
 )
 def test_a_bad_setting_fails_init_app_naming_it_and_the_fix(make_app, config, setting, hint):
@@ -628,3 +635,25 @@ def test_the_thread_backend_says_which_devices_of_a_managed_model_it_leaves(
         assert line.startswith("env: the thread backend runs one copy of the model, on device 0"), line
     else:
         assert said == []
+
+
+def test_model_threads_from_the_settings_and_a_route_run_its_batches_at_once(make_app, pool):
+    """``STREAMER_MODEL_THREADS`` gives every thread-backend route that many
+    model threads, a route's ``model_threads`` its own: each batch here
+    waits until as many run beside it."""
+    app, streamer = make_app({"STREAMER_MODEL_THREADS": 2, "STREAMER_BATCH_SIZE": 1, "STREAMER_MAX_LATENCY": 0})
+    barriers = {"pairs": threading.Barrier(2, timeout=5), "triples": threading.Barrier(3, timeout=5)}
+
+    def model(name: str):
+        def predict(batch):
+            barriers[name].wait()
+            return [x * 2 for x in batch]
+
+        return predict
+
+    streamer.add_batched_route("/pairs", "pairs", model("pairs"))
+    streamer.add_batched_route("/triples", "triples", model("triples"), model_threads=3)
+    assert (spec_of(app, "pairs").model_threads, spec_of(app, "triples").model_threads) == (2, 3)
+    for path, n in (("/pairs", 2), ("/triples", 3)):
+        answers = [pool.submit(lambda i=i, path=path: app.test_client().post(path, json=i)) for i in range(n)]
+        assert [a.result(10).get_json() for a in answers] == [2 * i for i in range(n)]
