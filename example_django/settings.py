@@ -7,6 +7,7 @@ STREAMER_BACKEND          thread                        thread, process or redis
 STREAMER_REDIS_URL        redis://127.0.0.1:6379/0      used by the redis backend
 STREAMER_PREFIX           example_django                names the Redis keys
 STREAMER_WORKER_NUM       1                             worker processes (process, redis)
+STREAMER_MODEL_THREADS    2 (thread), else 1            batches of each model at once (thread)
 STREAMER_CUDA_DEVICES     (none)                        e.g. 0,1: worker i gets devices[i % n]
 STREAMER_BATCH_SIZE       64                            most sentences per model call
 STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits for companions
@@ -79,8 +80,14 @@ EMBEDDING_MODEL = os.environ.get("EMBEDDING_MODEL", DEFAULT_MODEL)
 EMBEDDING_PRECISION = os.environ.get("EMBEDDING_PRECISION", "auto")
 IMAGE_MODEL = os.environ.get("IMAGE_MODEL", DEFAULT_IMAGE_MODEL)
 
+_BACKEND = os.environ.get("STREAMER_BACKEND", "thread")
+# Two batches of each model at once on the thread backend, each with half of
+# torch's threads on a CPU (example_flask.embedding.share_cpu); the process
+# and redis backends run STREAMER_WORKER_NUM processes instead.
+_MODEL_THREADS = _number("STREAMER_MODEL_THREADS", 2 if _BACKEND == "thread" else 1)
+
 STREAMER = {
-    "BACKEND": os.environ.get("STREAMER_BACKEND", "thread"),
+    "BACKEND": _BACKEND,
     "REDIS_URL": os.environ.get("STREAMER_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "PREFIX": os.environ.get("STREAMER_PREFIX", "example_django"),
     "MODELS": {
@@ -97,7 +104,12 @@ STREAMER = {
             "MAX_BATCH_COST": _number("STREAMER_MAX_BATCH_COST", 1024),
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
-            "INIT_KWARGS": {"model_name": EMBEDDING_MODEL, "precision": EMBEDDING_PRECISION},
+            "MODEL_THREADS": _MODEL_THREADS,
+            "INIT_KWARGS": {
+                "model_name": EMBEDDING_MODEL,
+                "precision": EMBEDDING_PRECISION,
+                "batches_at_once": _MODEL_THREADS,
+            },
         },
         "classify": {
             # example_flask's /classify model, the same module: EfficientNet-Lite0.
@@ -107,7 +119,8 @@ STREAMER = {
             "MAX_LATENCY": 0.01,
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
-            "INIT_KWARGS": {"model_name": IMAGE_MODEL},
+            "MODEL_THREADS": _MODEL_THREADS,
+            "INIT_KWARGS": {"model_name": IMAGE_MODEL, "batches_at_once": _MODEL_THREADS},
         },
     },
 }

@@ -136,6 +136,32 @@ def resolve_precision(precision: str, device: str, amx: bool) -> str:
     return "bfloat16" if device.split(":")[0] == "cpu" and amx else "float32"
 
 
+#: torch's threads before :func:`share_cpu` first divided them: what each
+#: later call divides again, so two models calling it divide once.
+_TORCH_THREADS: Optional[int] = None
+
+
+def share_cpu(device: str, batches_at_once: int) -> None:
+    """Where a model computes on the CPU and the thread backend runs
+    ``batches_at_once`` of its batches at once (``model_threads``), give each
+    batch its share of torch's threads: ``threads // batches_at_once``, at
+    least one. Spread over every core, one batch waits at each of its
+    operations for the slowest of its threads, and a busy web process beside
+    it makes one of them slow: the Flask example on 2 cores answered 10%
+    more requests with two batches of one thread each than with one batch
+    of two (bench/README.md, issue #41). torch's threads are the process's:
+    every model of it gets the same share, as each runs as many batches at
+    once (the examples give both of theirs the same ``model_threads``)."""
+    global _TORCH_THREADS
+    if batches_at_once <= 1 or device.split(":")[0] != "cpu":
+        return
+    import torch
+
+    if _TORCH_THREADS is None:
+        _TORCH_THREADS = torch.get_num_threads()
+    torch.set_num_threads(max(1, _TORCH_THREADS // batches_at_once))
+
+
 def cpu_has_amx() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in AMX tiles (Intel
     Sapphire Rapids and later), as torch sees it."""
@@ -349,10 +375,18 @@ class SentenceEmbedder(ManagedModel):
     on the thread backend) loads its own copy on its own device."""
 
     def init_model(
-        self, model_name: str = DEFAULT_MODEL, device: Optional[str] = None, precision: str = "auto"
+        self,
+        model_name: str = DEFAULT_MODEL,
+        device: Optional[str] = None,
+        precision: str = "auto",
+        batches_at_once: int = 1,
     ) -> None:
+        """Load the model (see :func:`load_sentence_model`); on the CPU,
+        with ``batches_at_once`` (the streamer's ``model_threads``) above 1,
+        share torch's threads among the batches (:func:`share_cpu`)."""
         show_logs()  # a spawned worker's own: the line naming the precision
         self.model = load_sentence_model(model_name, device, precision)
+        share_cpu(str(self.model.device), batches_at_once)
 
     @property
     def device(self) -> str:

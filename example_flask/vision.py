@@ -253,8 +253,15 @@ class ImageClassifier(ManagedModel):
     """The classifier as a ManagedModel: each worker process (or the web
     process, on the thread backend) loads its own copy on its own device."""
 
-    def init_model(self, model_name: str = DEFAULT_IMAGE_MODEL, device: Optional[str] = None) -> None:
+    def init_model(
+        self, model_name: str = DEFAULT_IMAGE_MODEL, device: Optional[str] = None, batches_at_once: int = 1
+    ) -> None:
+        """Load the model; on the CPU, share torch's threads among the
+        ``batches_at_once`` batches run at once (``share_cpu``)."""
+        from .embedding import share_cpu
+
         self.model = load_image_model(model_name, device)
+        share_cpu(self.device, batches_at_once)
 
     @property
     def device(self) -> str:

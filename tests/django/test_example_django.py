@@ -162,6 +162,13 @@ def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path
     result = _manage("check", env=dict(env, STREAMER_BACKEND="redis", STREAMER_BATCH_SIZE="lots"), cwd=tmp_path)
     assert result.returncode == 1
     assert "django_streamer.E004" in result.stderr and "['BATCH_SIZE'] must be a whole number" in result.stderr
+    # Two batches of each model at once on the thread backend; the process
+    # backend's workers one each, its default passing the checks.
+    result = _manage("streamer_status", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ["model_threads=2" in line for line in result.stdout.splitlines()] == [True, True], result.stdout
+    result = _manage("check", env=dict(env, STREAMER_BACKEND="process"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
 
 
 def _manage(*args: str, env: Dict[str, str], cwd: Any) -> Any:

@@ -350,3 +350,41 @@ def test_the_example_serves_metrics_and_probes(app):
     text = client.get("/metrics").text
     assert 'streamer_requests_total{model="stream",outcome="ok"}' in text
     assert 'streamer_batch_size_count{model="stream"}' in text
+
+
+def test_the_example_runs_two_batches_of_each_model_at_once_on_the_thread_backend(app):
+    from example_flask import embedding
+    from tests.flask.conftest import spec_of
+
+    assert spec_of(app, "stream").model_threads == 2 and spec_of(app, "classify").model_threads == 2
+    assert app.test_client().post("/stream", json={"s": "hello"}).status_code == 200
+    assert app.extensions["streamer"].extension.get_streamer("stream", app).stats().workers_live == 2
+    # Each batch has half of torch's threads (at least one).
+    import torch
+
+    assert embedding._TORCH_THREADS is not None
+    assert torch.get_num_threads() == max(1, embedding._TORCH_THREADS // 2)
+
+
+def test_the_example_on_the_other_backends_runs_one_batch_per_worker():
+    from tests.flask.conftest import spec_of
+
+    app = create_app({"STREAMER_BACKEND": "process"})
+    assert spec_of(app, "stream").model_threads == 1
+    with pytest.raises(ValueError, match="STREAMER_MODEL_THREADS is the thread backend's"):
+        create_app({"STREAMER_BACKEND": "process", "STREAMER_MODEL_THREADS": 2})
+
+
+def test_share_cpu_divides_torch_s_threads_once_and_only_on_the_cpu():
+    script = (
+        "import torch; from example_flask.embedding import share_cpu\n"
+        "torch.set_num_threads(4); share_cpu('cuda:0', 2); a = torch.get_num_threads()\n"
+        "share_cpu('cpu', 1); b = torch.get_num_threads()\n"
+        "share_cpu('cpu', 2); c = torch.get_num_threads()\n"
+        "share_cpu('cpu', 2); d = torch.get_num_threads()\n"
+        "share_cpu('cpu', 8); e = torch.get_num_threads()\n"
+        "print(a, b, c, d, e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4", "4", "2", "2", "1"]
