@@ -16,20 +16,21 @@ views: ``gthread``, threads enough for every connection), and wrk sends
 ``--duration`` seconds after ``--warmup``; the deployments run one after another, ``--repeat`` times,
 interleaved:
 
-==================  ==========================================================
-``ours-thread``     example_flask, the thread backend (a model per web process)
-``ours-process``    example_flask, the process backend (``--model-workers`` spawned per web process)
-``ours-redis``      example_flask on Redis, ``--model-workers`` workers of ``flask streamer run-workers``
-``ss-thread``       service_streamer's ThreadedStreamer in a plain Flask view
-``ss-process``      service_streamer's Streamer (spawned workers) in that view
-``ss-redis``        service_streamer's RedisStreamer in that view, its own Redis workers
-``naive``           example_flask's ``/naive``: the model called once per request
-``django-thread``   example_django, the thread backend, gunicorn (named with ``--variants`` only)
-``django-asgi``     example_django, the thread backend, uvicorn, async views (``/astream``)
-``mosec``           mosec 0.9.8: one Worker process seeing whole batches (``bench/peers/mosec_server.py``)
-``litserve``        LitServe 0.2.19: a LitAPI with batching (``bench/peers/litserve_server.py``)
-``infinity``        infinity-emb 0.0.78: ``infinity_emb v2``, the torch engine on the CPU (real model only)
-==================  ==========================================================
+======================  ==========================================================
+``ours-thread``         example_flask, the thread backend (a model per web process, two batches at once)
+``ours-thread-1batch``  the same, one batch at a time (``STREAMER_MODEL_THREADS=1``; named with ``--variants`` only)
+``ours-process``        example_flask, the process backend (``--model-workers`` spawned per web process)
+``ours-redis``          example_flask on Redis, ``--model-workers`` workers of ``flask streamer run-workers``
+``ss-thread``           service_streamer's ThreadedStreamer in a plain Flask view
+``ss-process``          service_streamer's Streamer (spawned workers) in that view
+``ss-redis``            service_streamer's RedisStreamer in that view, its own Redis workers
+``naive``               example_flask's ``/naive``: the model called once per request
+``django-thread``       example_django, the thread backend, gunicorn (named with ``--variants`` only)
+``django-asgi``         example_django, the thread backend, uvicorn, async views (``/astream``)
+``mosec``               mosec 0.9.8: one Worker process seeing whole batches (``bench/peers/mosec_server.py``)
+``litserve``            LitServe 0.2.19: a LitAPI with batching (``bench/peers/litserve_server.py``)
+``infinity``            infinity-emb 0.0.78: ``infinity_emb v2``, the torch engine on the CPU (real model only)
+======================  ==========================================================
 
 Each ``ours-*`` deployment and ``django-thread`` also runs under granian (a
 Rust HTTP server, ``--interface wsgi``, ``--threads`` blocking threads per
@@ -114,6 +115,9 @@ DJANGO_VARIANTS = ("django-thread", "django-asgi")
 #: Not run unless named (``peers`` names all three): other serving
 #: frameworks on the same model and load, each from a venv of its own.
 PEER_VARIANTS = ("mosec", "litserve", "infinity")
+#: Not run unless named: the Flask example on the thread backend running one
+#: batch at a time (``STREAMER_MODEL_THREADS=1``), beside its default of two.
+ONE_BATCH_VARIANTS = ("ours-thread-1batch",)
 #: The deployments that run under granian instead of gunicorn when named with this suffix.
 GRANIAN = "-granian"
 GRANIAN_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "django-thread")
@@ -220,6 +224,8 @@ class Deployment:
         elif variant.startswith("ours") or variant == "naive":
             backend = variant.split("-")[1] if variant != "naive" else "thread"
             env.update(FLASK_STREAMER_BACKEND=backend, FLASK_STREAMER_WORKER_NUM=str(args.model_workers))
+            if variant in ONE_BATCH_VARIANTS:
+                env["FLASK_STREAMER_MODEL_THREADS"] = "1"
             if args.devices:
                 env["FLASK_STREAMER_CUDA_DEVICES"] = json.dumps(args.devices)
             if self.redis is not None:
@@ -617,7 +623,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     unfit = [v for v in args.variants if v not in IMAGE_VARIANTS]
     if args.images and unfit:
         parser.error(f"--images serves {', '.join(IMAGE_VARIANTS)}; not {', '.join(unfit)}")
-    known = VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
+    known = (
+        VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS + ONE_BATCH_VARIANTS + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
+    )
     unknown = set(args.variants) - set(known)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(known)}; peers: mosec, litserve, infinity")
