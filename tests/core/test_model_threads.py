@@ -63,11 +63,12 @@ def test_never_more_batches_at_once_than_threads(closing) -> None:
     assert most == 3
     # Every thread is free again: a lone call goes at once, not after the
     # queue's wait for companions.
-    slow = closing(ThreadedStreamer(predict, batch_size=64, max_latency=2.0, model_threads=3))
+    slow = closing(ThreadedStreamer(predict, batch_size=64, max_latency=5.0, model_threads=3))
     assert _answer_all(slow, 400, callers=48) == [[i + 1] for i in range(400)]
+    time.sleep(0.2)  # no caller just answered is on its way back
     started = time.monotonic()
     assert slow.predict([7]) == [8]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 1.5
 
 
 def test_a_batch_for_a_thread_that_finished_meanwhile_goes_back_to_the_queue() -> None:
@@ -129,11 +130,20 @@ def test_close_stops_every_thread_and_says_which_are_still_inside(caplog) -> Non
     assert any("2 model threads are still inside the model" in r.getMessage() for r in caplog.records)
     for call in calls:
         call.exception(timeout=10)
+    # Free threads each end at once: none is left waiting for a batch.
+    before = set(threading.enumerate())
     free = ThreadedStreamer(lambda batch: batch, batch_size=1, max_latency=0.0, model_threads=3)
     assert free.predict([1]) == [1]
     assert free.stats().workers_live == 3
-    free.close(timeout=5)
-    assert free.stats().workers_live == 0
+    mine = [t for t in set(threading.enumerate()) - before if t.name.startswith("streamer-thread-model")]
+    assert len(mine) == 3, mine
+    caplog.clear()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="streamer_core"):
+        free.close(timeout=5)
+    assert time.monotonic() - started < 2.0
+    assert not [t for t in mine if t.is_alive()]
+    assert not any("inside the model" in r.getMessage() for r in caplog.records)
 
 
 def test_the_ready_line_says_how_many_batches_at_once(closing, caplog) -> None:

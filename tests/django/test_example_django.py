@@ -9,6 +9,7 @@ import asyncio
 import importlib
 import json
 import math
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -298,3 +299,10 @@ def test_a_permission_refused_is_a_json_403_through_the_examples_handler() -> No
     response = handler(RequestFactory().get("/stream"), exception=PermissionDenied())
     assert response.status_code == 403 and response["Content-Type"] == "application/json"
     assert json.loads(response.content)["error"]["type"] == "Forbidden"
+
+
+def test_each_model_of_the_example_divides_torch_s_threads_by_its_model_threads() -> None:
+    settings = importlib.import_module("example_django.settings")
+    expected = 2 if os.environ.get("STREAMER_BACKEND", "thread") == "thread" else 1
+    for name, entry in settings.STREAMER["MODELS"].items():
+        assert entry["MODEL_THREADS"] == entry["INIT_KWARGS"]["batches_at_once"] == expected, name
