@@ -39,6 +39,10 @@ logger = logging.getLogger("streamer_core.redis")
 #: one must have been idle (at least; 30 times ``claim_after`` if longer) to go.
 SWEEP_EVERY_S = 60.0
 SWEEP_IDLE_S = 60.0
+#: A worker taking over a dead one's requests names the first, then says how
+#: many more it took at most this often (seconds) and once none are left: a
+#: worker that died holding a thousand requests is not a thousand log lines.
+TAKEOVER_SAID_EVERY_S = 10.0
 
 
 class Input:
@@ -137,6 +141,8 @@ class Intake:
         self._group_ready = False
         self._next_claim = 0.0
         self._next_sweep = 0.0
+        self._taken_unsaid: List[bytes] = []  # taken over since the last line saying so
+        self._next_said = 0.0
         #: The requests streams read, one per priority level, the highest first.
         self.streams = keys.request_streams(levels)
 
@@ -254,7 +260,9 @@ class Intake:
             if not accepted:
                 continue  # expired or malformed, and acked away
             held = accepted[0]
-            logger.warning("took over request %s from a worker that stopped answering", entry_id.decode())
+            self._taken_unsaid.append(entry_id)
+            if time.monotonic() >= self._next_said:
+                self._say_taken()
             if crashes < self._max_item_crashes:
                 self._next_claim = time.monotonic()  # there may be more: take the next one after it
                 return held
@@ -266,7 +274,23 @@ class Intake:
                 ),
             )
         self._next_claim = now + self._claim_after / 2  # none left: look again later
+        if self._taken_unsaid:
+            self._say_taken()
         return None
+
+    def _say_taken(self) -> None:
+        """Log the requests taken over since the last such line: the one by
+        its id, more by their count and the last one's id."""
+        taken, self._taken_unsaid = self._taken_unsaid, []
+        self._next_said = time.monotonic() + TAKEOVER_SAID_EVERY_S
+        if len(taken) == 1:
+            logger.warning("took over request %s from a worker that stopped answering", taken[0].decode())
+        else:
+            logger.warning(
+                "took over %d more requests from workers that stopped answering (the last %s)",
+                len(taken),
+                taken[-1].decode(),
+            )
 
     def _sweep_consumers(self) -> None:
         """Remove consumers of dead workers: they hold nothing (their requests
