@@ -558,16 +558,16 @@ class Scheduler:
     # -- closing -------------------------------------------------------------
 
     def begin_close(self) -> None:
-        """Refuse new calls; queued ones are still dispatched, without waiting
-        for companions."""
+        """Refuse new calls; queued ones are still dispatched, without waiting for companions."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
 
     def wait_drained(self, deadline: float) -> bool:
-        """Wait until nothing is queued or running, or ``deadline`` passes."""
+        """Wait until nothing is queued or running and every call has its answer (a batch is done
+        before its answers reach their calls), or ``deadline`` passes."""
         with self._cond:
-            while len(self._former) or self._in_flight > 0:
+            while len(self._former) or self._in_flight > 0 or any(task.live() for task in self._deadlines.tasks()):
                 if self._stopped or self._broken is not None:
                     break
                 remaining = deadline - time.monotonic()

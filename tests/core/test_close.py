@@ -34,6 +34,37 @@ def test_close_finishes_queued_and_running_calls():
     assert wait_for(lambda: streamer_threads() == before, 2), "streamer threads are still running"
 
 
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_close_waits_for_answers_on_their_way_to_their_calls(backend, monkeypatch):
+    """A batch is done before its answers reach their calls; close() in
+    between used to fail those calls with StreamerClosedError, their answers
+    in hand. The way is made slow here (a loaded machine) by holding each
+    batch's answers for 0.3 s before they are handed over."""
+    import streamer_core.backends.process_backend as process_backend
+    import streamer_core.backends.thread as thread_backend
+
+    module = thread_backend if backend == "thread" else process_backend
+    handed = module.deliver
+
+    def slowly(items, outcomes):
+        time.sleep(0.3)
+        handed(items, outcomes)
+
+    monkeypatch.setattr(module, "deliver", slowly)
+    if backend == "thread":
+        streamer = ThreadedStreamer(models.double, batch_size=4, max_latency=0.01)
+    else:
+        streamer = Streamer(models.double, batch_size=4, max_latency=0.01)
+    try:
+        assert streamer.predict([1]) == [2]
+        futures = [streamer.submit([x]) for x in range(6)]
+    finally:
+        started = time.monotonic()
+        streamer.close(timeout=30)
+    assert [f.result(0) for f in futures] == [[x * 2] for x in range(6)]
+    assert time.monotonic() - started < 10.0
+
+
 def test_close_fails_what_it_cannot_finish_in_time(gate):
     streamer = ThreadedStreamer(gate, batch_size=4, max_latency=0.01)
     running = streamer.submit(["hold"])

@@ -189,6 +189,32 @@ def test_close_finishes_calls_in_flight_and_removes_the_result_stream(broker, st
     assert broker.result_keys() == [], "close() should delete this web process's result stream"
 
 
+def test_close_waits_for_answers_read_but_not_yet_handed_to_their_calls(broker, start_worker, monkeypatch):
+    """An answer the web process has read from Redis is its call's even while
+    it is on its way there: close() waits for it rather than failing the
+    call with StreamerClosedError. The way is made slow here (a loaded
+    machine's GIL, say) by holding each batch of answers for 0.5 s."""
+    from streamer_core.backends.redis import client
+
+    handed = client.deliver
+
+    def slowly(items, outcomes):
+        time.sleep(0.5)
+        handed(items, outcomes)
+
+    monkeypatch.setattr(client, "deliver", slowly)
+    start_worker(broker, models.double, batch_size=4)
+    streamer = RedisStreamer(broker.url, broker.prefix, timeout=20)
+    try:
+        assert streamer.predict([1]) == [2]
+        futures = [streamer.submit([x]) for x in range(6)]
+    finally:
+        started = time.monotonic()
+        streamer.close(timeout=30)
+    assert [f.result(0) for f in futures] == [[x * 2] for x in range(6)]
+    assert time.monotonic() - started < 10.0, "close() waits for the answers in hand, then no longer"
+
+
 def test_calls_after_close_fail_clearly_and_close_twice_is_fine(broker, start_worker):
     start_worker(broker, models.double, batch_size=4)
     streamer = RedisStreamer(broker.url, broker.prefix)
