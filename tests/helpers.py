@@ -163,3 +163,17 @@ def run_program(script: Path, *args: str, timeout: float) -> subprocess.Complete
         )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the program hung: {exc.stdout!r} {exc.stderr!r}") from None
+
+
+def hold_answers(monkeypatch: Any, module: Any, seconds: float) -> None:
+    """Make the backend ``module`` hold each batch's answers ``seconds``
+    before it hands them to their calls (its ``deliver``), as a loaded
+    machine may: what a test of the time between a batch's end and its
+    answers' arrival needs."""
+    handed = module.deliver
+
+    def slowly(items: Any, outcomes: Any) -> None:
+        time.sleep(seconds)
+        handed(items, outcomes)
+
+    monkeypatch.setattr(module, "deliver", slowly)

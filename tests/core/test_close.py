@@ -16,7 +16,7 @@ import pytest
 
 from streamer_core import Streamer, StreamerClosedError, ThreadedStreamer
 from tests.core import models
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, hold_answers, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,14 +43,7 @@ def test_close_waits_for_answers_on_their_way_to_their_calls(backend, monkeypatc
     import streamer_core.backends.process_backend as process_backend
     import streamer_core.backends.thread as thread_backend
 
-    module = thread_backend if backend == "thread" else process_backend
-    handed = module.deliver
-
-    def slowly(items, outcomes):
-        time.sleep(0.3)
-        handed(items, outcomes)
-
-    monkeypatch.setattr(module, "deliver", slowly)
+    hold_answers(monkeypatch, thread_backend if backend == "thread" else process_backend, 0.3)
     if backend == "thread":
         streamer = ThreadedStreamer(models.double, batch_size=4, max_latency=0.01)
     else:

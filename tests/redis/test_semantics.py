@@ -26,6 +26,7 @@ from streamer_core import (
     WorkerStartError,
 )
 from streamer_core.config import MAX_SECONDS
+from tests.helpers import hold_answers
 from tests.redis import models
 from tests.redis.conftest import wait_for
 
@@ -196,13 +197,7 @@ def test_close_waits_for_answers_read_but_not_yet_handed_to_their_calls(broker, 
     machine's GIL, say) by holding each batch of answers for 0.5 s."""
     from streamer_core.backends.redis import client
 
-    handed = client.deliver
-
-    def slowly(items, outcomes):
-        time.sleep(0.5)
-        handed(items, outcomes)
-
-    monkeypatch.setattr(client, "deliver", slowly)
+    hold_answers(monkeypatch, client, 0.5)
     start_worker(broker, models.double, batch_size=4)
     streamer = RedisStreamer(broker.url, broker.prefix, timeout=20)
     try:
