@@ -64,7 +64,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     app.config.update(config or {})
 
     # Two batches of each model at once on the thread backend, each with
-    # half of torch's threads on a CPU: 10% more requests on 2 cores, where
+    # half of torch's threads on a CPU: 14% more requests on 2 cores, where
     # the web process's own work slowed one batch over both (README: the
     # thread backend's model_threads). The process and redis backends run
     # STREAMER_WORKER_NUM processes instead.

@@ -147,7 +147,7 @@ def share_cpu(device: str, batches_at_once: int) -> None:
     batch its share of torch's threads: ``threads // batches_at_once``, at
     least one. Spread over every core, one batch waits at each of its
     operations for the slowest of its threads, and a busy web process beside
-    it makes one of them slow: the Flask example on 2 cores answered 10%
+    it makes one of them slow: the Flask example on 2 cores answered 14%
     more requests with two batches of one thread each than with one batch
     of two (bench/README.md, issue #41). torch's threads are the process's:
     every model of it gets the same share, as each runs as many batches at

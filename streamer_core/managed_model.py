@@ -147,8 +147,8 @@ def model_facts(predict: Any, gpu_id: Optional[DeviceId]) -> ModelFacts:
 def ready_line(facts: ModelFacts, batch_size: int, max_latency: float, at_once: int = 1) -> str:
     """The one line a thread backend or worker logs when its model is ready
     (``at_once``: the batches it runs at once, said when more than one)."""
-    threads = f", {at_once} batches at once" if at_once > 1 else ""
+    together = f", {at_once} batches at once" if at_once > 1 else ""
     return (
         f"model {facts.name} ready on {facts.device} in {facts.seconds:.1f} s "
-        f"(batch size {batch_size}, max latency {max_latency:g} s{threads})"
+        f"(batch size {batch_size}, max latency {max_latency:g} s{together})"
     )
