@@ -177,3 +177,17 @@ def hold_answers(monkeypatch: Any, module: Any, seconds: float) -> None:
         handed(items, outcomes)
 
     monkeypatch.setattr(module, "deliver", slowly)
+
+
+def close_answers_every_call(streamer: Any, calls: int = 6) -> None:
+    """Call ``streamer`` (a model doubling its inputs) once, send ``calls``
+    more and close it at once: every call gets its answer, and close()
+    returns well before its 30 s timeout."""
+    try:
+        assert streamer.predict([1]) == [2]
+        futures = [streamer.submit([x]) for x in range(calls)]
+    finally:
+        started = time.monotonic()
+        streamer.close(timeout=30)
+    assert [f.result(0) for f in futures] == [[x * 2] for x in range(calls)]
+    assert time.monotonic() - started < 10.0, "close() waits for the answers in hand, then no longer"

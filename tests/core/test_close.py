@@ -16,7 +16,7 @@ import pytest
 
 from streamer_core import Streamer, StreamerClosedError, ThreadedStreamer
 from tests.core import models
-from tests.helpers import alive, hold_answers, wait_for
+from tests.helpers import alive, close_answers_every_call, hold_answers, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,14 +48,7 @@ def test_close_waits_for_answers_on_their_way_to_their_calls(backend, monkeypatc
         streamer = ThreadedStreamer(models.double, batch_size=4, max_latency=0.01)
     else:
         streamer = Streamer(models.double, batch_size=4, max_latency=0.01)
-    try:
-        assert streamer.predict([1]) == [2]
-        futures = [streamer.submit([x]) for x in range(6)]
-    finally:
-        started = time.monotonic()
-        streamer.close(timeout=30)
-    assert [f.result(0) for f in futures] == [[x * 2] for x in range(6)]
-    assert time.monotonic() - started < 10.0
+    close_answers_every_call(streamer)
 
 
 def test_close_fails_what_it_cannot_finish_in_time(gate):
