@@ -83,9 +83,15 @@ def test_a_worker_killed_mid_batch_loses_nothing(fault_broker, make_streamer, pr
         "requests taken over must be acknowledged and deleted"
     )
     survivor = next(w for w in workers if w.pid != victim)
+
     # The survivor took over the batch that ran and the one read ahead, and
-    # said so in two lines: the first request, then the seven more.
-    said = [line for line in procs.log(survivor).splitlines() if "took over" in line]
+    # said so in two lines: the first request, then the seven more once it
+    # found none left (its next look, claim_after / 2 later).
+    def taken_lines() -> list:
+        return [line for line in procs.log(survivor).splitlines() if "took over" in line]
+
+    assert wait_for(lambda: len(taken_lines()) >= 2, 5), taken_lines()
+    said = taken_lines()
     assert len(said) == 2, said
     assert "took over request " in said[0] and "took over 7 more requests" in said[1], said
     assert streamer.predict([100, 101]) == [200, 202], "the survivor keeps serving"
