@@ -110,10 +110,6 @@ class Backend:
         """:meth:`waiting` at each of ``levels`` priority levels, the highest first."""
         return [0] * levels
 
-    def drain(self, deadline: float) -> None:
-        """While closing, after the queue is empty: wait, until ``deadline``,
-        for work the backend passed on elsewhere (a broker) to be answered."""
-
     def stop(self, deadline: float) -> None:
         """Stop every worker, by ``deadline`` (a ``time.monotonic()`` value) if
         they do not stop by themselves."""
@@ -199,8 +195,7 @@ class _Engine:
             self.closed = True
         deadline = time.monotonic() + timeout
         self.scheduler.begin_close()
-        drained = self.scheduler.wait_drained(deadline)
-        self.backend.drain(deadline)
+        drained = self.scheduler.wait_drained(deadline)  # a broker's answers too: every call pending waits
         if not drained:
             logger.warning(
                 "streamer closed with calls unfinished after %.3gs; they fail with StreamerClosedError", timeout

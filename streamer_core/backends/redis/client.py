@@ -456,12 +456,6 @@ class _RedisClientBackend(Backend):
 
     # closing
 
-    def drain(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if not self.ledger.waiting():
-                return
-            time.sleep(0.01)
-
     def stop(self, deadline: float) -> None:
         if self._scheduler is not None and self._scheduler.stats is not None:
             self._scheduler.stats.unwatch_broker(self)
