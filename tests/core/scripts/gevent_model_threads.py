@@ -16,22 +16,30 @@ import gevent  # noqa: E402
 
 from streamer_core import ThreadedStreamer  # noqa: E402
 
-# The unpatched ones: the batches run on real threads of gevent's pool.
-Barrier = monkey.get_original("threading", "Barrier")
-Lock = monkey.get_original("threading", "Lock")
+# The unpatched ones: the batches run on real threads of gevent's pool. Not
+# threading.Barrier, even the original class: its Condition takes
+# threading's (patched) lock, a gevent lock that real threads cannot share.
+Lock = monkey.get_original("_thread", "allocate_lock")
+sleep = monkey.get_original("time", "sleep")
+monotonic = monkey.get_original("time", "monotonic")
 
 
 def main() -> None:
     threads = int(sys.argv[1])
-    together = Barrier(threads, timeout=20)
     lock = Lock()
-    running = [0, 0]  # now, most
+    running = [0, 0, 0]  # now, most, arrived so far
 
     def predict(batch):
+        """Wait (blocking the real thread, at most 20 s) until the round of
+        ``threads`` batches this one belongs to has all arrived."""
         with lock:
             running[0] += 1
             running[1] = max(running[1], running[0])
-        together.wait()
+            running[2] += 1
+            round_full = -(-running[2] // threads) * threads
+        deadline = monotonic() + 20
+        while running[2] < round_full and monotonic() < deadline:
+            sleep(0.001)
         with lock:
             running[0] -= 1
         return [x * 2 for x in batch]
