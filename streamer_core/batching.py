@@ -350,7 +350,7 @@ class Scheduler:
                         "retry later, add workers, or raise max_queue"
                     )
             was_empty = not former.in_queue()
-            former.add(items)
+            former.add_call(items)
             if self._deadlines.add(deadline, task):
                 cond.notify()  # sooner than the deadline the dispatcher sleeps until
             due = former.policy.arrived(n, now)

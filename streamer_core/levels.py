@@ -92,34 +92,28 @@ class LeveledFormer(BatchFormer[L]):
         self._rebound()
 
     def in_queue(self) -> int:
-        return self._count
+        return self._count + self._parked_count
 
     def in_level(self, level: int) -> int:
-        """Inputs waiting at ``level`` (given-up ones may still be counted)."""
-        return len(self._lines[level])
+        """Inputs waiting at ``level``, parked ones included (given-up ones may still be counted)."""
+        return len(self._lines[level]) + sum(len(call) for call in self._parked if call[0].level == level)
 
     def levels_waiting(self) -> List[int]:
         """Inputs waiting at each level, the highest first."""
-        return [len(line) for line in self._lines]
-
-    def __len__(self) -> int:
-        return self._count + len(self._alone)
+        return [self.in_level(level) for level in range(len(self._lines))]
 
     def __iter__(self) -> Iterator[L]:
         yield from self._alone
         for line in self._lines:
             yield from line
+        for call in self._parked:
+            yield from call
 
     def clear(self) -> None:
         for line in self._lines:
             line.clear()
         self._count = 0
         super().clear()
-
-    def given_up(self, count: int) -> None:
-        self._dead += count
-        if self._dead * 2 > self._count:
-            self.compact()
 
     def compact(self) -> None:
         self._lines = [deque(self._kept(line)) for line in self._lines]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Tuple
+from typing import Any, Deque, Dict, List
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from streamer_core import BatchingConfig, ItemCostError, Streamer, ThreadedStreamer
 from streamer_core.batching import Scheduler
+from streamer_core.former import SHAPING_WINDOW
 from streamer_core.shaping import batch_cost
 from tests.conftest import Gate
 from tests.core import models
@@ -46,11 +48,12 @@ def cost_of(batch: List[str], rule: str = "max") -> float:
 # -- the batch former, driven directly --------------------------------------
 
 calls = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=3), min_size=1, max_size=60)
+large_calls = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=40), min_size=1, max_size=12)
 
 
 @settings(max_examples=200, deadline=None, database=None)
 @given(
-    calls=calls,
+    calls=st.one_of(calls, large_calls),
     batch_size=st.integers(1, 12),
     budget=st.one_of(st.none(), st.integers(1, 120)),
     rule=st.sampled_from(["max", "sum"]),
@@ -59,7 +62,11 @@ calls = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=3), min_size=
 def test_every_batch_holds_the_oldest_input_and_keeps_within_size_and_budget(calls, batch_size, budget, rule, grouped):
     """Whatever the costs: every input in exactly one batch, at most
     ``batch_size`` inputs, no batch over the budget unless it holds one
-    input, and the oldest input still waiting always in the next batch."""
+    input, and the input at the head of the line always in the next batch.
+    The line is the inputs in arrival order, but for a call of more than
+    the shaping window (8 batches' worth): its first window's worth line up
+    as it comes, the rest join the line's back as many as each batch held,
+    the calls in turn."""
     config = BatchingConfig(
         batch_size,
         max_latency=0,
@@ -69,26 +76,37 @@ def test_every_batch_holds_the_oldest_input_and_keeps_within_size_and_budget(cal
     )
     scheduler = Scheduler(config)
     scheduler.add_slot()
-    waiting: List[Tuple[int, int]] = []  # (input id, cost), oldest first
+    line: List[int] = []  # input ids, in the order they go
+    parked: Deque[Deque[int]] = deque()  # each large call's inputs not in line yet
     costs: Dict[int, int] = {}
     for call in calls:
         ids = list(range(len(costs), len(costs) + len(call)))
         costs.update(zip(ids, call))
-        waiting.extend(zip(ids, call))
+        line.extend(ids[: batch_size * SHAPING_WINDOW])
+        if ids[batch_size * SHAPING_WINDOW :]:
+            parked.append(deque(ids[batch_size * SHAPING_WINDOW :]))
         scheduler.put(ids, 60.0, [float(c) for c in call])
     seen: List[int] = []
-    while waiting:
+    while line:
         handout = scheduler.next_batch()
         assert handout is not None
         items, held = handout
         batch = [item.value for item in items]
-        assert waiting[0][0] in batch, "the oldest waiting input was left behind"
+        assert line[0] in batch, "the input at the head of the line was left behind"
         assert 1 <= len(batch) <= batch_size
         if len(batch) > 1 and config.max_batch_cost is not None:
             assert batch_cost(rule, [costs[i] for i in batch]) <= config.max_batch_cost
         seen.extend(batch)
         taken = set(batch)
-        waiting = [entry for entry in waiting if entry[0] not in taken]
+        line = [i for i in line if i not in taken]
+        joining = len(batch)
+        while joining and parked:
+            next_call = parked.popleft()
+            while joining and next_call:
+                line.append(next_call.popleft())
+                joining -= 1
+            if next_call:
+                parked.append(next_call)
         scheduler.batch_done(len(batch), 0.001, held)
     assert sorted(seen) == list(range(len(costs))), "an input ran twice or never"
 

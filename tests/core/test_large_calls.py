@@ -1,0 +1,172 @@
+"""Calls of more inputs than a batch holds take turns with the others
+(:meth:`streamer_core.former.BatchFormer.add_call`): one batch's worth of
+such a call waits in line, the rest joins it a batch at a time, so a call
+of thousands of inputs delays the calls after it by about a batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List
+
+import pytest
+
+from streamer_core import BatchingConfig, QueueFullError, ThreadedStreamer
+from streamer_core.former import BatchFormer
+from streamer_core.levels import LeveledFormer
+
+
+class Input:
+    def __init__(self, name: str, level: int = 0) -> None:
+        self.name, self.arrival, self.cost, self.level, self.live = name, 0.0, 1.0, level, True
+
+
+def call(prefix: str, n: int, level: int = 0) -> List[Input]:
+    return [Input(f"{prefix}{i}", level) for i in range(n)]
+
+
+def names(batch: Any) -> List[str]:
+    return [each.name for each in batch]
+
+
+def former(batch_size: int = 4, dropped: Any = None) -> BatchFormer[Input]:
+    return BatchFormer(BatchingConfig(batch_size, 0.0), costed=False, live=lambda each: each.live, dropped=dropped)
+
+
+def test_the_call_after_a_large_one_goes_in_the_second_batch() -> None:
+    formed = former()
+    formed.add_call(call("a", 10))
+    formed.add_call([Input("b")])
+    assert formed.in_queue() == 11 and len(formed) == 11
+    assert names(formed.take()) == ["a0", "a1", "a2", "a3"]
+    assert names(formed.take()) == ["b", "a4", "a5", "a6"]
+    assert names(formed.take()) == ["a7", "a8", "a9"]
+    assert formed.in_queue() == 0 and formed.decide(now=0.0) == (None, float("inf"))
+
+
+def test_two_large_calls_take_turns_each_in_its_order() -> None:
+    formed = former()
+    formed.add_call(call("a", 12))
+    formed.add_call(call("b", 12))
+    batches = []
+    while len(formed):
+        batch, _ = formed.decide(now=0.0)
+        assert batch is not None
+        batches.append(names(batch))
+    assert batches == [
+        ["a0", "a1", "a2", "a3"], ["b0", "b1", "b2", "b3"], ["a4", "a5", "a6", "a7"],
+        ["b4", "b5", "b6", "b7"], ["a8", "a9", "a10", "a11"], ["b8", "b9", "b10", "b11"],
+    ]  # fmt: skip
+
+
+def test_a_large_call_is_not_starved_by_a_steady_line_of_small_ones() -> None:
+    formed = former()
+    formed.add_call(call("a", 12))
+    taken: List[str] = []
+    for round_ in range(8):
+        formed.add_call(call(f"s{round_}-", 4))  # a batch of small calls comes before every take
+        taken += names(formed.take())
+    assert [n for n in taken if n.startswith("a")] == [f"a{i}" for i in range(12)]
+
+
+def test_every_waiting_input_is_counted_listed_and_cleared_parked_ones_too() -> None:
+    formed = former()
+    formed.add_call(call("a", 10))
+    formed.add([Input("b")])
+    assert sorted(names(formed)) == sorted([f"a{i}" for i in range(10)] + ["b"])
+    formed.clear()
+    assert formed.in_queue() == 0 and len(formed) == 0 and list(formed) == []
+    assert formed.decide(now=0.0) == (None, float("inf"))
+
+
+def test_a_given_up_large_calls_parked_inputs_are_dropped_unrun() -> None:
+    dropped: List[str] = []
+    formed = former(dropped=lambda each: dropped.append(each.name))
+    given_up = call("a", 10)
+    formed.add_call(given_up)
+    formed.add_call(call("b", 2))
+    for each in given_up:
+        each.live = False
+    batch, _ = formed.decide(now=0.0)
+    assert batch is not None and names(batch) == ["b0", "b1"]
+    assert formed.decide(now=0.0) == (None, float("inf"))
+    assert sorted(dropped) == sorted(names(given_up)) and formed.in_queue() == 0
+    # Alone in line, given up: nothing is taken, and its parked inputs go too.
+    alone = call("d", 10)
+    formed.add_call(alone)
+    for each in alone:
+        each.live = False
+    assert formed.decide(now=0.0) == (None, float("inf")) and formed.in_queue() == 0
+    assert len(dropped) == 20
+    # And compact() drops parked ones as well.
+    again = call("c", 10)
+    formed.add_call(again)
+    for each in again:
+        each.live = False
+    formed.compact()
+    assert formed.in_queue() == 0
+
+
+def test_with_levels_parked_inputs_count_in_their_level() -> None:
+    config = BatchingConfig(4, 0.0, priority_levels=2)
+    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    formed.add_call(call("low", 10, level=1))
+    formed.add_call([Input("high", level=0)])
+    assert formed.in_level(1) == 10 and formed.in_level(0) == 1 and formed.levels_waiting() == [1, 10]
+    assert names(formed.take()) == ["high", "low0", "low1", "low2"]
+    assert formed.in_level(1) == 7 and formed.in_queue() == 7
+
+
+# -- through a streamer ---------------------------------------------------------------
+
+
+def test_calls_after_a_large_one_are_answered_before_its_last_batch_runs() -> None:
+    gate = threading.Event()
+    batches: List[List[str]] = []
+
+    def predict(batch: List[str]) -> List[str]:
+        gate.wait(10)
+        batches.append(list(batch))
+        return [x.upper() for x in batch]
+
+    streamer = ThreadedStreamer(predict, batch_size=4, max_latency=0.0)
+    try:
+        large = streamer.submit([f"a{i}" for i in range(40)])
+        deadline = time.monotonic() + 5
+        while streamer.stats().queue_depth > 32 and time.monotonic() < deadline:  # its first batches handed out
+            time.sleep(0.01)
+        small = [streamer.submit([f"s{i}"]) for i in range(3)]
+        time.sleep(0.05)
+        gate.set()
+        assert large.result(10) == [f"A{i}" for i in range(40)]
+        assert [f.result(10) for f in small] == [["S0"], ["S1"], ["S2"]]
+    finally:
+        streamer.close()
+    where = next(i for i, batch in enumerate(batches) if "s0" in batch)
+    assert where <= 3, f"the small calls waited for {where} of the large call's 10 batches: {batches}"
+
+
+def test_a_full_queue_counts_the_parked_inputs_of_a_large_call() -> None:
+    gate = threading.Event()
+
+    def predict(batch: List[int]) -> List[int]:
+        gate.wait(10)
+        return batch
+
+    streamer = ThreadedStreamer(predict, batch_size=4, max_latency=0.0, max_queue=50)
+    try:
+        first = streamer.submit(list(range(48)))
+        with pytest.raises(QueueFullError):
+            streamer.submit(list(range(20)))
+        gate.set()
+        assert first.result(10) == list(range(48))
+    finally:
+        gate.set()
+        streamer.close()
+
+
+def test_close_runs_a_large_calls_parked_inputs_before_it_ends() -> None:
+    streamer = ThreadedStreamer(lambda batch: [x * 2 for x in batch], batch_size=4, max_latency=0.0)
+    future = streamer.submit(list(range(100)))
+    streamer.close(timeout=10)
+    assert future.result(0) == [x * 2 for x in range(100)]
