@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, List
 
 import pytest
 
-from streamer_core import BatchingConfig, QueueFullError, ThreadedStreamer
+from streamer_core import BatchingConfig, QueueFullError, Streamer, ThreadedStreamer
 from streamer_core.former import BatchFormer
 from streamer_core.levels import LeveledFormer
+from tests.core import models
+from tests.helpers import wait_for
 
 
 class Input:
@@ -170,3 +173,21 @@ def test_close_runs_a_large_calls_parked_inputs_before_it_ends() -> None:
     future = streamer.submit(list(range(100)))
     streamer.close(timeout=10)
     assert future.result(0) == [x * 2 for x in range(100)]
+
+
+def test_on_the_process_backend_calls_after_a_large_one_run_before_its_last_batch(closing, tmp_path: Path) -> None:
+    (tmp_path / "hold").write_text("")
+    folder = {"folder": str(tmp_path)}
+    streamer = closing(Streamer(models.RecordingGate, 4, 0.01, model_init_kwargs=folder, timeout=30, worker_num=1))
+    assert streamer.wait_ready(60)
+    held = streamer.submit(["hold"])
+    assert wait_for(lambda: (tmp_path / "inside").exists(), 10), "the held batch never reached the model"
+    large = streamer.submit([f"a{i}" for i in range(40)])
+    small = [streamer.submit([f"s{i}"]) for i in range(3)]
+    (tmp_path / "hold").unlink()
+    assert held.result(20) == ["ok:hold"]
+    assert large.result(20) == [f"ok:a{i}" for i in range(40)]
+    assert [f.result(20) for f in small] == [["ok:s0"], ["ok:s1"], ["ok:s2"]]
+    batches = models.ran_batches(tmp_path)
+    where = next(i for i, batch in enumerate(batches) if "s0" in batch)
+    assert where <= 3, f"the small calls waited for {where - 1} of the large call's 10 batches: {batches}"
