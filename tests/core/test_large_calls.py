@@ -191,3 +191,44 @@ def test_on_the_process_backend_calls_after_a_large_one_run_before_its_last_batc
     batches = models.ran_batches(tmp_path)
     where = next(i for i, batch in enumerate(batches) if "s0" in batch)
     assert where <= 3, f"the small calls waited for {where - 1} of the large call's 10 batches: {batches}"
+
+
+def test_batches_smaller_than_batch_size_let_in_only_as_many_as_they_took() -> None:
+    """Shaped by cost, each batch holds 2 of its 8: the line stays at the
+    shaping window (64), so a query added after five batches runs in the
+    33rd batch after it, not later."""
+    config = BatchingConfig(8, 0.0, item_cost=lambda x: 10.0, max_batch_cost=20.0, batch_cost="sum")
+    formed: BatchFormer[Input] = BatchFormer(config, costed=True, live=lambda each: each.live)
+    for each in (large := call("a", 200)):
+        each.cost = 10.0
+    formed.add_call(large)
+    for _ in range(5):
+        assert len(formed.take()) == 2
+    query = Input("q")
+    query.cost = 10.0
+    formed.add_call([query])
+    taken = 0
+    while True:
+        taken += 1
+        if "q" in names(formed.take()):
+            break
+    assert taken == 33
+
+
+def test_a_small_given_up_call_behind_a_large_live_one_does_not_compact_the_queue() -> None:
+    """Given-up inputs are dropped all at once when they are more than half
+    of what waits, parked inputs counted: 9 of 1,009 are not."""
+    dropped: List[str] = []
+    formed = former(batch_size=8, dropped=lambda each: dropped.append(each.name))
+    formed.add_call(call("a", 1000))
+    gone = call("g", 9)
+    formed.add_call(gone)
+    for each in gone:
+        each.live = False
+    formed.given_up(9)
+    assert formed.in_queue() == 1009 and dropped == []
+    # More than half given up: they go at once.
+    for each in formed:
+        each.live = False
+    formed.given_up(1000)
+    assert formed.in_queue() == 0 and len(dropped) == 1009
