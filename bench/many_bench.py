@@ -34,6 +34,16 @@ the CPU build)::
 median inputs/s with the range over all rounds: on a shared 2-core machine
 one run of a server can be a third off the next.
 
+``--beside-large N`` measures what a large request does to the small
+ones after it: while wrk sends its requests, one more client sends
+requests of N inputs back to back (one at a time), and the table gets a
+row for them (their inputs/s and p50/p99, from Python's clock). With
+``--code PATH`` the server runs the library and example of another
+checkout (a worktree of an earlier commit, say), for a before and after::
+
+    .venv/bin/python -m bench.many_bench --per-request 1 --inputs-in-flight 8 --beside-large 512
+    .venv/bin/python -m bench.many_bench --per-request 1 --inputs-in-flight 8 --beside-large 512 --code ../before
+
 The floors of issue #40 are printed, PASS or MISS, never asserted.
 """
 
@@ -47,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -101,7 +112,8 @@ class Server:
 
     def start(self) -> None:
         env = {key: value for key, value in os.environ.items() if not key.startswith(("FLASK_", "STREAMER_"))}
-        paths = [harness.REPO_ROOT] + ([STUB_PATH] if self.args.stub_forward else [])
+        code = self.args.code or harness.REPO_ROOT
+        paths = [code] + ([STUB_PATH] if self.args.stub_forward else [])
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
         if self.name == "ours":
@@ -128,8 +140,9 @@ class Server:
                        "--no-bettertransformer", "--no-vector-disk-cache",
                        "--dtype", self.args.infinity_dtype]  # fmt: skip
         log = open(os.path.join(self.folder, f"{self.name}.log"), "w")  # noqa: SIM115 - closed with the process
+        folder = code if self.name == "ours" else harness.REPO_ROOT
         self.process = subprocess.Popen(
-            command, cwd=harness.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         harness.LIVE.add(self.process)
@@ -170,23 +183,70 @@ class Server:
             harness.kill(self.process)
 
 
-def measure(server: Server, per_request: int, args: argparse.Namespace) -> Run:
+class LargeClient(threading.Thread):
+    """Sends requests of ``n`` inputs one after another until stopped; keeps
+    the seconds each took and counts the ones that failed."""
+
+    def __init__(self, url: str, n: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.n = url, n
+        self.body = json.dumps({"model": MODEL, "input": sentences(n), "encoding_format": "float"}).encode()
+        self.stopping = threading.Event()
+        self.seconds: List[float] = []
+        self.errors = 0
+        self.started_at = self.stopped_at = 0.0
+
+    def run(self) -> None:
+        self.started_at = time.monotonic()
+        while not self.stopping.is_set():
+            request = urllib.request.Request(self.url, self.body, {"Content-Type": "application/json"})
+            began = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    ok = len(json.loads(response.read())["data"]) == self.n
+            except OSError:
+                ok = False
+            if ok:
+                self.seconds.append(time.monotonic() - began)
+            else:
+                self.errors += 1
+        self.stopped_at = time.monotonic()
+
+    def stop(self) -> Run:
+        self.stopping.set()
+        self.join()
+        done = sorted(self.seconds)
+        run = Run("ours, beside", self.n, errors=self.errors)
+        run.inputs_per_s = len(done) * self.n / max(1e-9, self.stopped_at - self.started_at)
+        run.p50_ms = (harness.percentile(done, 50) or 0.0) * 1000
+        run.p99_ms = (harness.percentile(done, 99) or 0.0) * 1000
+        return run
+
+
+def measure(server: Server, per_request: int, args: argparse.Namespace) -> List[Run]:
+    """One run of wrk at ``per_request`` inputs a request (and, with
+    ``--beside-large``, the run of the large requests sent beside it)."""
     body = json.dumps({"model": MODEL, "input": sentences(per_request), "encoding_format": "float"})
     connections = max(1, args.inputs_in_flight // per_request)
+    large = LargeClient(server.url, args.beside_large) if args.beside_large else None
     try:
+        if large is not None:
+            large.start()
         harness.run_wrk(server.url, connections, args.warmup, 60, body)
         before = server.ticks()
         summary, _ = harness.run_wrk(server.url, connections, args.duration, 60, body)
         after = server.ticks()
     except Exception as exc:
-        return Run(server.name, per_request, failure=f"{type(exc).__name__}: {exc}"[:500])
+        return [Run(server.name, per_request, failure=f"{type(exc).__name__}: {exc}"[:500])]
+    finally:
+        beside = large.stop() if large is not None else None
     requests = max(1, summary["requests"])
     inputs = requests * per_request
     run = Run(server.name, per_request, inputs_per_s=inputs / (summary["duration_us"] / 1e6))
     run.p50_ms, run.p99_ms = summary["lat_p50_us"] / 1000, summary["lat_p99_us"] / 1000
     run.errors = sum(summary[kind] for kind in ("connect", "read", "write", "status", "timeout"))
     run.cpu_ms_per_input = (after - before) / harness.CLOCK_TICKS * 1000 / inputs
-    return run
+    return [run] if beside is None else [run, beside]
 
 
 def median_runs(runs: List[Run]) -> List[Run]:
@@ -212,6 +272,10 @@ def median_runs(runs: List[Run]) -> List[Run]:
 def report(runs: List[Run], args: argparse.Namespace) -> str:
     settings = ", ".join(args.setting) or "the example's"
     rounds = f"; median of {args.repeat} interleaved rounds (inputs/s of all in brackets)" if args.repeat > 1 else ""
+    if args.beside_large:
+        rounds += f"; requests of {args.beside_large} inputs sent beside, one at a time (warm-up included)"
+    if args.code:
+        rounds += f"; the code of {args.code}"
     lines = [
         f"forward pass {'stubbed' if args.stub_forward else 'real'}, {args.inputs_in_flight} inputs in flight, "
         f"{args.web_workers} web process(es) under {args.server}, backend {args.backend}, settings: {settings}"
@@ -224,8 +288,9 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
         if run.failure:
             lines.append(f"| {run.server} | {run.per_request} | | FAILED: {run.failure} | | | | |")
             continue
+        connections = 1 if run.server.endswith("beside") else max(1, args.inputs_in_flight // run.per_request)
         lines.append(
-            f"| {run.server} | {run.per_request} | {max(1, args.inputs_in_flight // run.per_request)} | "
+            f"| {run.server} | {run.per_request} | {connections} | "
             f"{run.inputs_per_s:,.0f}{_spread(run)} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
             f"{run.cpu_ms_per_input:.3f} |"
         )
@@ -289,6 +354,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         choices=("auto", "float32", "bfloat16"),
         help="infinity-emb's --dtype (default auto: float32 on a CPU); the example's is EMBEDDING_PRECISION",
     )
+    parser.add_argument(
+        "--beside-large", type=int, default=0, metavar="N", help="send requests of N inputs beside wrk's, one at a time"
+    )
+    parser.add_argument("--code", metavar="PATH", help="the checkout whose library and example the server runs")
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds of load before each run (default 4)")
     parser.add_argument(
@@ -316,8 +385,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     server.start()
                     server.wait_ready()
                     for n in per_request:
-                        run = measure(server, n, args)
-                        runs.append(run)
+                        measured = measure(server, n, args)
+                        runs.extend(measured)
+                        run = measured[0]
                         said = (
                             f"round {round_}: {name} {n}/request: {run.inputs_per_s:,.0f} inputs/s, "
                             f"{run.cpu_ms_per_input:.3f} ms CPU/input"

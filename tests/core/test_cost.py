@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from streamer_core import BatchingConfig, ItemCostError, Streamer, ThreadedStreamer
 from streamer_core.batching import Scheduler
-from streamer_core.former import SHAPING_WINDOW
+from streamer_core.former import SHAPED_TURN
 from streamer_core.shaping import batch_cost
 from tests.conftest import Gate
 from tests.core import models
@@ -64,7 +64,7 @@ def test_every_batch_holds_the_oldest_input_and_keeps_within_size_and_budget(cal
     ``batch_size`` inputs, no batch over the budget unless it holds one
     input, and the input at the head of the line always in the next batch.
     The line is the inputs in arrival order, but for a call of more than
-    the shaping window (8 batches' worth): its first window's worth line up
+    two batches' worth (``SHAPED_TURN``): its first two batches' worth line up
     as it comes, the rest join the line's back as many as each batch held,
     the calls in turn."""
     config = BatchingConfig(
@@ -82,9 +82,9 @@ def test_every_batch_holds_the_oldest_input_and_keeps_within_size_and_budget(cal
     for call in calls:
         ids = list(range(len(costs), len(costs) + len(call)))
         costs.update(zip(ids, call))
-        line.extend(ids[: batch_size * SHAPING_WINDOW])
-        if ids[batch_size * SHAPING_WINDOW :]:
-            parked.append(deque(ids[batch_size * SHAPING_WINDOW :]))
+        line.extend(ids[: batch_size * SHAPED_TURN])
+        if ids[batch_size * SHAPED_TURN :]:
+            parked.append(deque(ids[batch_size * SHAPED_TURN :]))
         scheduler.put(ids, 60.0, [float(c) for c in call])
     seen: List[int] = []
     while line:

@@ -194,9 +194,9 @@ def test_on_the_process_backend_calls_after_a_large_one_run_before_its_last_batc
 
 
 def test_batches_smaller_than_batch_size_let_in_only_as_many_as_they_took() -> None:
-    """Shaped by cost, each batch holds 2 of its 8: the line stays at the
-    shaping window (64), so a query added after five batches runs in the
-    33rd batch after it, not later."""
+    """Shaped by cost, each batch holds 2 of its 8: the line stays at two
+    batches' worth (16), so a query added after five batches runs in the
+    9th batch after it, not later."""
     config = BatchingConfig(8, 0.0, item_cost=lambda x: 10.0, max_batch_cost=20.0, batch_cost="sum")
     formed: BatchFormer[Input] = BatchFormer(config, costed=True, live=lambda each: each.live)
     for each in (large := call("a", 200)):
@@ -212,7 +212,7 @@ def test_batches_smaller_than_batch_size_let_in_only_as_many_as_they_took() -> N
         taken += 1
         if "q" in names(formed.take()):
             break
-    assert taken == 33
+    assert taken == 9
 
 
 def test_a_small_given_up_call_behind_a_large_live_one_does_not_compact_the_queue() -> None:
