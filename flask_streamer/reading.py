@@ -5,7 +5,7 @@ reading a body as the project's error of its status."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 import werkzeug.exceptions
 from flask import Flask, Request
@@ -60,6 +60,12 @@ def read_error(exc: BaseException) -> Optional[InvalidInput]:
     if not isinstance(exc, HTTPException):
         return None
     if isinstance(exc, werkzeug.exceptions.ClientDisconnected):
+        decoder = exc.__context__
+        if type(decoder).__name__ == "_InvalidClientInput":
+            # gevent's pywsgi (gunicorn -k gevent_pywsgi) refused a chunk,
+            # and werkzeug took its error for the client leaving: a 400
+            # (the cycle makes it a disconnection if the client has left).
+            return unreadable_chunks(cast(Exception, decoder))
         return ClientDisconnected("the connection closed before the whole body arrived")
     if isinstance(exc, werkzeug.exceptions.RequestEntityTooLarge):
         return PayloadTooLarge("the body is larger than this endpoint takes; send a smaller one")

@@ -9,7 +9,8 @@ Two ways, as the server allows:
   server sends ``http.disconnect`` and Django cancels the view's task;
   :func:`await_call` turns that cancellation into the call's disconnection.
 - WSGI under gunicorn (its ``sync``, ``gthread`` and ``gevent`` workers):
-  the client's socket is ``environ["gunicorn.socket"]``; :func:`wait_call`
+  the client's socket is ``environ["gunicorn.socket"]`` (``gunicorn.sock``
+  under its ``gevent_pywsgi`` worker, the examples'); :func:`wait_call`
   waits for the call and, once it has waited :data:`FIRST_LOOK_S`, peeks at
   the socket every :data:`LOOK_EVERY_S` (one ``recv(MSG_PEEK |
   MSG_DONTWAIT)``, which reads nothing): an orderly close or a reset of the
@@ -39,8 +40,11 @@ LOOK_EVERY_S = 0.1
 
 def client_socket(environ: Any) -> Optional[Any]:
     """The client's socket of a WSGI request, where the server gives it
-    (gunicorn: ``gunicorn.socket``), else ``None``."""
-    sock = environ.get("gunicorn.socket") if hasattr(environ, "get") else None
+    (gunicorn: ``gunicorn.socket``, or ``gunicorn.sock`` under its
+    ``gevent_pywsgi`` worker), else ``None``."""
+    if not hasattr(environ, "get"):
+        return None
+    sock = environ.get("gunicorn.socket") or environ.get("gunicorn.sock")
     return sock if sock is not None and hasattr(sock, "fileno") else None
 
 

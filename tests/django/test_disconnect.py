@@ -48,10 +48,14 @@ def _servers(port: int) -> Dict[str, List[str]]:
                     "--log-level", "warning"],
         "gunicorn-gthread": ["-m", "gunicorn", "tests.django.wsgi:application", "-b", f"127.0.0.1:{port}",
                              "-w", "1", "-k", "gthread", "--threads", "8", "--log-level", "warning"],
+        "gunicorn-gevent_pywsgi": ["-m", "gunicorn", "tests.django.wsgi:application", "-b", f"127.0.0.1:{port}",
+                                   "-w", "1", "-k", "gevent_pywsgi", "--log-level", "warning"],
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("server, path", [("uvicorn", "/agate"), ("gunicorn-gthread", "/gate")])
+@pytest.mark.parametrize(
+    "server, path", [("uvicorn", "/agate"), ("gunicorn-gthread", "/gate"), ("gunicorn-gevent_pywsgi", "/gate")]
+)
 def test_a_client_that_leaves_never_reaches_the_model(commands: Any, tmp_path: Path, server: str, path: str) -> None:
     port = free_port()
     (tmp_path / "hold").write_text("")
@@ -77,6 +81,7 @@ def _cut_servers(port: int) -> Dict[str, List[str]]:
     uwsgi = str(Path(sys.executable).with_name("uwsgi"))
     return {
         "gunicorn-gthread": [sys.executable, *_servers(port)["gunicorn-gthread"]],
+        "gunicorn-gevent_pywsgi": [sys.executable, *_servers(port)["gunicorn-gevent_pywsgi"]],
         "uwsgi": [uwsgi, "--http-socket", f"127.0.0.1:{port}", "--module", "tests.django.wsgi:application",
                   "--master", "--processes", "1", "--threads", "4", "--disable-logging", "--die-on-term"],
         "granian": [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port",
@@ -85,7 +90,7 @@ def _cut_servers(port: int) -> Dict[str, List[str]]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("server", ["gunicorn-gthread", "uwsgi", "granian"])
+@pytest.mark.parametrize("server", ["gunicorn-gthread", "gunicorn-gevent_pywsgi", "uwsgi", "granian"])
 def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(
     commands: Any, tmp_path: Path, server: str
 ) -> None:

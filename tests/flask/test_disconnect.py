@@ -19,7 +19,11 @@ from tests.flask.live import free_port, get, granian_argv, gunicorn_argv, in_bac
 from tests.helpers import CUT_BODIES, post_and_leave, post_raw, wait_for
 
 
-@pytest.mark.parametrize("worker", [["-k", "gevent"], ["-k", "gthread", "--threads", "8"]], ids=["gevent", "gthread"])
+@pytest.mark.parametrize(
+    "worker",
+    [["-k", "gevent"], ["-k", "gevent_pywsgi"], ["-k", "gthread", "--threads", "8"]],
+    ids=["gevent", "gevent_pywsgi", "gthread"],
+)
 def test_a_client_that_leaves_never_reaches_the_model(tmp_path: Path, worker: list) -> None:
     port = free_port()
     (tmp_path / "hold").write_text("")
@@ -41,13 +45,14 @@ def test_a_client_that_leaves_never_reaches_the_model(tmp_path: Path, worker: li
 def _servers(port: int) -> Dict[str, List[str]]:
     return {
         "gunicorn-gevent": gunicorn_argv(port, "-w", "1", "-k", "gevent"),
+        "gunicorn-gevent_pywsgi": gunicorn_argv(port, "-w", "1", "-k", "gevent_pywsgi"),
         "gunicorn-gthread": gunicorn_argv(port, "-w", "1", "-k", "gthread", "--threads", "8"),
         "uwsgi": uwsgi_argv(port, "--master", "--processes", "1", "--threads", "4"),
         "granian": granian_argv(port, "--blocking-threads", "4"),
     }
 
 
-@pytest.mark.parametrize("server", ["gunicorn-gevent", "gunicorn-gthread", "uwsgi", "granian"])
+@pytest.mark.parametrize("server", ["gunicorn-gevent", "gunicorn-gevent_pywsgi", "gunicorn-gthread", "uwsgi", "granian"])
 def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(tmp_path: Path, server: str) -> None:
     """gunicorn: the client's socket is seen closed; uWSGI: werkzeug says
     the input ended early; granian hands the view what came (its length
