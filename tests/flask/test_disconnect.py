@@ -52,7 +52,9 @@ def _servers(port: int) -> Dict[str, List[str]]:
     }
 
 
-@pytest.mark.parametrize("server", ["gunicorn-gevent", "gunicorn-gevent_pywsgi", "gunicorn-gthread", "uwsgi", "granian"])
+@pytest.mark.parametrize(
+    "server", ["gunicorn-gevent", "gunicorn-gevent_pywsgi", "gunicorn-gthread", "uwsgi", "granian"]
+)
 def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(tmp_path: Path, server: str) -> None:
     """gunicorn: the client's socket is seen closed; uWSGI: werkzeug says
     the input ended early; granian hands the view what came (its length
