@@ -10,7 +10,7 @@ request costs in each of its processes.
 
 Each deployment serves the examples' sentence model (all-MiniLM-L6-v2)
 under gunicorn, ``--web-workers`` processes (default: half the cores),
-gevent workers as the examples' ``gunicorn.conf.py`` sets (service_streamer's
+gevent_pywsgi workers as the examples' ``gunicorn.conf.py`` sets (service_streamer's
 views: ``gthread``, threads enough for every connection), and wrk sends
 ``{"s": "<a 15-word sentence>"}`` from ``--connections`` connections for
 ``--duration`` seconds after ``--warmup``; the deployments run one after another, ``--repeat`` times,
@@ -560,9 +560,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--worker-class",
-        default="gevent",
-        choices=["gthread", "gevent"],
-        help="gunicorn's worker class for the examples (default gevent, as their gunicorn.conf.py)",
+        default="gevent_pywsgi",
+        choices=["gthread", "gevent", "gevent_pywsgi"],
+        help="gunicorn's worker class for the examples (default gevent_pywsgi, as their gunicorn.conf.py)",
     )
     parser.add_argument(
         "--ss-worker-class",

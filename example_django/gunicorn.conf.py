@@ -8,8 +8,12 @@ number of requests can wait together (a batch grows up to its size, not up
 to a thread count). The streamer's own threads, the model's included, stay
 real threads: the model computes beside the loop, not on it. A request cost
 this process about half the CPU under gevent that it cost under 64 gthread
-threads (the README's Deploy section; ``bench/scale_bench.py``). ``-k
-gthread`` on the command line goes back to threads.
+threads (the README's Deploy section; ``bench/scale_bench.py``). The
+worker is ``gevent_pywsgi``: gevent's own HTTP server, which parses and
+answers a request in less CPU than gunicorn's parser under ``-k gevent``
+(1.15x the requests a second of one process on one core, with the
+forward pass stubbed). ``-k gevent`` or ``-k gthread`` on the command line
+goes back to those.
 
 One process per CPU-bound model copy: the thread backend loads the model in
 each server process. Each process loads its models as it boots
@@ -35,7 +39,7 @@ from django_streamer.gunicorn import child_exit, on_exit, on_starting, post_work
 
 bind = os.environ.get("BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
-worker_class = "gevent"
+worker_class = "gevent_pywsgi"
 worker_connections = 1000
 threads = 64  # with -k gthread
 timeout = 120

@@ -209,9 +209,15 @@ def test_drain_answers_new_calls_503_and_lets_calls_in_hand_finish(
     assert box["result"].status_code == 200 and box["result"].json == 1  # the call in hand finished
 
 
-@pytest.mark.parametrize("graceful_timeout", [10, 0], ids=["graceful", "control-killed-at-once"])
-def test_gunicorn_sigterm_under_load_answers_every_accepted_request(tmp_path: Path, graceful_timeout: int) -> None:
-    """SIGTERM to gunicorn (gthread, no hook) while 32 clients keep calling:
+@pytest.mark.parametrize(
+    "worker, graceful_timeout",
+    [("gthread", 10), ("gevent_pywsgi", 10), ("gthread", 0)],
+    ids=["graceful", "graceful-gevent_pywsgi", "control-killed-at-once"],
+)
+def test_gunicorn_sigterm_under_load_answers_every_accepted_request(
+    tmp_path: Path, worker: str, graceful_timeout: int
+) -> None:
+    """SIGTERM to gunicorn (gthread, and the examples' gevent_pywsgi; no hook) while 32 clients keep calling:
     every request that entered the app is answered, the calls in flight
     with their results. Connections the server never took (refused once the
     listener closed, or reset in the kernel's backlog by its closing) are
@@ -220,7 +226,7 @@ def test_gunicorn_sigterm_under_load_answers_every_accepted_request(tmp_path: Pa
     after SIGTERM), and the test must see the calls it drops."""
     port = free_port()
     entered = tmp_path / "entered.log"
-    argv = gunicorn_argv(port, "-k", "gthread", "--threads", "64")
+    argv = gunicorn_argv(port, "-k", worker, "--threads", "64")
     argv[argv.index("--graceful-timeout") + 1] = str(graceful_timeout)
     settings = {"MODEL_SLEEP": 0.1, "REQUEST_LOG": str(entered)}
     with live_server(argv, port, settings) as server:

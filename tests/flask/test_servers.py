@@ -98,9 +98,10 @@ def test_gunicorn_sync_worker_with_threads_runs_as_gthread():
         check_batched(port, "sync-threads")
 
 
-def test_gunicorn_gevent_worker():
+@pytest.mark.parametrize("worker", ["gevent", "gevent_pywsgi"])
+def test_gunicorn_gevent_worker(worker: str) -> None:
     port = free_port()
-    argv = gunicorn_argv(port, "-w", "1", "-k", "gevent", "--worker-connections", "100")
+    argv = gunicorn_argv(port, "-w", "1", "-k", worker, "--worker-connections", "100")
     with live_server(argv, port):
         info = mode(port)
         assert info["gevent"] is True and info["patched"] is True and info["greenlet"] is True, info
@@ -108,7 +109,11 @@ def test_gunicorn_gevent_worker():
         check_loop_free(port)
 
 
-@pytest.mark.parametrize("worker", [["-k", "gevent"], ["-k", "gthread", "--threads", "8"]], ids=["gevent", "gthread"])
+@pytest.mark.parametrize(
+    "worker",
+    [["-k", "gevent"], ["-k", "gevent_pywsgi"], ["-k", "gthread", "--threads", "8"]],
+    ids=["gevent", "gevent_pywsgi", "gthread"],
+)
 def test_sigterm_stops_a_gunicorn_worker_that_imported_the_library_after_the_fork(worker):
     """No config of the project's (whose hooks import the library in the
     master): the app, and the library with it, is first imported in the
