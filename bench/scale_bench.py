@@ -19,6 +19,7 @@ interleaved:
 ======================  ==========================================================
 ``ours-thread``         example_flask, the thread backend (a model per web process, two batches at once)
 ``ours-thread-1batch``  the same, one batch at a time (``STREAMER_MODEL_THREADS=1``; named with ``--variants`` only)
+``ours-thread-gevent``  the same under gunicorn's ``-k gevent`` worker (named with ``--variants`` only)
 ``ours-process``        example_flask, the process backend (``--model-workers`` spawned per web process)
 ``ours-redis``          example_flask on Redis, ``--model-workers`` workers of ``flask streamer run-workers``
 ``ss-thread``           service_streamer's ThreadedStreamer in a plain Flask view
@@ -118,6 +119,9 @@ PEER_VARIANTS = ("mosec", "litserve", "infinity")
 #: Not run unless named: the Flask example on the thread backend running one
 #: batch at a time (``STREAMER_MODEL_THREADS=1``), beside its default of two.
 ONE_BATCH_VARIANTS = ("ours-thread-1batch",)
+#: Not run unless named: the Flask example under gunicorn's ``gevent`` worker
+#: (gunicorn's HTTP parser), which the examples used before ``gevent_pywsgi``.
+GEVENT_VARIANTS = ("ours-thread-gevent",)
 #: The deployments that run under granian instead of gunicorn when named with this suffix.
 GRANIAN = "-granian"
 GRANIAN_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "django-thread")
@@ -287,6 +291,8 @@ class Deployment:
         """gunicorn's worker class for this deployment: service_streamer's
         plain views under ``--ss-worker-class``, the rest under
         ``--worker-class``."""
+        if self.variant in GEVENT_VARIANTS:
+            return "gevent"
         return self.args.ss_worker_class if self.variant.startswith("ss-") else self.args.worker_class
 
     def _group(self, command: List[str], env: Dict[str, str], name: str) -> subprocess.Popen:
@@ -624,7 +630,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.images and unfit:
         parser.error(f"--images serves {', '.join(IMAGE_VARIANTS)}; not {', '.join(unfit)}")
     known = (
-        VARIANTS + DJANGO_VARIANTS + PEER_VARIANTS + ONE_BATCH_VARIANTS + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
+        VARIANTS
+        + DJANGO_VARIANTS
+        + PEER_VARIANTS
+        + ONE_BATCH_VARIANTS
+        + GEVENT_VARIANTS
+        + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
     )
     unknown = set(args.variants) - set(known)
     if unknown:

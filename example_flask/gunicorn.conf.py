@@ -11,7 +11,7 @@ this process about half the CPU under gevent that it cost under 64 gthread
 threads (the README's Deploy section; ``bench/scale_bench.py``). The
 worker is ``gevent_pywsgi``: gevent's own HTTP server, which parses and
 answers a request in less CPU than gunicorn's parser under ``-k gevent``
-(1.15x the requests a second of one process on one core, with the
+(1.17x the requests a second of one process on one core, with the
 forward pass stubbed). ``-k gevent`` or ``-k gthread`` on the command line
 goes back to those.
 
