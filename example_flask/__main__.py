@@ -1,7 +1,8 @@
 """``python -m example_flask``: serve the example on 127.0.0.1:5005 with
 Flask's threaded development server (``HOST`` and ``PORT`` change where).
-Use gunicorn in production:
-``gunicorn -w 1 --threads 64 -b 127.0.0.1:5005 'example_flask:create_app()'``."""
+Use gunicorn in production, with the example's settings (gevent workers,
+the models loaded as each process boots: see that file):
+``gunicorn -c example_flask/gunicorn.conf.py 'example_flask:create_app()'``."""
 
 import os
 import signal
