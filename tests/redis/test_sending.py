@@ -196,8 +196,8 @@ def test_a_second_batch_answered_at_once_waits_for_the_first_ones_callers(broker
         results[x] = streamer.predict([x])
         woken[x] = time.monotonic()
         if x < 4:  # the first batch's callers come back at once with their next call
+            back[x] = time.monotonic()  # before: the web process counts it back inside submit()
             next_calls.append(streamer.submit([x + 1000]))
-            back[x] = time.monotonic()
 
     threads = [threading.Thread(target=caller, args=(x,)) for x in range(8)]
     for thread in threads:
