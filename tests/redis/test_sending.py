@@ -42,10 +42,13 @@ def test_a_calls_inputs_are_sent_in_one_command(fault_broker, make_streamer, sta
     assert _calls(fault_broker, "xadd") - adds == 41
 
 
-def test_callers_coming_back_are_sent_together(fault_broker, make_streamer, start_worker):
+def test_callers_coming_back_are_sent_together(fault_broker, make_streamer, start_worker, monkeypatch):
     """16 callers in a closed loop: once answered, they come back one after
     another; their next requests go in about one command a round, not one
-    each, nor one for each few that happen to be queued."""
+    each, nor one for each few that happen to be queued. (The gaps between
+    callers that count as still coming back are stretched here, so that a
+    loaded machine's scheduling of the 16 threads cannot split a round.)"""
+    monkeypatch.setattr(hold, "STILL_ARRIVING", 0.005)
     start_worker(fault_broker, lambda batch: [x * 2 for x in batch], batch_size=16, max_latency=0.1)
     streamer = make_streamer(fault_broker)
     assert streamer.predict([1]) == [2]
