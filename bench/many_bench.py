@@ -273,7 +273,10 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
     settings = ", ".join(args.setting) or "the example's"
     rounds = f"; median of {args.repeat} interleaved rounds (inputs/s of all in brackets)" if args.repeat > 1 else ""
     if args.beside_large:
-        rounds += f"; requests of {args.beside_large} inputs sent beside, one at a time (warm-up included)"
+        rounds += (
+            f"; requests of {args.beside_large} inputs sent beside, one at a time (warm-up included; the server's "
+            "CPU, theirs too, is counted over wrk's inputs)"
+        )
     if args.code:
         rounds += f"; the code of {args.code}"
     lines = [
@@ -292,7 +295,7 @@ def report(runs: List[Run], args: argparse.Namespace) -> str:
         lines.append(
             f"| {run.server} | {run.per_request} | {connections} | "
             f"{run.inputs_per_s:,.0f}{_spread(run)} | {run.p50_ms:.1f} | {run.p99_ms:.1f} | {run.errors} | "
-            f"{run.cpu_ms_per_input:.3f} |"
+            + ("|" if run.server.endswith("beside") else f"{run.cpu_ms_per_input:.3f} |")
         )
     ours = {run.per_request: run for run in runs if run.server == "ours" and not run.failure}
     theirs = {run.per_request: run for run in runs if run.server == "infinity" and not run.failure}
