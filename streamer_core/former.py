@@ -275,7 +275,7 @@ class BatchFormer(Generic[T]):
         next call's in turn, then the next; a call given up is dropped."""
         parked, live = self._parked, self._live
         while count > 0 and parked:
-            call = parked.popleft()
+            call = self._next_parked()
             if not live(call[0]):  # its call ended (one future for all its inputs)
                 self._parked_count -= len(call)
                 for each in call:
@@ -287,6 +287,10 @@ class BatchFormer(Generic[T]):
             self.add(moved)
             if call:
                 parked.append(call)
+
+    def _next_parked(self) -> Deque[T]:
+        """The parked call whose turn it is, taken out of the turns."""
+        return self._parked.popleft()
 
     def _skip_given_up(self) -> Sequence[T]:
         """The queue, after dropping given-up inputs at its head."""

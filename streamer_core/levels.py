@@ -29,7 +29,10 @@ backends, a Redis worker):
   the higher levels' requests beside it instead (:mod:`streamer_core.backends.redis.reader`);
 - shaped by cost (``item_cost``, ``max_batch_cost``), a batch is led by the
   input that goes first by that rule, and its companions are chosen by
-  cost among the next inputs in that order.
+  cost among the next inputs in that order;
+- the parked inputs of large calls (:meth:`~streamer_core.former.BatchFormer.add_call`)
+  join their level's line in turns taken by level: the calls served at the
+  highest level (aging counted) first, those of one level in turn.
 
 Each level has its own bound on waiting inputs (``priority_max_queue``,
 else ``max_queue`` for each): a full level refuses its calls, the others
@@ -184,6 +187,22 @@ class LeveledFormer(BatchFormer[L]):
             if best is None or (served_as, head.arrival) < (best_level, best_arrival):
                 best, best_level, best_arrival = line, served_as, head.arrival
         return best
+
+    def _next_parked(self) -> Deque[L]:
+        """The parked call whose turn it is: of those served at the highest
+        level (their own, raised by aging as in :meth:`_next_line`), the first
+        in turn; a lower call's inputs joining the line first would hold up
+        the higher one's in every other batch."""
+        parked, aging_s, now = self._parked, self.aging_s, time.monotonic()
+
+        def served_as(index: int) -> int:
+            head = parked[index][0]
+            return head.level if aging_s is None else max(0, head.level - int((now - head.arrival) / aging_s))
+
+        turn = min(range(len(parked)), key=lambda index: (served_as(index), index))
+        call = parked[turn]
+        del parked[turn]
+        return call
 
     def _drop_dead_heads(self, line: Deque[L]) -> None:
         live = self._live

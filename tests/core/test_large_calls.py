@@ -232,3 +232,34 @@ def test_a_small_given_up_call_behind_a_large_live_one_does_not_compact_the_queu
         each.live = False
     formed.given_up(1000)
     assert formed.in_queue() == 0 and len(dropped) == 1009
+
+
+def test_with_levels_the_highest_levels_parked_calls_join_the_line_first() -> None:
+    """A large call of priority 1 beside one of priority 2: each batch
+    taken lets in the next of the higher's inputs, so every batch of it
+    goes before the lower's (its first batch's worth, in line before the
+    higher came, goes first only among the lower's)."""
+    config = BatchingConfig(4, 0.0, priority_levels=2)
+    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    formed.add_call(call("low", 12, level=1))
+    formed.add_call(call("high", 12, level=0))
+    batches = [names(formed.take()) for _ in range(6)]
+    assert [batch[0][:-1].rstrip("0123456789") for batch in batches] == ["high"] * 3 + ["low"] * 3, batches
+    assert batches[3:] == [[f"low{i}" for i in range(4 * n, 4 * n + 4)] for n in range(3)]
+
+
+def test_with_aging_a_lower_call_that_waited_long_keeps_its_turn() -> None:
+    """Aged to the highest level (it came 100 s ago; one level a second),
+    the lower call is served as the higher, and older: its parked inputs
+    join the line before the newer higher call's."""
+    config = BatchingConfig(4, 0.0, priority_levels=2, priority_aging=1.0)
+    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    low, high = call("low", 12, level=1), call("high", 12, level=0)
+    for each in low:
+        each.arrival = time.monotonic() - 100.0
+    for each in high:
+        each.arrival = time.monotonic()
+    formed.add_call(low)
+    formed.add_call(high)
+    assert names(formed.take()) == ["low0", "low1", "low2", "low3"]
+    assert names(formed.take()) == ["low4", "low5", "low6", "low7"]
