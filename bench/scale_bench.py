@@ -42,7 +42,7 @@ process) instead of gunicorn when named with ``-granian``:
 ``bfloat16`` (the examples' ``EMBEDDING_PRECISION``; mosec's and LitServe's
 forward pass under torch's autocast, as the examples'; infinity's
 ``--dtype``, which casts its whole model). Left at ``defaults``, each runs
-as it ships: the examples ``auto`` (bfloat16 on a CPU with AMX), the others
+as it ships: the examples ``auto`` (bfloat16 on a CPU with AMX or AVX512-BF16), the others
 float32 on a CPU.
 
 The last three, the peers (``--variants peers`` names them all), run only
@@ -590,7 +590,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "--precision",
         default="defaults",
         choices=("defaults", "float32", "bfloat16"),
-        help="every server's precision (default: each its own: the examples bfloat16 on a CPU with AMX, "
+        help="every server's precision (default: each its own: the examples bfloat16 on a CPU with AMX or AVX512-BF16, "
         "the peers float32)",
     )
     parser.add_argument(

@@ -14,7 +14,8 @@ STREAMER_MAX_LATENCY      0.05                          seconds a sentence waits
 STREAMER_MAX_BATCH_COST   1024                          padded tokens per batch (token_estimate)
 EMBEDDING_MODEL           all-MiniLM-L6-v2              a model name or a local path
 EMBEDDING_PRECISION       auto                          float32, bfloat16, or auto: bfloat16 on
-                                                        a CPU with AMX, else float32
+                                                        a CPU with AMX or AVX512-BF16,
+                                                        else float32
 IMAGE_MODEL               efficientnet-lite0            /classify's model: a name or a .pth file
 CLASSIFY_BATCH_SIZE       4                             most images per model call
 DJANGO_DEBUG              0                             1: Django's debug mode

@@ -43,7 +43,7 @@ DEFAULTS: Dict[str, Any] = {
     "STREAMER_HEALTH_ROUTE": "/healthz",
     "STREAMER_READY_ROUTE": "/readyz",
     "EMBEDDING_MODEL": DEFAULT_MODEL,
-    # auto: bfloat16 products on a CPU with AMX (about 3x float32's speed,
+    # auto: bfloat16 products on a CPU with AMX or AVX512-BF16 (about 3x float32's speed,
     # every vector within a cosine of 0.9999 of float32's), float32
     # elsewhere; float32 or bfloat16 to choose (example_flask.embedding).
     "EMBEDDING_PRECISION": "auto",

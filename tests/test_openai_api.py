@@ -47,7 +47,7 @@ class Example:
         env = {key: value for key, value in os.environ.items() if not key.startswith(unset)}
         env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", PIN_WORKERS="0")
         # The numbers of one text are compared across routes and batches to
-        # 1e-6: float32's. In bfloat16 (the default on a CPU with AMX) a
+        # 1e-6: float32's. In bfloat16 (the default on a CPU with AMX or AVX512-BF16) a
         # vector moves by up to ~1e-3 with its batch's padding.
         env.update(FLASK_EMBEDDING_PRECISION="float32", EMBEDDING_PRECISION="float32")
         self.log = folder / f"{name}.log"

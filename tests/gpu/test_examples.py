@@ -107,7 +107,7 @@ def test_the_model_is_on_cuda() -> None:
 
 def test_auto_is_float32_on_cuda_and_bfloat16_computes_in_bfloat16_there() -> None:
     """EMBEDDING_PRECISION on a GPU: ``auto`` keeps float32 (bfloat16 only
-    for a CPU with AMX); ``bfloat16`` runs the products in bfloat16 under
+    for a CPU with AMX or AVX512-BF16); ``bfloat16`` runs the products in bfloat16 under
     autocast on CUDA (the vectors move, within a cosine of 0.9999)."""
     import numpy as np
 
