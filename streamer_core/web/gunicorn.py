@@ -18,12 +18,14 @@ What they do:
   before it takes a request, then :func:`settle`: pin the process to its
   core where that takes nothing from a model computing on this CPU
   (:mod:`streamer_core.web.affinity`; ``PIN_WORKERS`` 1 always, 0 never),
-  keep what loading made out of the garbage collector's sight, and quit
-  once when told to (:func:`quit_once`);
+  keep what loading made out of the garbage collector's sight, skip the
+  access log's per-request work where nothing logs it
+  (:func:`skip_unlogged_access`), and quit once when told to
+  (:func:`quit_once`);
 - ``child_exit``: under prometheus_client's multiprocess mode, a dead
   process's gauges go with it.
 
-gunicorn itself is not imported here: the hooks get its objects.
+gunicorn itself is imported only where a hook is handed its objects.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ from typing import Any, Iterable, Optional
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .settling import GC_THRESHOLD, freeze_after_loading
 
-__all__ = ["on_starting", "on_exit", "pre_fork", "settle", "quit_once", "child_exit", "GC_THRESHOLD"]
+__all__ = [
+    "on_starting",
+    "on_exit",
+    "pre_fork",
+    "settle",
+    "skip_unlogged_access",
+    "quit_once",
+    "child_exit",
+    "GC_THRESHOLD",
+]
 
 logger = logging.getLogger("streamer_core")
 
@@ -109,7 +120,35 @@ def settle(worker: Any, backends: Iterable[str]) -> None:
     if pin_wanted(worker.cfg.workers, computes_here):
         pin_to_core(getattr(worker, "core_index", 0))
     freeze_after_loading()
+    skip_unlogged_access(worker)
     quit_once(worker)
+
+
+def skip_unlogged_access(worker: Any) -> None:
+    """Under gevent's own HTTP server (``-k gevent_pywsgi``), where no
+    access log is written: give the process a request handler whose
+    ``log_request`` does nothing. gunicorn's handler builds two datetimes
+    and a response object for every request before its logger finds that
+    access logging is off: about 5% of a request's CPU in the web process
+    with the forward pass stubbed (bench/README.md). Left as it is where an
+    access log is written (``--access-logfile``, a logging config), where
+    the logger is another class (``--statsd-host``'s counts requests in
+    ``access``), and where the logger does not say whether it logs access
+    (older gunicorn releases).
+    Runs before the worker starts its server, which takes the handler then."""
+    handler = getattr(worker, "wsgi_handler", None)
+    log = getattr(worker, "log", None)
+    if handler is None or getattr(log, "access_log_enabled", True):
+        return
+    from gunicorn.glogging import Logger
+
+    if getattr(type(log), "access", None) is not Logger.access:
+        return
+    worker.wsgi_handler = type(handler.__name__, (handler,), {"log_request": _log_nothing, "__module__": __name__})
+
+
+def _log_nothing(handler: Any) -> None:
+    """A handler's ``log_request`` where no access log is written."""
 
 
 def quit_once(worker: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -32,11 +33,17 @@ def create_app() -> Flask:
     @app.get("/process")
     def process() -> Any:
         """What the server's hooks made of this process: its frozen objects,
-        the collector's thresholds, its cores."""
+        the collector's thresholds, its cores, and the class of the server's
+        handler serving this request (the caller that has ``log_request``)."""
+        frame = sys._getframe()
+        while frame is not None and not hasattr(frame.f_locals.get("self"), "log_request"):
+            frame = frame.f_back  # type: ignore[assignment]
+        handler = None if frame is None else type(frame.f_locals["self"])
         return {
             "frozen": gc.get_freeze_count(),
             "threshold": gc.get_threshold(),
             "cores": sorted(os.sched_getaffinity(0)),
+            "handler": None if handler is None else f"{handler.__module__}.{handler.__qualname__}",
         }
 
     return app
