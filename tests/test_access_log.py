@@ -64,6 +64,17 @@ def test_without_an_access_log_the_handler_logs_nothing() -> None:
     assert unlogged.wsgi_handler.log_request(object()) is None  # touches nothing of the request
 
 
+def test_a_logger_that_cannot_say_whether_it_logs_access_keeps_gunicorns_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gunicorn releases whose logger has no ``access_log_enabled``: the
+    handler's work may be what logs, so it stays."""
+    monkeypatch.delattr(Logger, "access_log_enabled")
+    older = worker()
+    skip_unlogged_access(older)
+    assert older.wsgi_handler is PyWSGIHandler
+
+
 @pytest.mark.parametrize(
     "made",
     [

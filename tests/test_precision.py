@@ -38,6 +38,7 @@ TEXTS = [
     "precision, device, native_bf16, chosen",
     [
         ("auto", "cpu", True, "bfloat16"),
+        ("auto", "cpu:0", True, "bfloat16"),  # a CPU named with an index is a CPU
         ("auto", "cpu", False, "float32"),  # emulated bfloat16 is slower
         ("auto", "cuda:0", True, "float32"),  # a GPU: as given, float32 unless asked
         ("auto", "cuda", False, "float32"),
