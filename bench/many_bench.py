@@ -44,6 +44,10 @@ checkout (a worktree of an earlier commit, say), for a before and after::
     .venv/bin/python -m bench.many_bench --per-request 1 --inputs-in-flight 8 --beside-large 512
     .venv/bin/python -m bench.many_bench --per-request 1 --inputs-in-flight 8 --beside-large 512 --code ../before
 
+``--backend redis`` serves the example on the Redis backend: a
+redis-server of the run's own and one worker process (``flask streamer
+run-workers``), their CPU counted with the server's.
+
 The floors of issue #40 are printed, PASS or MISS, never asserted.
 """
 
@@ -105,6 +109,9 @@ class Server:
     folder: str
     port: int = field(default_factory=harness.free_port)
     process: Optional[subprocess.Popen] = None
+    #: ``--backend redis``: its redis-server and the workers (``flask streamer run-workers``).
+    redis: Optional[harness.PrivateRedis] = None
+    workers: Optional[subprocess.Popen] = None
 
     @property
     def path(self) -> str:
@@ -123,6 +130,8 @@ class Server:
                 env[f"FLASK_{name}"] = value
             if self.args.stub_forward:
                 env.setdefault("PIN_WORKERS", "1")
+            if self.args.backend == "redis":
+                self.start_redis(env, code)
             command = [sys.executable, "-m", "gunicorn", "-c", "example_flask/gunicorn.conf.py", "-b",
                        f"127.0.0.1:{self.port}", "--log-level", "warning", "example_flask:create_app()"]  # fmt: skip
             if self.args.server == "granian":
@@ -146,6 +155,18 @@ class Server:
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         harness.LIVE.add(self.process)
+
+    def start_redis(self, env: Dict[str, str], code: str) -> None:
+        """A redis-server of this run and one worker process of the example's."""
+        self.redis = harness.PrivateRedis(shutil.which("redis-server") or "redis-server", self.folder)
+        self.redis.start()
+        env.update(FLASK_STREAMER_REDIS_URL=f"redis://127.0.0.1:{self.redis.port}/0", FLASK_STREAMER_PREFIX="many")
+        log = open(os.path.join(self.folder, "workers.log"), "w")  # noqa: SIM115 - closed with the process
+        self.workers = subprocess.Popen(
+            [sys.executable, "-m", "flask", "--app", "example_flask", "streamer", "run-workers", "--workers", "1"],
+            cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        harness.LIVE.add(self.workers)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_LIMIT_S
@@ -171,7 +192,11 @@ class Server:
 
     def ticks(self) -> int:
         assert self.process is not None
-        return sum(harness.cpu_ticks_by_depth(self.process.pid))
+        ticks = sum(harness.cpu_ticks_by_depth(self.process.pid))
+        for other in (self.workers, self.redis.proc if self.redis is not None else None):
+            if other is not None:
+                ticks += sum(harness.cpu_ticks_by_depth(other.pid))
+        return ticks
 
     def stop(self) -> None:
         if self.process is not None:
@@ -181,6 +206,10 @@ class Server:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
             harness.kill(self.process)
+        if self.workers is not None:
+            harness.kill(self.workers)
+        if self.redis is not None:
+            self.redis.stop()
 
 
 class LargeClient(threading.Thread):
@@ -335,7 +364,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--per-request", default="1,8,32,128", help="inputs per request, comma-separated")
     parser.add_argument("--inputs-in-flight", type=int, default=128, help="inputs wrk keeps in flight (default 128)")
     parser.add_argument("--web-workers", type=int, default=1, help="gunicorn processes of the example (default 1)")
-    parser.add_argument("--backend", default="thread", choices=("thread", "process"), help="the example's backend")
+    parser.add_argument(
+        "--backend",
+        default="thread",
+        choices=("thread", "process", "redis"),
+        help="the example's backend (redis: a redis-server of the run's own and one worker process)",
+    )
     parser.add_argument(
         "--server",
         default="gunicorn",

@@ -36,13 +36,11 @@ run nothing but inputs about to expire, their answers read by nobody.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
-from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
+from .deadlines import Deadlines
 from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from .former import BatchFormer
 from .future import BatchFuture, settle
@@ -136,6 +134,11 @@ class _Item:
         self.level = level
 
 
+def _unanswered(item: _Item) -> int:
+    """How many inputs of ``item``'s call have no answer yet."""
+    return item.task.remaining
+
+
 def live_items(items: Sequence[_Item], stats: Optional[ModelStats]) -> List[_Item]:
     """The items of a batch whose calls still wait for them; the others
     are dropped unrun, counted by why (a backend's last look before its
@@ -166,57 +169,6 @@ def deliver(items: Sequence[_Item], outcomes: Sequence[Outcome]) -> None:
                 stats.succeeded(len(completed))
     for future in completed:
         future._wake()
-
-
-class _Deadlines:
-    """Call deadlines, soonest first. Calls on the streamer's own timeout
-    arrive in deadline order, so they take a FIFO (O(1) a call); only calls
-    with a timeout of their own go through a heap. Finished calls stay until
-    their deadline and are swept out when the records grow, so memory
-    follows the calls still running."""
-
-    def __init__(self, standard_timeout: float) -> None:
-        self.standard = standard_timeout
-        self._fifo: Deque[Tuple[float, _Task]] = deque()
-        self._heap: List[Tuple[float, int, _Task]] = []
-        self._seq = itertools.count()
-        self._sweep_at = 4096
-
-    def add(self, deadline: float, task: _Task) -> bool:
-        """Record ``task``; return whether its deadline is now the soonest."""
-        if len(self._fifo) + len(self._heap) >= self._sweep_at:
-            self._sweep()
-        if task.timeout == self.standard:
-            self._fifo.append((deadline, task))
-            return len(self._fifo) == 1 and (not self._heap or deadline < self._heap[0][0])
-        heapq.heappush(self._heap, (deadline, next(self._seq), task))
-        return self._heap[0][2] is task and (not self._fifo or deadline < self._fifo[0][0])
-
-    def pop_expired(self, now: float) -> List[_Task]:
-        expired = []
-        fifo, heap = self._fifo, self._heap
-        while fifo and fifo[0][0] <= now:
-            expired.append(fifo.popleft()[1])
-        while heap and heap[0][0] <= now:
-            expired.append(heapq.heappop(heap)[2])
-        return expired
-
-    def soonest(self) -> float:
-        first = self._fifo[0][0] if self._fifo else float("inf")
-        return min(first, self._heap[0][0]) if self._heap else first
-
-    def tasks(self) -> List[_Task]:
-        return [task for _, task in self._fifo] + [entry[2] for entry in self._heap]
-
-    def clear(self) -> None:
-        self._fifo.clear()
-        self._heap.clear()
-
-    def _sweep(self) -> None:
-        self._fifo = deque(entry for entry in self._fifo if entry[1].future is not None)
-        self._heap = [entry for entry in self._heap if entry[2].future is not None]
-        heapq.heapify(self._heap)
-        self._sweep_at = max(4096, 2 * (len(self._fifo) + len(self._heap)))
 
 
 class Scheduler:
@@ -257,7 +209,7 @@ class Scheduler:
         # Off where batches here are not the model's (sends to a broker).
         self._shed_late = shed_late
         self._late_before = float("-inf")
-        self._deadlines = _Deadlines(config.timeout)
+        self._deadlines: Deadlines[_Task] = Deadlines(config.timeout)
         # Worker capacity: each worker holds up to two batches, the one it runs
         # and, when a full batch is waiting, the next one, so it never idles
         # between batches under load.
@@ -504,6 +456,23 @@ class Scheduler:
         their answers come."""
         with self._cond:
             self._former.policy.delivered(n, seconds, time.monotonic())
+
+    def gate_parked(self, out_limit: Callable[[], int]) -> None:
+        """Hold each large call's parked inputs while ``out_limit()`` of its
+        others are out, unanswered (see
+        :meth:`BatchFormer.gate_parked`): for a backend whose batches leave
+        as soon as they are taken, a Redis web process, whose workers read
+        its requests in the order they were sent. It calls
+        :meth:`wake_parked` as answers reach their calls."""
+        with self._cond:
+            self._former.gate_parked(out_limit, _unanswered)
+
+    def wake_parked(self) -> None:
+        """Answers reached their calls: inputs held at their call's gate may
+        join the line now (a look from the dispatcher, where any are held)."""
+        if self._former.gated:
+            with self._cond:
+                self._cond.notify()
 
     def batch_returned(self, items: Sequence[_Item], held: int) -> None:
         """A batch meant for a worker holding ``held`` batches could not be

@@ -16,7 +16,11 @@ everywhere:
   parked, and after each batch taken as many parked inputs as it held
   join the back of the line, the parked calls taking turns. So a call of
   2,048 inputs holds up the calls that come after it by a batch (two
-  shaped), not by the 32 it needs, and two such calls share the model;
+  shaped), not by the 32 it needs, and two such calls share the model.
+  Where batches are sent on rather than run (a Redis web process, whose
+  batches leave as soon as they are taken), :meth:`BatchFormer.gate_parked`
+  also holds a call's parked inputs while too many of its others are out
+  unanswered, so that they do not all reach the broker's queue at once;
 - a batch goes at once when it is as full as it can be (``batch_size``
   inputs, or more than one batch's budget of cost waiting), else when the
   hold policy (:mod:`streamer_core.hold`) stops waiting for companions;
@@ -40,7 +44,7 @@ from .config import BatchingConfig
 from .hold import HoldPolicy
 from .shaping import CostShaper
 
-__all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN"]
+__all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
 
 #: A batch shaped by cost is chosen among the next this many batches' worth
 #: of waiting inputs: enough to find like companions, few enough to sort each time.
@@ -52,6 +56,11 @@ SHAPING_WINDOW = 8
 #: with one batch's worth in line, 9% with two, 3% with eight (the whole
 #: window); a query after the call waits for them.
 SHAPED_TURN = 2
+
+#: While parked inputs are held at their call's gate (:meth:`BatchFormer.gate_parked`)
+#: and nothing else waits, the owner looks again after at most this many
+#: seconds, even if no answer told it to: a wake-up missed costs this, never a hang.
+GATED_RECHECK_S = 0.05
 
 
 class Waiting(Protocol):
@@ -94,6 +103,11 @@ class BatchFormer(Generic[T]):
         # order, the calls in the order they take turns (see add_call).
         self._parked: Deque[Deque[T]] = deque()
         self._parked_count = 0
+        # Where parked inputs are gated (gate_parked): how many inputs of a
+        # call may be out, and how many of a call's inputs are not answered
+        # yet (given its first).
+        self._out_limit: Optional[Callable[[], int]] = None
+        self._unanswered: Callable[[T], int] = _nothing_out
         self._dead = 0  # inputs in the queue given up, about: triggers a compaction
         # What every queued input costs, given-up ones too, at most: a bound
         # that tells most arrivals at once that a batch is not full yet
@@ -118,14 +132,33 @@ class BatchFormer(Generic[T]):
     def add_call(self, inputs: Sequence[T]) -> None:
         """Queue one call's ``inputs``: up to a batch's worth behind those
         waiting, the rest parked to join the line a batch's worth at a time
-        (see the module's doc)."""
-        turn = self._turn()
+        (see the module's doc); gated (:meth:`gate_parked`), no more than
+        may be out."""
+        turn = self._turn() if self._out_limit is None else max(1, min(self._turn(), self._out_limit()))
         if len(inputs) <= turn:
             self.add(inputs)
             return
         self.add(inputs[:turn])
         self._parked.append(deque(inputs[turn:]))
         self._parked_count += len(inputs) - turn
+
+    def gate_parked(self, out_limit: Callable[[], int], unanswered: Callable[[T], int]) -> None:
+        """Bring a large call's parked inputs into line only while fewer than
+        ``out_limit()`` of its inputs are out: in line, or taken and not
+        answered yet (``unanswered(input)``: how many inputs of its call
+        are not answered yet, parked ones included). For an owner whose
+        batches leave as soon as they are taken (a Redis web process sends
+        them to the broker, whose workers read in order): the rest of the
+        call waits here, its turns kept, and the owner calls :meth:`decide`
+        again as answers come. ``out_limit`` is called under the owner's
+        lock: it must be cheap and take no lock."""
+        self._out_limit = out_limit
+        self._unanswered = unanswered
+
+    @property
+    def gated(self) -> bool:
+        """Whether parked inputs wait that a gate may hold (see :meth:`gate_parked`)."""
+        return self._out_limit is not None and bool(self._parked)
 
     def add_alone(self, inputs: Sequence[T]) -> None:
         """Queue ``inputs`` to run one by one, before the others."""
@@ -227,7 +260,7 @@ class BatchFormer(Generic[T]):
         queue = self._in_line()
         if not queue:
             self._dead = 0
-            return None, math.inf
+            return None, now + GATED_RECHECK_S if self.gated else math.inf
         if go_now or len(queue) >= self.size or (self.shaped and self.over_budget()):
             return self.take(), now
         hold_until = self.policy.hold_until(queue[0].arrival, now)
@@ -259,9 +292,11 @@ class BatchFormer(Generic[T]):
 
     def _in_line(self) -> Sequence[T]:
         """What waits in line (:meth:`_skip_given_up`), refilled from the
-        parked calls when it ran dry (its inputs all given up)."""
+        parked calls when it ran dry (its inputs all given up), or, gated
+        (:meth:`gate_parked`), whenever a call's gate lets more in: answers
+        came since the batch that left them out."""
         queue = self._skip_given_up()
-        if not queue and self._parked:
+        if self._parked and (not queue or self._out_limit is not None):
             self._unpark(self._turn())
             queue = self._skip_given_up()
         return queue
@@ -272,8 +307,11 @@ class BatchFormer(Generic[T]):
 
     def _unpark(self, count: int) -> None:
         """Move up to ``count`` parked inputs to the back of the line: the
-        next call's in turn, then the next; a call given up is dropped."""
+        next call's in turn, then the next; a call given up is dropped; a
+        call at its gate (:meth:`gate_parked`) keeps its turn."""
         parked, live = self._parked, self._live
+        limit = None if self._out_limit is None else self._out_limit()
+        held: List[Deque[T]] = []  # calls at their gate, in turn
         while count > 0 and parked:
             call = self._next_parked()
             if not live(call[0]):  # its call ended (one future for all its inputs)
@@ -281,12 +319,17 @@ class BatchFormer(Generic[T]):
                 for each in call:
                     self._drop(each)
                 continue
-            moved = [call.popleft() for _ in range(min(count, len(call)))]
+            room = len(call) if limit is None else limit - (self._unanswered(call[0]) - len(call))
+            if room <= 0:
+                held.append(call)
+                continue
+            moved = [call.popleft() for _ in range(min(count, room, len(call)))]
             self._parked_count -= len(moved)
             count -= len(moved)
             self.add(moved)
             if call:
                 parked.append(call)
+        parked.extendleft(reversed(held))
 
     def _next_parked(self) -> Deque[T]:
         """The parked call whose turn it is, taken out of the turns."""
@@ -346,6 +389,10 @@ class BatchFormer(Generic[T]):
 
 def _always(_: Any) -> bool:
     return True
+
+
+def _nothing_out(_: Any) -> int:
+    return 0
 
 
 def _ignore(_: Any) -> None:

@@ -139,14 +139,18 @@ def test_calls_fail_fast_and_clearly_while_redis_is_down(fault_broker, make_stre
 
 def test_a_call_redis_refuses_half_way_fails_fast_and_the_streamer_goes_on(fault_broker, make_streamer, start_worker):
     """Redis out of memory (``maxmemory``, no eviction) refuses writes with
-    an error reply, not a lost connection. A call of 300 inputs goes in two
-    sends: the first fits, the second is refused. The call fails at once
+    an error reply, not a lost connection. A call of 511 inputs goes in two
+    sends (its worker's batches hold 256, two of which may be out at once:
+    test_large_calls), the first fits, the second is refused. The call fails at once
     with a clear error (its sent inputs withdrawn), and the streamer serves
     again once Redis has room. (The refusal once escaped the backend and
     left the dispatcher's counts wrong; with the first inputs sent, failing
     the call also deadlocked the dispatcher on the backend's own lock.)"""
     conn = fault_broker.conn
+    holding = threading.Event()  # the worker holds the batch it reads until the end
+    start_worker(fault_broker, lambda batch: holding.wait(20) and [x * 2 for x in batch], batch_size=256)
     streamer = make_streamer(fault_broker, timeout=30)
+    assert streamer.wait_ready(10)  # and counts the worker's batch size
     assert streamer.predict([], timeout=1) == []
     # Redis refuses a script whose start finds memory over the limit (its
     # writes then all fail, or all succeed). Each send of 4 KB inputs holds
@@ -160,6 +164,7 @@ def test_a_call_redis_refuses_half_way_fails_fast_and_the_streamer_goes_on(fault
         streamer.predict(["x" * 4096] * 511)
     assert time.monotonic() - started < 10, "a refused call must not wait out its timeout"
     assert wait_for(lambda: fault_broker.xlen() == 0, 5), "the inputs sent before the refusal must be withdrawn"
+    holding.set()
     conn.config_set("maxmemory", 0)
     start_worker(fault_broker, models.double, batch_size=8)
     assert streamer.predict([1, 2, 3], timeout=10) == [2, 4, 6]

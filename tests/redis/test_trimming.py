@@ -13,6 +13,7 @@ import msgpack
 import pytest
 
 from streamer_core import StreamerTimeoutError
+from streamer_core.backends.redis.client import BATCHES_PER_WORKER
 from tests.redis import models
 from tests.redis.conftest import wait_for
 
@@ -128,7 +129,8 @@ def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_stre
     is busy (``future.result(timeout)`` runs out, or an ``apredict`` task is
     cancelled, as when an HTTP client disconnects): its request is withdrawn
     from Redis and never reaches the model. (Once, it stayed and was run.)
-    A call of 300 inputs goes to Redis in two sends: both are withdrawn."""
+    Of a call of 300 inputs, what is in Redis (two of the worker's batches:
+    test_large_calls) is withdrawn, and the rest is never sent."""
     start_worker(broker, gate, batch_size=4)
     streamer = make_streamer(broker, timeout=10)
     held = streamer.submit(["hold"])
@@ -136,7 +138,7 @@ def test_a_call_its_caller_gave_up_on_does_not_reach_the_model(broker, make_stre
     if give_up.startswith("result_timeout"):
         inputs = ["abandoned"] * (300 if give_up.endswith("300_inputs") else 1)
         future = streamer.submit(inputs)
-        broker.wait_queued(1 + len(inputs))
+        broker.wait_queued(1 + min(len(inputs), BATCHES_PER_WORKER * 4))
         with pytest.raises(StreamerTimeoutError):
             future.result(timeout=0.3)
         assert future.cancelled()

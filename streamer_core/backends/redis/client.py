@@ -71,8 +71,11 @@ _STAGGER_S = 0.003
 SEND_RETRY_S = 1.5
 # The first pause between two tries of a send; each next one is twice as long.
 _FIRST_RETRY_S = 0.1
-# How often a web process checks the server is the same one (a restart empties it).
+# How often a web process checks the server is the same one (a restart empties it), counts workers.
 _CHECK_SERVER_S = 1.0
+#: A large call's inputs out in Redis at a time: this many of each live worker's batches (one
+#: running, the next behind it); the rest waits here, later calls' inputs going ahead of it.
+BATCHES_PER_WORKER = 2
 _BLOCK_MS = 500
 #: A request to send: request id, timeout in ms, payload, buffers, cost, traceparent.
 _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
@@ -124,6 +127,7 @@ class _RedisClientBackend(Backend):
             self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
             if self.roster.watching:
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
+            self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
         except broker_errors() as exc:
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
@@ -132,6 +136,7 @@ class _RedisClientBackend(Backend):
             self._ask_conn.close()
             raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
+        scheduler.gate_parked(self._out_limit)
         if scheduler.stats is not None:
             self._dead.stats = scheduler.stats
             scheduler.stats.watch_broker(self)
@@ -312,6 +317,7 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = b"0-0"
                     pipe.expire(self._results_key, RESULTS_TTL_S)
+                    self.roster.live_batch_sizes(self._read_conn)
                     if self.roster.watching:
                         self.roster.check(self._read_conn)
                         if self.roster.missing():
@@ -379,6 +385,12 @@ class _RedisClientBackend(Backend):
                 self._let_callers_return(scheduler)
                 scheduler.answered(len(items), time.monotonic() - min(item.arrival for item in items))
             deliver(items, outcomes)
+        if batches and scheduler is not None:
+            scheduler.wake_parked()
+
+    def _out_limit(self) -> int:
+        """How many of a large call's inputs may be out at once (under the scheduler's lock: no I/O)."""
+        return BATCHES_PER_WORKER * (sum(self.roster.batch_sizes) or OPTIONS["batch_size"].default)
 
     def _let_callers_return(self, scheduler: Scheduler) -> None:
         """Before answering a batch, let the callers of the one answered
@@ -417,16 +429,7 @@ class _RedisClientBackend(Backend):
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until a worker serves this prefix; whether one did in time."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.live_workers():
-                    return True
-            except broker_errors():
-                pass
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        return self.roster.wait_live(self._send_conn, timeout)
 
     def _fail_waiting(self, make_error: Callable[[], BaseException]) -> None:
         """Fail every call waiting for an answer. Their requests are deleted

@@ -36,6 +36,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional
 
+from ...config import OPTIONS
 from ...devices import shown_device
 from ...errors import NoWorkerError
 from .connection import broker_errors
@@ -79,6 +80,8 @@ class Roster:
         self._unreachable = False  # the last question to Redis went unanswered
         self._loading: List[LoadingWorker] = []
         self._rechecked = float("-inf")  # monotonic time missing_now last asked Redis
+        #: The batch size of each live worker, as last seen (:meth:`live_batch_sizes`).
+        self.batch_sizes: List[int] = []
 
     @property
     def watching(self) -> bool:
@@ -107,6 +110,31 @@ class Roster:
             device = _device_of(raw)
             counts[device] = counts.get(device, 0) + 1
         return counts
+
+    def wait_live(self, conn: Any, timeout: float) -> bool:
+        """Wait until a worker serves this prefix; whether one did within
+        ``timeout`` seconds (Redis not answering counts as none)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.live_batch_sizes(conn):
+                    return True
+            except broker_errors():
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def live_batch_sizes(self, conn: Any) -> List[int]:
+        """The batch size of each live worker, as its info says (the default
+        batch size where it does not: a worker of an earlier release), kept
+        as :attr:`batch_sizes`: a Redis web process lets in two batches'
+        worth of a large call for each (``BatchFormer.gate_parked``)."""
+        infos = conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
+        if infos:
+            self._seen = time.monotonic()
+        self.batch_sizes = [_batch_size_of(raw) for raw in infos]
+        return self.batch_sizes
 
     def pending(self, conn: Any) -> int:
         """Requests of this prefix delivered to a worker and not yet
@@ -257,3 +285,14 @@ def _device_of(raw: Any) -> str:
     if device is None or isinstance(device, str):
         return shown_device(device)
     return "unknown"
+
+
+def _batch_size_of(raw: Any) -> int:
+    """A live worker's batch size from the info it wrote; the default where
+    the info has none, or one that is not a whole number of at least 1."""
+    try:
+        info = json.loads(raw) if raw is not None else None
+    except ValueError:
+        info = None
+    size = info.get("batch_size") if isinstance(info, dict) else None
+    return size if type(size) is int and size >= 1 else int(OPTIONS["batch_size"].default)

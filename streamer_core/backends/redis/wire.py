@@ -8,7 +8,7 @@ Keys, for a prefix ``P`` (``streamer`` alone when the prefix is empty)::
                                  where the model has priority levels (see Keys.request_stream)
     streamer:P:results:<client>  stream per web process, expires when unread
     streamer:P:workers           sorted set: worker name -> its last beat (server ms)
-    streamer:P:worker-info       hash: worker name -> JSON {"host", "pid", "device"}, for status
+    streamer:P:worker-info       hash: worker name -> JSON {"host", "pid", "device", "levels", "batch_size"}
     streamer:P:dead              stream, capped: entries that did not parse
 
 A request entry (written by :func:`request_fields`, read by :func:`parse_request`):

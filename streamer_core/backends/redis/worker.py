@@ -208,7 +208,9 @@ class RedisWorker:
         self._device = device
         # "levels": the priority levels it reads (a stream each), which web processes check their own against.
         levels = self._config.priority_levels
+        # "batch_size": how much of a large call web processes let into the stream at once.
         about = {"host": socket.gethostname(), "pid": os.getpid(), "device": device, "levels": levels}
+        about["batch_size"] = self._config.batch_size
         with Loading(self._address, self._keys, self.consumer, about):
             predict = self._predict = self._load_model(gpu_id)
         freeze_loaded()
