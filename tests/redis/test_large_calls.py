@@ -95,15 +95,21 @@ def test_a_large_call_alone_is_spread_over_every_worker(broker, make_streamer, s
     assert len(first.batches) >= 5 and len(second.batches) >= 5, (len(first.batches), len(second.batches))
 
 
-def test_answers_let_the_rest_of_a_large_call_in_at_once(broker, make_streamer, start_worker, monkeypatch):
-    """The web process looks at its held inputs as answers come, not at its
-    next recheck (stretched here to 30 s: a call waiting for it would time out)."""
-    monkeypatch.setattr(former, "GATED_RECHECK_S", 30.0)
+def served_at_once(broker: Any, make_streamer: Any, start_worker: Any) -> Any:
+    """A streamer whose one worker (batches of 8) runs each batch as it comes."""
     model = Gated()
     model.go.set()
     start_worker(broker, model, batch_size=8)
     streamer = make_streamer(broker, timeout=15)
     assert streamer.wait_ready(10)
+    return streamer
+
+
+def test_answers_let_the_rest_of_a_large_call_in_at_once(broker, make_streamer, start_worker, monkeypatch):
+    """The web process looks at its held inputs as answers come, not at its
+    next recheck (stretched here to 30 s: a call waiting for it would time out)."""
+    monkeypatch.setattr(former, "GATED_RECHECK_S", 30.0)
+    streamer = served_at_once(broker, make_streamer, start_worker)
     assert streamer.predict(list(range(400))) == list(range(400))
 
 
@@ -111,11 +117,7 @@ def test_a_wake_up_missed_costs_a_recheck_not_the_call(broker, make_streamer, st
     """Were the web process never told of answers, it would still let the
     rest of a large call in, every GATED_RECHECK_S."""
     monkeypatch.setattr(Scheduler, "wake_parked", lambda self: None)
-    model = Gated()
-    model.go.set()
-    start_worker(broker, model, batch_size=8)
-    streamer = make_streamer(broker, timeout=15)
-    assert streamer.wait_ready(10)
+    streamer = served_at_once(broker, make_streamer, start_worker)
     assert streamer.predict(list(range(80))) == list(range(80))
 
 
