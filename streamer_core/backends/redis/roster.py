@@ -102,12 +102,9 @@ class Roster:
         was given; ``unknown`` for a live worker whose info is missing or
         does not parse: anyone with access to Redis may write there), by
         asking Redis once; for ``streamer_workers_live_by_device``."""
-        infos = conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
-        if infos:
-            self._seen = time.monotonic()
         counts: Dict[str, int] = {}
-        for raw in infos:
-            device = _device_of(raw)
+        for info in self._live_infos(conn):
+            device = _device_of(info)
             counts[device] = counts.get(device, 0) + 1
         return counts
 
@@ -130,11 +127,17 @@ class Roster:
         batch size where it does not: a worker of an earlier release), kept
         as :attr:`batch_sizes`: a Redis web process lets in two batches'
         worth of a large call for each (``BatchFormer.gate_parked``)."""
+        self.batch_sizes = [_batch_size_of(info) for info in self._live_infos(conn)]
+        return self.batch_sizes
+
+    def _live_infos(self, conn: Any) -> List[Optional[Dict[str, Any]]]:
+        """What each live worker wrote of itself, by asking Redis once: a
+        dict, or ``None`` where it is missing or is not a JSON object
+        (anyone with access to Redis may write there)."""
         infos = conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
         if infos:
             self._seen = time.monotonic()
-        self.batch_sizes = [_batch_size_of(raw) for raw in infos]
-        return self.batch_sizes
+        return [_parsed(raw) for raw in infos]
 
     def pending(self, conn: Any) -> int:
         """Requests of this prefix delivered to a worker and not yet
@@ -162,9 +165,7 @@ class Roster:
             live = self.live(conn)
             loading = [] if live else loading_workers(conn, self._keys)
             if live and self._levels > 1:
-                self._learn_levels(
-                    conn.eval(LIVE_WORKER_INFO_SCRIPT, 2, self._keys.workers, self._keys.worker_info, PRESENCE_MS)
-                )
+                self._learn_levels(self._live_infos(conn))
         except broker_errors():
             self.unreachable()
             raise
@@ -177,18 +178,14 @@ class Roster:
         self._checked = True
         return live
 
-    def _learn_levels(self, infos: List[Any]) -> None:
+    def _learn_levels(self, infos: List[Optional[Dict[str, Any]]]) -> None:
         """The most levels a live worker reads, from their infos (read
         defensively: anyone with access to Redis may have written them); a
         worker that does not say reads one. Said once in the log while it
         is fewer than this process's."""
         found: Optional[int] = None
-        for raw in infos:
-            try:
-                info = json.loads(raw) if raw is not None else None
-            except ValueError:
-                continue
-            if isinstance(info, dict):
+        for info in infos:
+            if info is not None:
                 levels = info.get("levels", 1)
                 levels = levels if isinstance(levels, int) and not isinstance(levels, bool) and levels >= 1 else 1
                 found = levels if found is None else max(found, levels)
@@ -273,26 +270,28 @@ class Roster:
         return error
 
 
-def _device_of(raw: Any) -> str:
-    """A live worker's device from the info it wrote: ``CUDA_VISIBLE_DEVICES``
-    as it serves, or ``null`` (``default``); ``unknown`` where the info is
-    missing or is not what a worker writes."""
+def _parsed(raw: Any) -> Optional[Dict[str, Any]]:
+    """A worker's info as the JSON object it wrote; ``None`` where there is
+    none, or it is not JSON, or not an object."""
     try:
         info = json.loads(raw) if raw is not None else None
     except ValueError:
-        info = None
-    device = info.get("device", False) if isinstance(info, dict) else False
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _device_of(info: Optional[Dict[str, Any]]) -> str:
+    """A live worker's device from the info it wrote: ``CUDA_VISIBLE_DEVICES``
+    as it serves, or ``null`` (``default``); ``unknown`` where the info is
+    missing or is not what a worker writes."""
+    device = info.get("device", False) if info is not None else False
     if device is None or isinstance(device, str):
         return shown_device(device)
     return "unknown"
 
 
-def _batch_size_of(raw: Any) -> int:
+def _batch_size_of(info: Optional[Dict[str, Any]]) -> int:
     """A live worker's batch size from the info it wrote; the default where
     the info has none, or one that is not a whole number of at least 1."""
-    try:
-        info = json.loads(raw) if raw is not None else None
-    except ValueError:
-        info = None
-    size = info.get("batch_size") if isinstance(info, dict) else None
+    size = info.get("batch_size") if info is not None else None
     return size if type(size) is int and size >= 1 else int(OPTIONS["batch_size"].default)
