@@ -8,12 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 from streamer_core import BatchingConfig, QueueFullError, Streamer, ThreadedStreamer
-from streamer_core.former import BatchFormer
+from streamer_core.former import GATED_RECHECK_S, BatchFormer
 from streamer_core.levels import LeveledFormer
 from tests.core import models
 from tests.helpers import wait_for
@@ -263,3 +263,55 @@ def test_with_aging_a_lower_call_that_waited_long_keeps_its_turn() -> None:
     formed.add_call(high)
     assert names(formed.take()) == ["low0", "low1", "low2", "low3"]
     assert names(formed.take()) == ["low4", "low5", "low6", "low7"]
+
+
+def gated(limit: int) -> Tuple[BatchFormer[Input], Dict[str, int], List[Input]]:
+    """A former whose large calls may have ``limit`` inputs out
+    (:meth:`BatchFormer.gate_parked`, as a Redis web process's), each
+    call's unanswered count kept by its name's letters, and what it dropped."""
+    remaining: Dict[str, int] = {}
+    dropped: List[Input] = []
+    formed = former(dropped=dropped.append)
+    formed.gate_parked(lambda: limit, lambda each: remaining[each.name.rstrip("0123456789")])
+    return formed, remaining, dropped
+
+
+def test_a_gated_call_waits_for_its_answers_and_keeps_its_turn() -> None:
+    formed, remaining, _ = gated(limit=4)
+    remaining.update(a=10, b=10)
+    formed.add_call(call("a", 10))
+    formed.add_call(call("b", 10))
+    assert names(formed.take()) == ["a0", "a1", "a2", "a3"]
+    assert names(formed.take()) == ["b0", "b1", "b2", "b3"]
+    assert formed.decide(now=0.0)[0] is None, "both calls have four out: nothing more goes"
+    remaining["b"] -= 4  # b's first four answered: b may go on, a still waits
+    assert names(formed.decide(now=0.0)[0]) == ["b4", "b5", "b6", "b7"]
+    remaining["a"] -= 4
+    remaining["b"] -= 4
+    # a waited at its gate while b went on: it kept its turn, ahead of b's last two.
+    assert names(formed.decide(now=0.0)[0]) == ["a4", "a5", "a6", "a7"]
+
+
+def test_a_gated_call_that_ended_is_dropped_not_held() -> None:
+    formed, remaining, dropped = gated(limit=4)
+    remaining["a"] = 10
+    inputs = call("a", 10)
+    formed.add_call(inputs)
+    assert names(formed.take()) == ["a0", "a1", "a2", "a3"]
+    for each in inputs:
+        each.live = False  # its caller gave up, with four out and six at the gate
+    assert formed.decide(now=0.0) == (None, float("inf"))
+    assert formed.in_queue() == 0 and names(dropped) == [f"a{i}" for i in range(4, 10)]
+
+
+def test_a_gated_former_looks_again_only_while_inputs_wait_at_a_gate() -> None:
+    formed, remaining, _ = gated(limit=4)
+    assert not formed.gated and formed.decide(now=0.0) == (None, float("inf")), "nothing held: no look again"
+    remaining["a"] = 6
+    formed.add_call(call("a", 6))
+    assert formed.gated
+    assert names(formed.take()) == ["a0", "a1", "a2", "a3"]
+    assert formed.decide(now=0.0) == (None, GATED_RECHECK_S), "two held: it looks again"
+    remaining["a"] = 2
+    assert names(formed.decide(now=0.0)[0]) == ["a4", "a5"]
+    assert not formed.gated and formed.decide(now=0.0) == (None, float("inf"))

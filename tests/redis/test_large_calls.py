@@ -7,12 +7,15 @@ and is answered before its last batches run. Real Redis, real workers."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, List
 
 from streamer_core import StreamerTimeoutError, former
 from streamer_core.backends.redis.client import BATCHES_PER_WORKER
+from streamer_core.backends.redis.roster import Roster
+from streamer_core.backends.redis.wire import Keys
 from streamer_core.batching import Scheduler
 from tests.redis.conftest import wait_for
 
@@ -135,3 +138,27 @@ def test_the_parked_inputs_of_a_large_call_that_timed_out_never_reach_redis(brok
     model.go.set()
     assert streamer.predict(["after"]) == ["after"]
     assert len(model.seen()) <= 1 + BATCHES_PER_WORKER * 8, "at most what was in Redis as it ended"
+
+
+def test_a_worker_info_that_does_not_say_a_whole_batch_size_counts_as_the_default(broker):
+    """Anyone with access to Redis may write the workers' info: a batch size
+    that is not a whole number of at least 1 (a boolean, 0, text, none at
+    all, no JSON object) counts as the default, 64."""
+    conn = broker.conn
+    seconds, micros = conn.time()
+    now_ms = seconds * 1000 + micros // 1000
+    infos = {
+        "w1": json.dumps({"batch_size": 16}),
+        "w2": json.dumps({"batch_size": True}),
+        "w3": json.dumps({"batch_size": 0}),
+        "w4": json.dumps({"batch_size": "32"}),
+        "w5": json.dumps({}),
+        "w6": "not json",
+        "w7": json.dumps([8]),
+    }
+    keys = Keys(broker.prefix)
+    conn.zadd(keys.workers, {name: now_ms for name in infos})
+    conn.hset(keys.worker_info, mapping=infos)
+    roster = Roster(keys, require_workers=False)
+    assert sorted(roster.live_batch_sizes(conn)) == [16] + [64] * 6
+    assert roster.batch_sizes == roster.live_batch_sizes(conn)
