@@ -13,6 +13,7 @@ import time
 from typing import Any, List
 
 from streamer_core import StreamerTimeoutError, former
+from streamer_core.backends.redis import client
 from streamer_core.backends.redis.client import BATCHES_PER_WORKER
 from streamer_core.backends.redis.roster import Roster
 from streamer_core.backends.redis.wire import Keys
@@ -114,6 +115,30 @@ def test_answers_let_the_rest_of_a_large_call_in_at_once(broker, make_streamer, 
     monkeypatch.setattr(former, "GATED_RECHECK_S", 30.0)
     streamer = served_at_once(broker, make_streamer, start_worker)
     assert streamer.predict(list(range(400))) == list(range(400))
+
+
+def test_the_web_process_looks_again_once_the_answers_are_handed_over(broker, make_streamer, start_worker, monkeypatch):
+    """Woken before the answers reached their calls, the dispatcher would
+    find the gate still shut and sleep until its recheck. Each wake-up here
+    notes how many batches of answers had been handed over by then."""
+    handed_over: List[int] = []
+    seen_at_wake: List[int] = []
+    deliver, wake = client.deliver, Scheduler.wake_parked
+
+    def counted(items: Any, outcomes: Any) -> None:
+        deliver(items, outcomes)
+        handed_over.append(len(items))
+
+    def noted(self: Scheduler) -> None:
+        seen_at_wake.append(len(handed_over))
+        wake(self)
+
+    monkeypatch.setattr(client, "deliver", counted)
+    monkeypatch.setattr(Scheduler, "wake_parked", noted)
+    streamer = served_at_once(broker, make_streamer, start_worker)
+    assert streamer.predict(list(range(80))) == list(range(80))
+    assert seen_at_wake and seen_at_wake[0] >= 1, seen_at_wake
+    assert seen_at_wake == sorted(seen_at_wake) and all(n >= 1 for n in seen_at_wake)
 
 
 def test_a_wake_up_missed_costs_a_recheck_not_the_call(broker, make_streamer, start_worker, monkeypatch):
