@@ -5,6 +5,7 @@ signal once and ran on: a whole CI run waited for its limit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -32,10 +33,12 @@ HANGS = textwrap.dedent(
 
 def test_a_test_that_waits_forever_fails_at_its_timeout_with_the_stacks(tmp_path: Path) -> None:
     (tmp_path / "test_hangs.py").write_text(HANGS)
+    # Not the Django settings a Django test of this process may have set: the file is no Django project's.
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
-         "-p", "no:cacheprovider", "-n", "0", "--timeout", "3", str(tmp_path / "test_hangs.py")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=90,
+         "-p", "no:cacheprovider", "-p", "no:django", "-n", "0", "--timeout", "3", str(tmp_path / "test_hangs.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode != 0, out[-3000:]
