@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, List
 
+import pytest
+
 from streamer_core import StreamerTimeoutError, former
 from streamer_core.backends.redis import client
 from streamer_core.backends.redis.client import BATCHES_PER_WORKER
@@ -59,6 +61,26 @@ def test_only_two_of_each_workers_batches_of_a_large_call_are_in_the_stream_at_o
     model.go.set()
     assert future.result(20) == [f"a{n}" for n in range(200)]
     assert model.seen() == [f"a{n}" for n in range(200)], "its inputs ran in order, each once"
+
+
+@pytest.mark.parametrize("require_workers", [False, True], ids=["plain", "requiring-workers"])
+def test_workers_that_start_after_the_web_process_are_counted_within_a_second(
+    broker, make_streamer, start_worker, require_workers
+):
+    """The web process counts the workers' batches as it checks on Redis,
+    once a second (a streamer requiring workers checks on them then too)."""
+    streamer = make_streamer(broker, require_workers=require_workers)
+    model = Gated()
+    start_worker(broker, model, batch_size=8)
+    assert wait_for(lambda: broker.conn.zcard(f"streamer:{broker.prefix}:workers") == 1, 10)
+    time.sleep(1.5)  # a check since the worker was seen
+    future = streamer.submit(list(range(200)))
+    limit = BATCHES_PER_WORKER * 8
+    assert wait_for(lambda: in_stream(broker) >= limit, 5), in_stream(broker)
+    time.sleep(0.3)
+    assert in_stream(broker) == limit, "two of the worker's batches of 8, not of the default 64"
+    model.go.set()
+    assert future.result(20) == list(range(200))
 
 
 def test_a_call_after_a_large_one_is_answered_before_the_large_ones_last_batches(broker, make_streamer, start_worker):

@@ -127,7 +127,8 @@ class _RedisClientBackend(Backend):
             self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
             if self.roster.watching:
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
-            self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
+            else:
+                self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
         except broker_errors() as exc:
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
         except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
@@ -317,11 +318,12 @@ class _RedisClientBackend(Backend):
                     if self._server_restarted():
                         last_id = b"0-0"
                     pipe.expire(self._results_key, RESULTS_TTL_S)
-                    self.roster.live_batch_sizes(self._read_conn)
                     if self.roster.watching:
-                        self.roster.check(self._read_conn)
+                        self.roster.check(self._read_conn)  # the workers' batch sizes too
                         if self.roster.missing():
                             self._fail_waiting(self.roster.error)
+                    else:
+                        self.roster.live_batch_sizes(self._read_conn)
                 pipe.xread({self._results_key: last_id}, count=1000, block=_BLOCK_MS)
                 replies = pipe.execute(raise_on_error=False)
                 reply = replies[-1]

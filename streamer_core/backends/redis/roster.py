@@ -82,6 +82,7 @@ class Roster:
         self._rechecked = float("-inf")  # monotonic time missing_now last asked Redis
         #: The batch size of each live worker, as last seen (:meth:`live_batch_sizes`).
         self.batch_sizes: List[int] = []
+        self._infos: List[Optional[Dict[str, Any]]] = []  # the live workers' infos, as last read
 
     @property
     def watching(self) -> bool:
@@ -127,7 +128,8 @@ class Roster:
         batch size where it does not: a worker of an earlier release), kept
         as :attr:`batch_sizes`: a Redis web process lets in two batches'
         worth of a large call for each (``BatchFormer.gate_parked``)."""
-        self.batch_sizes = [_batch_size_of(info) for info in self._live_infos(conn)]
+        self._infos = self._live_infos(conn)
+        self.batch_sizes = [_batch_size_of(info) for info in self._infos]
         return self.batch_sizes
 
     def _live_infos(self, conn: Any) -> List[Optional[Dict[str, Any]]]:
@@ -158,14 +160,15 @@ class Roster:
         return pending
 
     def check(self, conn: Any) -> int:
-        """Ask Redis which workers are live, and, while none is, which are
+        """Ask Redis which workers are live (their infos: the levels they
+        read, their :attr:`batch_sizes`), and, while none is, which are
         loading their model; return how many are live. Raises what the
         client raises when Redis does not answer (see :meth:`unreachable`)."""
         try:
-            live = self.live(conn)
+            live = len(self.live_batch_sizes(conn))
             loading = [] if live else loading_workers(conn, self._keys)
             if live and self._levels > 1:
-                self._learn_levels(self._live_infos(conn))
+                self._learn_levels(self._infos)
         except broker_errors():
             self.unreachable()
             raise
