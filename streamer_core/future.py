@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from .errors import StreamerTimeoutError
-from .green import green_waiter, in_unpatched_greenlet, wait_green
+from .green import green_waiter, in_greenlet, wait_green
 from .stats import Level, ModelStats
 
 __all__ = ["BatchFuture", "settle"]
@@ -72,8 +72,10 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
     _timeout_s: float = float("inf")
     #: Where the call's outcome is counted (set by the scheduler).
     _stats: Optional[ModelStats | Level] = None
-    #: Wakes a greenlet waiting in :meth:`result` under unpatched gevent.
+    #: Wakes the greenlet waiting in :meth:`result` (:mod:`.green`), and
+    #: that greenlet: its later waits replace the wake, others' add callbacks.
     _green_wake: Optional[Callable[[], None]] = None
+    _green_owner: object = None
     #: Called once the call ends other than by its results (an error, a
     #: timeout, a cancel); maybe more than once, so it must be idempotent.
     #: A backend's cheaper done-callback: adding a real one makes the
@@ -183,11 +185,14 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
 
     def _wait_green(self, timeout: float) -> bool:
         """Yield to the gevent hub until done or ``timeout`` seconds pass;
-        return whether done. :meth:`_wake` wakes the greenlet directly;
-        a second greenlet waiting on the same call goes by a done-callback."""
-        wake, waiter = green_waiter()
-        if self._green_wake is None:
-            self._green_wake = wake
+        return whether done. :meth:`_wake` wakes the greenlet directly, in
+        its later waits too (a view looking at its client between waits); a
+        second greenlet waiting on the same call goes by a done-callback."""
+        wake, waiter, current = green_waiter()
+        if self._green_wake is None or self._green_owner is current:
+            # A wake that read the one replaced found the call done, as the
+            # look below does.
+            self._green_wake, self._green_owner = wake, current
         else:
             self.add_done_callback(lambda _done: wake())
         # Completed before the hook was in place: _wake did not see it.
@@ -212,7 +217,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         whether it has ended."""
         if self._state in _DONE_STATES:
             return True
-        if in_unpatched_greenlet():
+        if in_greenlet():
             return self._wait_green(timeout)
         if self._finished.acquire(timeout=timeout):
             self._finished.release()  # let any other waiter through too
@@ -226,7 +231,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         # deadline), which also keeps a huge timeout from overflowing the wait.
         longest = max(0.0, self._deadline - time.monotonic()) + _RESULT_GRACE
         timeout = longest if timeout is None else min(timeout, longest)
-        if in_unpatched_greenlet():  # gevent without monkey-patching: yield to the hub
+        if in_greenlet():  # yield to the gevent hub (streamer_core.green)
             if self._wait_green(max(0.0, timeout)):
                 return
         elif self._finished.acquire(timeout=max(0.0, timeout)):

@@ -152,11 +152,11 @@ def _setup(blocking: bool, monkey_imported: bool = False) -> Any:
         import gevent.monkey  # noqa: F401  (imported, as a program asking what is patched does; nothing patched)
 
     import streamer_core.future
-    from streamer_core.green import in_unpatched_greenlet
+    from streamer_core.green import in_greenlet
 
     if blocking:
-        streamer_core.future.in_unpatched_greenlet = lambda: False
-    probe = gevent.spawn(in_unpatched_greenlet)
+        streamer_core.future.in_greenlet = lambda: False
+    probe = gevent.spawn(in_greenlet)
     probe.join()
     return gevent, probe.value
 

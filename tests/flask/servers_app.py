@@ -109,7 +109,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     if app.config["BLOCKING_WAIT"]:
         import streamer_core.future
 
-        streamer_core.future.in_unpatched_greenlet = lambda: False  # type: ignore[assignment]
+        streamer_core.future.in_greenlet = lambda: False  # type: ignore[assignment]
 
     streamer = FlaskStreamer()
     for name in ("predict", "slow"):
