@@ -178,6 +178,20 @@ def test_a_worker_process_caps_at_the_cost_of_the_largest_part_that_ran(closing)
     assert streamer.stats().batch_cost_cap == 40
 
 
+def test_no_oom_errors_turns_splitting_off_with_torch_loaded(closing):
+    """``oom_errors=()`` names no error at all, torch's included: a batch
+    that runs out of memory fails as any model error does, unsplit, and no
+    cap is learned."""
+    torch = pytest.importorskip("torch")
+    model = MemoryBound(limit=3, cost=len, error=torch.cuda.OutOfMemoryError)
+    streamer = closing(ThreadedStreamer(model, batch_size=16, max_latency=0.2, isolate_errors=False, oom_errors=()))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        streamer.predict(list(range(8)), timeout=10)
+    assert [batch for batch, _ in model.calls] == [list(range(8))], f"the batch was split: {model.calls}"
+    assert streamer.stats().oom_splits == 0
+    assert math.isinf(streamer._engine.scheduler.cost_cap)
+
+
 @pytest.mark.parametrize("value", ["torch", [ValueError, "x"], 3])
 def test_oom_errors_must_be_exception_types(value):
     with pytest.raises(TypeError, match=r"oom_errors must be a tuple of exception types"):

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from typing import Any, Callable, Dict, Tuple
 
+import redis
 from flask import Flask
 
 from flask_streamer import FlaskStreamer
@@ -94,6 +95,28 @@ def test_readiness_when_redis_is_down(fault_broker: Broker, start_worker: Callab
     assert response.status_code == 503
     reason = response.json["models"]["identity"]["reason"]
     assert "Redis" in reason or "redis" in reason, reason
+
+
+def test_readiness_when_redis_refuses_the_probes_command(
+    fault_broker: Broker, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    """Redis answers, with an error the streamer does not take for Redis
+    being away: here its user may no longer run scripts (a managed Redis's
+    ACL), so the probe's question fails with NOPERM. The model is not ready,
+    and the answer names the error, rather than passing for ready."""
+    client = redis_app(fault_broker).test_client()
+    start_worker(fault_broker, identity)
+    assert wait_for(lambda: client.get("/readyz").status_code == 200, 10)
+    admin = redis.Redis.from_url(fault_broker.url)
+    admin.execute_command("ACL", "SETUSER", "default", "-eval", "-evalsha")
+    try:
+        response = client.get("/readyz")
+    finally:
+        admin.execute_command("ACL", "SETUSER", "default", "+@all")
+        admin.close()
+    assert response.status_code == 503, response.json
+    reason = response.json["models"]["identity"]["reason"]
+    assert "NoPermissionError" in reason and "eval" in reason.lower(), reason
 
 
 def test_metrics_and_status_answer_soon_while_redis_is_frozen(
