@@ -299,10 +299,12 @@ def test_a_worker_loading_its_model_is_told_apart_from_no_worker(
     error = response.json["error"]
     assert error["type"] == "NoWorkerError" and "is loading on 1 worker(s)" in error["message"], error
     assert "start workers" not in error["message"]
-    assert 1 <= int(response.headers["Retry-After"]) <= 30
+    first = int(response.headers["Retry-After"])
+    # The load so far (under a second here, a few on a busy machine), at least 1.
+    assert 1 <= first <= 5, f"Retry-After {first}: not the load so far"
     time.sleep(1.2)
     later = client.post("/identity", json=5)
-    assert int(later.headers["Retry-After"]) >= 2, "the Retry-After grows with the load so far"
+    assert int(later.headers["Retry-After"]) >= max(2, first + 1), "the Retry-After grows with the load so far"
     ready = client.get("/readyz")
     assert ready.status_code == 503 and "loading" in ready.json["models"]["identity"]["reason"], ready.json
     status = runner.invoke(args=["streamer", "status"])
