@@ -45,3 +45,51 @@ def hammer(streamer, calls_per_thread: int) -> None:
 def test_64_threads_times_1000_calls_each(closing, make):
     streamer = closing(make())
     hammer(streamer, 1000)
+
+
+def test_threads_waiting_on_one_call_all_wake_whoever_looks_at_a_client(closing, monkeypatch) -> None:
+    """A view's thread waits as the web layers do, looking at its client
+    between waits (``wait_call``), while other threads wait in ``result()``
+    on the same call: each gets the result as soon as it is in, whichever of
+    them the completion wakes first (each wait lets the next waiter through).
+    The view's thread waits first here, and long, so the completion wakes it
+    before the others."""
+    import socket
+    import time
+
+    from streamer_core.web import peer
+
+    monkeypatch.setattr(peer, "FIRST_LOOK_S", 5.0)
+    gate = threading.Event()
+
+    def gated(batch):
+        gate.wait(10)
+        return [x * 2 for x in batch]
+
+    streamer = closing(ThreadedStreamer(gated, batch_size=8, max_latency=0.01))
+    open_sockets = [socket.socketpair() for _ in range(4)]
+    futures = [streamer.submit([i], timeout=4) for i in range(4)]
+    got = []
+
+    def wait(call: int, looks: bool) -> None:
+        future = futures[call]
+        got.append((call, peer.wait_call(future, open_sockets[call][0]) if looks else future.result()))
+
+    views = [threading.Thread(target=wait, args=(call, True)) for call in range(4)]
+    readers = [threading.Thread(target=wait, args=(call, False)) for call in range(4) for _ in range(2)]
+    for waiter in views:
+        waiter.start()
+    time.sleep(0.1)
+    for waiter in readers:
+        waiter.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    gate.set()
+    for waiter in views + readers:
+        waiter.join(10)
+    answered = time.monotonic() - started
+    for ours, theirs in open_sockets:
+        ours.close()
+        theirs.close()
+    assert sorted(got) == sorted((call, [2 * call]) for call in range(4) for _ in range(3))
+    assert answered < 2.5, f"a waiter slept {answered:.2f}s after the results were in"

@@ -109,6 +109,16 @@ def test_once_its_greenlets_are_answered_the_hub_has_nothing_left_to_wait_for():
     assert out["idle"] is True and out["elapsed"] < 1.0, out
 
 
+def test_a_call_completed_as_its_greenlet_starts_to_wait_is_not_missed():
+    """The model's thread completes the call after the greenlet found it
+    pending but before its wake is in place, so the completion wakes nobody:
+    the greenlet looks once more and returns, rather than sleeping out its
+    timeout with the result in."""
+    out = run_scenario("race")
+    assert out["result"] == [1], out
+    assert out["elapsed"] < 1.0, f"the greenlet slept {out['elapsed']:.2f}s with its result in"
+
+
 def test_control_a_blocking_wait_is_caught_by_these_checks():
     """With the greenlet-aware wait turned off, every wait blocks the only
     OS thread: calls run one at a time and the ticker stalls. If this test
@@ -331,6 +341,29 @@ def _scenario_idle() -> Dict[str, Any]:
     return {"result": caller.value, "idle": idle, "elapsed": elapsed}
 
 
+def _scenario_race() -> Dict[str, Any]:
+    """A future completed right after ``result()`` found it pending, before
+    the greenlet's wake is installed (as a model thread may, at any moment)."""
+    import gevent
+
+    import streamer_core.future
+    from streamer_core.future import BatchFuture
+
+    future = BatchFuture()
+    make_waiter = streamer_core.future.green_waiter
+
+    def completed_meanwhile() -> Any:
+        made = make_waiter()
+        future.set_result([1])  # its wake finds no greenlet's hook yet
+        return made
+
+    streamer_core.future.green_waiter = completed_meanwhile  # type: ignore[assignment]
+    start = time.monotonic()
+    caller = gevent.spawn(future.result, 3.0)
+    caller.join(10)
+    return {"result": caller.value, "elapsed": time.monotonic() - start}
+
+
 def _main(argv: List[str]) -> None:
     blocking, monkey_imported = "--blocking" in argv, "--monkey-imported" in argv
     args = [a for a in argv if a not in ("--blocking", "--monkey-imported")]
@@ -344,6 +377,8 @@ def _main(argv: List[str]) -> None:
         out = _scenario_shared()
     elif args[0] == "idle":
         out = _scenario_idle()
+    elif args[0] == "race":
+        out = _scenario_race()
     else:
         raise SystemExit(f"unknown scenario {args[0]!r}")
     print(json.dumps(out))
