@@ -29,18 +29,16 @@ from gevent import monkey
 monkey.patch_all()
 
 import argparse  # noqa: E402  (after patching, as under gunicorn's gevent workers)
-import ctypes  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
+from typing import Dict, List, Optional, Sequence  # noqa: E402
 
 import gevent  # noqa: E402
 
 import streamer_core.future  # noqa: E402
+from bench.sim import make_predict  # noqa: E402
 from streamer_core import ThreadedStreamer  # noqa: E402
 from streamer_core.web.peer import wait_call  # noqa: E402
-
-_LIBC = ctypes.CDLL(None)
 
 
 class OpenSocket:
@@ -48,14 +46,6 @@ class OpenSocket:
 
     def fileno(self) -> int:
         return -1
-
-
-def device(fixed_ms: float, per_item_ms: float) -> Any:
-    def model(batch: List[Any]) -> List[Any]:
-        _LIBC.usleep(int(1000 * (fixed_ms + per_item_ms * len(batch))))
-        return batch
-
-    return model
 
 
 def measure(streamer: ThreadedStreamer, greenlets: int, seconds: float) -> Dict[str, float]:
@@ -84,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--per-item-ms", type=float, default=0.02, help="and per input (default 0.02)")
     args = parser.parse_args(argv)
 
-    streamer = ThreadedStreamer(device(args.fixed_ms, args.per_item_ms), batch_size=64, max_latency=0.01)
+    streamer = ThreadedStreamer(make_predict(args.fixed_ms, args.per_item_ms), batch_size=64, max_latency=0.01)
     greenlet_test = streamer_core.future.in_greenlet
     ways = {"watcher": greenlet_test, "lock": lambda: False}
     runs: Dict[str, List[Dict[str, float]]] = {way: [] for way in ways}
