@@ -111,7 +111,7 @@ def test_patched_greenlets_wait_on_the_hubs_shared_watcher() -> None:
     """Patched as unpatched, a greenlet waits for its batch on the hub's one
     async watcher, which the batch's results signal once: a gevent lock wait
     instead cost the hub a cross-thread callback per caller and each wait a
-    ``Timeout`` (``bench/green_wait.py``: 0.79x the CPU a call). A caller
+    ``Timeout`` (``bench/green_wait.py``: 0.86x the CPU a call). A caller
     that looks at its client between waits keeps that wake in each later
     wait, without the future's condition and callbacks."""
     done = run_program(Path(__file__).with_name("scripts") / "gevent_patched_wait.py", timeout=60)
