@@ -120,10 +120,12 @@ class DiesWhileLoading(ManagedModel):
 
 class HoldModel(ManagedModel):
     """While the file ``hold`` exists in ``folder``, a batch announces itself
-    (file ``inside-<pid>``) and waits, so a test can kill a worker mid-batch."""
+    (file ``inside-<pid>``) and waits, so a test can kill a worker mid-batch.
+    A worker that has loaded leaves ``loaded-<pid>`` there."""
 
     def init_model(self, folder: str) -> None:
         self.folder = Path(folder)
+        (self.folder / f"loaded-{os.getpid()}").write_text("")
 
     def predict(self, batch: List[Any]) -> List[Any]:
         if (self.folder / "hold").exists():
