@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
+    from .span_recorder import Recorder
+
 __all__ = [
     "TRACER_NAME",
     "CallTrace",
@@ -67,6 +69,10 @@ TRACER_NAME = "streamer_core"
 R = TypeVar("R")
 
 _tracer: Optional[Tracer] = None
+# The tracer provider last seen, and its recorder (None: spans are made with
+# its tracer): a process sets its global provider once.
+_provider_seen: Any = None
+_recorder_seen: Optional[Recorder] = None
 # OpenTelemetry's ``trace`` and ``context`` modules, imported on first use
 # (an import statement costs a request a lookup each time it runs); set
 # before any span is made (tracer()).
@@ -82,18 +88,15 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 class CallTrace(NamedTuple):
     """What a traced call carries to where its batch runs: the span context
-    it was submitted in (a request span, or the caller's own), and when it
-    arrived, in nanoseconds since the epoch (the start of its queue wait).
-    A context the sampler left out (:attr:`sampled` false) says only that:
-    its batch makes no span for it."""
+    it was submitted in (a request span, or the caller's own), when it
+    arrived, in nanoseconds since the epoch (the start of its queue wait),
+    and whether its trace is recorded (the context's flag, read once). A
+    context the sampler left out (``sampled`` false) says only that: its
+    batch makes no span for it."""
 
     context: SpanContext
     arrived_ns: int
-
-    @property
-    def sampled(self) -> bool:
-        """Whether the call's trace is recorded."""
-        return bool(self.context.trace_flags & 1)
+    sampled: bool
 
 
 class BatchFacts(NamedTuple):
@@ -132,12 +135,39 @@ def tracer() -> Tracer:
     the provider set later."""
     global _tracer
     if _tracer is None:
+        trace, _ = _api()
+        _tracer = trace.get_tracer(TRACER_NAME, _version())
+    return _tracer
+
+
+def _version() -> Optional[str]:
+    """The package's version, read without importing the package from here."""
+    import sys
+
+    return getattr(sys.modules.get(TRACER_NAME), "__version__", None)
+
+
+def recorder() -> Optional[Recorder]:
+    """The recorder of the process's tracer provider where it is the SDK's
+    (:mod:`streamer_core.span_recorder`: the same spans at a fraction of the
+    SDK tracer's cost), else ``None``: spans are made with the provider's
+    tracer. The SDK is never imported from here: a provider of the SDK's
+    was made by code that imported it."""
+    global _provider_seen, _recorder_seen
+    if _recorder_seen is not None:  # an SDK provider: a process's global provider is set once
+        return _recorder_seen
+    trace = _trace if _trace is not None else _api()[0]
+    provider = trace.get_tracer_provider()
+    if provider is not _provider_seen:
         import sys
 
-        trace, _ = _api()
-        # The package's version, read without importing the package from here.
-        _tracer = trace.get_tracer(TRACER_NAME, getattr(sys.modules.get(TRACER_NAME), "__version__", None))
-    return _tracer
+        found = None
+        if "opentelemetry.sdk.trace" in sys.modules:
+            from .span_recorder import recorder_for
+
+            found = recorder_for(provider, _version())
+        _provider_seen, _recorder_seen = provider, found
+    return _recorder_seen
 
 
 def capture() -> Optional[CallTrace]:
@@ -149,7 +179,7 @@ def capture() -> Optional[CallTrace]:
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return None
-    return CallTrace(context, time.time_ns())
+    return CallTrace(context, time.time_ns(), bool(context.trace_flags & 1))
 
 
 def to_traceparent(call: CallTrace) -> str:
@@ -185,14 +215,14 @@ def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
         context = trace.get_current_span(extracted).get_span_context()
     if not context.is_valid:
         return None
-    return CallTrace(context, arrived_ns)
+    return CallTrace(context, arrived_ns, bool(context.trace_flags & 1))
 
 
 def has_span(calls: Sequence[Optional[CallTrace]]) -> bool:
     """Whether a batch of inputs of these calls gets a span: unless every
     one was submitted in a span the sampler left out (see :func:`traced_run`)."""
     for call in calls:
-        if call is None or call.context.trace_flags & 1:
+        if call is None or call.sampled:
             return True
     return not calls
 
@@ -238,8 +268,11 @@ def traced_run(
     links = [trace.Link(call.context) for call, _ in requests.values()]
     started_ns = time.time_ns()
     started = time.monotonic()
-    name, root = f"batch {facts.model}", otel_context.Context()
-    batch = tracer().start_span(name, context=root, links=links, attributes=attributes, start_time=started_ns)
+    name, root, fast = f"batch {facts.model}", otel_context.Context(), recorder()
+    if fast is not None:
+        batch = fast.start(name, root, attributes, links, started_ns)
+    else:
+        batch = tracer().start_span(name, context=root, links=links, attributes=attributes, start_time=started_ns)
     token = otel_context.attach(trace.set_span_in_context(batch))
     try:
         result = run()
@@ -250,7 +283,12 @@ def traced_run(
     finally:
         seconds = time.monotonic() - started
         otel_context.detach(token)
-        batch.set_attribute("streamer.batch.model_seconds", seconds)
+        if fast is not None:
+            from .span_recorder import note
+
+            note(batch, "streamer.batch.model_seconds", seconds)
+        else:
+            batch.set_attribute("streamer.batch.model_seconds", seconds)
         ended_ns = started_ns + int(seconds * 1e9)
         batch.end(ended_ns)
     _request_spans(requests, batch.get_span_context(), len(calls), started_ns, ended_ns)
@@ -267,19 +305,25 @@ def _request_spans(
     """Each request's view of the batch, as children of its own span: how
     long it waited for the batch, and the batch's run, linked to its span."""
     trace, _ = _api()
+    fast = recorder()
+    if fast is not None:
+        links = [trace.Link(batch)]  # the same for each (a recorder's spans keep links as given)
+        for call, inputs in requests.values():
+            waited_from = call.arrived_ns if call.arrived_ns < started_ns else started_ns
+            fast.child("queue wait", call.context, None, (), waited_from).end(started_ns)
+            attributes = {"streamer.batch.size": size, "streamer.request.inputs": inputs}
+            fast.child("in batch", call.context, attributes, links, started_ns).end(ended_ns)
+        return
     made = tracer()
     for call, inputs in requests.values():
+        waited_from = min(call.arrived_ns, started_ns)
+        attributes = {"streamer.batch.size": size, "streamer.request.inputs": inputs}
+        links = [trace.Link(batch)]
         parent = trace.set_span_in_context(trace.NonRecordingSpan(call.context))
-        waited = made.start_span("queue wait", context=parent, start_time=min(call.arrived_ns, started_ns))
-        waited.end(started_ns)
-        ran = made.start_span(
-            "in batch",
-            context=parent,
-            links=[trace.Link(batch)],
-            start_time=started_ns,
-            attributes={"streamer.batch.size": size, "streamer.request.inputs": inputs},
+        made.start_span("queue wait", context=parent, start_time=waited_from).end(started_ns)
+        made.start_span("in batch", context=parent, links=links, start_time=started_ns, attributes=attributes).end(
+            ended_ns
         )
-        ran.end(ended_ns)
 
 
 class _Step:
@@ -312,12 +356,20 @@ def request_span(method: str, route: str, model: str) -> _Step:
         named = (f"{method} {route}", MappingProxyType(attributes))
         if len(_request_names) < _MOST_REQUEST_NAMES:
             _request_names[(method, route, model)] = named
+    fast = recorder()
+    if fast is not None:
+        return _Step(fast.start(named[0], None, named[1]))
     made = _tracer if _tracer is not None else tracer()
     return _Step(made.start_span(named[0], attributes=named[1]))
 
 
-def step(name: str) -> _Step:
-    """A child span of the current one, for one step of a request."""
+def step(name: str, request: Span) -> _Step:
+    """A span for one step of a request, a child of the current span (the
+    request's, or one made under it); made by the recorder that made the
+    request's span, where one did."""
+    made_by: Optional[Recorder] = getattr(request, "_recorder", None)
+    if made_by is not None:
+        return _Step(made_by.child(name, _trace.get_current_span().get_span_context()))
     return _Step(tracer().start_span(name))
 
 

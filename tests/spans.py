@@ -45,6 +45,9 @@ class Span:
         self.attributes: Dict[str, Any] = record["attributes"]
         self.start: int = record["start"]
         self.end: int = record["end"]
+        self.flags: int = record.get("flags", 1)
+        self.status: str = record.get("status", "UNSET")
+        self.events: List[Any] = record.get("events", [])
 
     def __repr__(self) -> str:
         return f"Span({self.name!r}, parent={self.parent}, links={self.links})"
@@ -62,6 +65,9 @@ def record_of(span: ReadableSpan) -> Dict[str, Any]:
         "attributes": dict(span.attributes or {}),
         "start": span.start_time,
         "end": span.end_time,
+        "flags": int(context.trace_flags),
+        "status": span.status.status_code.name,
+        "events": [[event.name, dict(event.attributes or {})] for event in span.events],
     }
 
 
@@ -94,6 +100,26 @@ def read_file(path: Path) -> List[Span]:
     if not path.exists():
         return []
     return [Span(json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
+def shape(spans: Sequence[Span]) -> List[Any]:
+    """What a set of spans says, ids and times aside: each span's name, its
+    parent's and its links' names, its attributes (a duration's name only),
+    flags, status and events (a stack trace's presence only), sorted."""
+    names = {span.span_id: span.name for span in spans}
+    shown = []
+    for span in spans:
+        attributes = sorted((k, "<seconds>" if k.endswith("seconds") else v) for k, v in span.attributes.items())
+        events = [
+            (name, sorted((k, "<stack>" if k == "exception.stacktrace" else v) for k, v in attributes_of.items()))
+            for name, attributes_of in span.events
+        ]
+        shown.append(
+            (span.name, names.get(span.parent) if span.parent is not None else None,
+             sorted(names.get(link, "<elsewhere>") for link in span.links), attributes, span.flags, span.status,
+             events)
+        )  # fmt: skip
+    return sorted(shown, key=repr)
 
 
 def named(spans: Sequence[Span], name: str) -> List[Span]:

@@ -112,8 +112,8 @@ class Cycle(Generic[R]):
             return self._serve(
                 name,
                 streamer,
-                _in_span("parse", parse),
-                _in_span("respond", respond),
+                _in_span("parse", parse, span),
+                _in_span("respond", respond, span),
                 draining,
                 many,
                 span,
@@ -179,8 +179,8 @@ class Cycle(Generic[R]):
             return await self._aserve(
                 name,
                 streamer,
-                _in_span_async("parse", parse),
-                _in_span_async("respond", respond),
+                _in_span_async("parse", parse, span),
+                _in_span_async("respond", respond, span),
                 draining,
                 many,
                 span,
@@ -291,24 +291,22 @@ class Cycle(Generic[R]):
         return self.reply(status, body, headers)
 
 
-def _in_span(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+def _in_span(name: str, step: Callable[..., Any], request: Span) -> Callable[..., Any]:
     """``step`` (parse, respond), run in a child span ``name`` of the request's."""
-    from ..tracing import step as span_of
 
     def run(*args: Any) -> Any:
-        with span_of(name):
+        with tracing.step(name, request):
             return step(*args)
 
     return run
 
 
-def _in_span_async(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
+def _in_span_async(name: str, step: Callable[..., Any], request: Span) -> Callable[..., Any]:
     """:func:`_in_span` for an async view's hooks, which may return an awaitable:
     the span lasts until it is awaited."""
-    from ..tracing import step as span_of
 
     async def run(*args: Any) -> Any:
-        with span_of(name):
+        with tracing.step(name, request):
             value = step(*args)
             if inspect.isawaitable(value):
                 value = await value

@@ -11,9 +11,10 @@ pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace  # noqa: E402
 
+from streamer_core import tracing  # noqa: E402
 from streamer_core.errors import ConfigurationError  # noqa: E402
-from tests.flask.apps import double  # noqa: E402
-from tests.spans import finished, in_memory, named  # noqa: E402
+from tests.flask.apps import double, fail_on_boom  # noqa: E402
+from tests.spans import finished, in_memory, named, shape  # noqa: E402
 
 
 def test_a_request_span_names_the_route_and_holds_each_step(make_app):
@@ -77,3 +78,30 @@ def test_a_route_may_trace_alone_and_untraced_routes_make_no_span(make_app):
 def test_tracing_must_be_a_flag(make_app):
     with pytest.raises(ConfigurationError, match="STREAMER_TRACING must be True or False, got 'on'"):
         make_app({"STREAMER_TRACING": "on"})
+
+
+def test_the_spans_recorded_are_those_the_sdks_tracer_makes(make_app, monkeypatch):
+    """The streamer makes its spans with a recorder of its own where the
+    provider is the SDK's (streamer_core.span_recorder): an answered
+    request, one refused at parsing and one whose model failed export the
+    same spans, ids and times aside, as when they are made with the SDK's
+    tracer."""
+
+    def serve() -> list:
+        exporter = in_memory()
+        app, streamer = make_app({"STREAMER_TRACING": True})
+        streamer.add_batched_route("/words", "words", fail_on_boom)
+        client = app.test_client()
+        assert client.post("/words", json="fine").get_json() == "ok:fine"
+        assert client.post("/words", data=b"{cut", content_type="application/json").status_code == 400
+        assert client.post("/words", json="boom").status_code == 500
+        return shape(finished(exporter))
+
+    assert tracing.recorder() is not None
+    recorded = serve()
+    monkeypatch.setattr(tracing, "recorder", lambda: None)
+    made_by_the_tracer = serve()
+    assert recorded == made_by_the_tracer
+    names = sorted(span[0] for span in recorded)
+    assert names.count("POST /words") == 3 and names.count("batch words") == 2, names
+    assert any(span[5] == "ERROR" and span[6] for span in recorded)  # the 500: failed, with its exception

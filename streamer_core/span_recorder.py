@@ -1,0 +1,428 @@
+"""Spans of requests and batches at a fraction of what the SDK's tracer
+costs, for a process whose tracer provider is OpenTelemetry's SDK.
+
+The SDK's ``Tracer.start_span`` and ``Span.end`` cost some 35 µs a span in a
+web process (bench/README.md, "What tracing costs"): a request recorded
+whole makes five spans and its share of a sixth, which is more than a
+stubbed request costs altogether. Almost none of that is what a span
+*is*: it is validating attributes already known to be good, a lock, a
+bounded list and a bounded mapping made for every span, and a fresh copy
+made at its end. A :class:`Recorder` makes spans as the SDK's tracer does,
+from the same provider's parts, and hands them to the same span processors
+(so to the same exporters), without that machinery:
+
+* the provider's **sampler** decides, as it would for the SDK's tracer; a
+  span under a parent the streamer made follows its parent's decision
+  without asking again only where the sampler's own description says it
+  would decide so (``AlwaysOnSampler``, and ``ParentBased`` with its usual
+  delegates for sampled parents); any other sampler is asked for each span;
+* the provider's **id generator**, **resource** and **span limits** (for
+  attributes set by code other than the streamer's: values are checked
+  as the SDK checks them);
+* the provider's **span processors**: ``on_start`` with the live span (a
+  processor may set attributes on it, as the baggage processor does),
+  then, at its end, ``on_end`` with the finished span; a processor whose
+  ``on_start`` is the base class's no-op is not called for it.
+
+A span is an :class:`opentelemetry.trace.Span` while it runs and the SDK's
+:class:`~opentelemetry.sdk.trace.ReadableSpan` once it has ended, as the
+SDK's own spans are. It is made by the streamer's code only; code under it
+sees an ordinary current span (``set_attribute``, ``add_event``,
+``record_exception``, ``set_status``, children of it made by the SDK's
+tracer). Not counted: the SDK's own metrics of its spans
+(``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``).
+
+:func:`recorder_for` checks once per process that a span made this way reads
+back as the SDK's readers expect (a later SDK may keep its fields
+elsewhere); where it does not, or where the provider is not the SDK's, the
+streamer makes its spans with the provider's tracer, as any library does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, cast
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import Sampler
+
+__all__ = ["Recorder", "recorder_for", "note"]
+
+logger = logging.getLogger("streamer_core")
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# W3C Trace Context level 2's "random trace id" flag, set by SDKs that know it.
+_RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+_UNSET = Status(StatusCode.UNSET)
+# A span's flags by whether it is sampled, then whether its trace id is random.
+_FLAGS = (
+    (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.DEFAULT | _RANDOM)),
+    (TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.SAMPLED | _RANDOM)),
+)
+# The sampler descriptions under which a sampled parent's child is sampled,
+# with its parent's trace state and the attributes given, whatever else:
+# the SDK's own samplers, as they describe themselves.
+_ALWAYS_ON = "AlwaysOnSampler"
+_PARENT_BASED_SAMPLED = ("remoteParentSampled:AlwaysOnSampler", "localParentSampled:AlwaysOnSampler")
+_PARENT_BASED_DEFAULT = (
+    "root:AlwaysOnSampler",
+    "remoteParentSampled:AlwaysOnSampler",
+    "remoteParentNotSampled:AlwaysOffSampler",
+    "localParentSampled:AlwaysOnSampler",
+    "localParentNotSampled:AlwaysOffSampler",
+)
+
+
+class _Recording(trace.Span, ReadableSpan):
+    """One span: live (an API span) until :meth:`end`, then the finished
+    span the processors get (a ``ReadableSpan``), as the SDK's span is both.
+    Only what the SDK's readers read is kept; a ``ReadableSpan`` reads
+    what is not set here from the class (no events, kind ``INTERNAL``)."""
+
+    _kind = SpanKind.INTERNAL
+    _instrumentation_info = None
+    _events: Sequence[Event] = ()
+    _status = _UNSET
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        name: str,
+        context: SpanContext,
+        parent: Optional[SpanContext],
+        attributes: Any,
+        links: Sequence[Link],
+        start_ns: int,
+    ) -> None:
+        # ReadableSpan's fields, set here rather than through its __init__,
+        # which sets every one of them (checked once: recorder_for).
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._attributes = attributes
+        self._links = links
+        self._start_time = start_ns
+        self._end_time: Optional[int] = None
+        self._resource = recorder.resource
+        self._instrumentation_scope = recorder.scope
+        self._recorder = recorder
+
+    # -- the API span ----------------------------------------------------------
+
+    def get_span_context(self) -> SpanContext:
+        return cast(SpanContext, self._context)  # never None: a recorder gives every span one
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def _ended(self, what: str) -> bool:
+        if self._end_time is None:
+            return False
+        logger.warning("%s on the ended span %r", what, self._name)
+        return True
+
+    def _bounded(self) -> BoundedAttributes:
+        """The attributes as the SDK keeps a span's, for values set by code
+        other than the streamer's: checked, and held to the provider's limits."""
+        if not isinstance(self._attributes, BoundedAttributes):
+            limits = self._recorder.limits
+            self._attributes = BoundedAttributes(
+                limits.max_span_attributes,
+                self._attributes,
+                immutable=False,
+                max_value_len=limits.max_span_attribute_length,
+            )
+        return self._attributes
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if not self._ended("Setting an attribute"):
+            self._bounded()[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if not self._ended("Setting attributes"):
+            bounded = self._bounded()
+            for key, value in attributes.items():
+                bounded[key] = value
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:
+        if self._ended("Adding an event"):
+            return
+        limits = self._recorder.limits
+        checked = BoundedAttributes(
+            limits.max_event_attributes, attributes, immutable=True, max_value_len=limits.max_attribute_length
+        )
+        events = list(self._events)
+        if limits.max_events is None or len(events) < limits.max_events:
+            self._events = events + [Event(name, checked, timestamp)]
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        if self._ended("Adding a link") or not context.is_valid:
+            return
+        limits = self._recorder.limits
+        if limits.max_links is None or len(self._links) < limits.max_links:
+            checked = BoundedAttributes(
+                limits.max_link_attributes, attributes, immutable=True, max_value_len=limits.max_attribute_length
+            )
+            self._links = list(self._links) + [Link(context, checked)]
+
+    def update_name(self, name: str) -> None:
+        if not self._ended("Renaming"):
+            self._name = name
+
+    def set_status(self, status: Any, description: Optional[str] = None) -> None:
+        """As the SDK's: ``OK`` is final, ``UNSET`` changes nothing."""
+        if self._ended("Setting the status") or self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: Optional[int] = None, escaped: bool = False
+    ) -> None:
+        """An ``exception`` event with the attributes OpenTelemetry's
+        conventions name (and the SDK's spans record)."""
+        kind = type(exception)
+        module = kind.__module__
+        recorded: Dict[str, Any] = {
+            "exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins" else kind.__qualname__,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(kind, exception, exception.__traceback__)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            recorded.update(attributes)
+        self.add_event("exception", recorded, timestamp)
+
+    def end(self, end_time: Optional[int] = None) -> None:
+        if self._end_time is not None:
+            self._ended("Ending")
+            return
+        self._end_time = end_time if end_time is not None else time.time_ns()
+        recorder = self._recorder
+        if recorder._ends and recorder._on_ending is not None:
+            recorder._on_ending(self)
+        recorder.processor.on_end(self)
+
+    # The API span's __exit__ ends it; as the SDK's does, an error leaving
+    # the block is recorded on it first.
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
+        if exc is not None and self.is_recording():
+            self.record_exception(exc, escaped=True)
+            self.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        super().__exit__(kind, exc, tb)
+
+
+class Recorder:
+    """Makes spans for one SDK tracer provider (see the module's docstring)."""
+
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor, version: Optional[str]) -> None:
+        self.sampler: Sampler = provider.sampler
+        self.ids = provider.id_generator
+        self.resource = provider.resource
+        self.limits: SpanLimits = getattr(provider, "_span_limits", None) or SpanLimits()
+        self.scope = InstrumentationScope("streamer_core", version)
+        self.processor = processor
+        description = self.sampler.get_description()
+        sampled_children = description == _ALWAYS_ON or (
+            description.startswith("ParentBased{") and all(part in description for part in _PARENT_BASED_SAMPLED)
+        )
+        #: A sampled parent's child is sampled without asking the sampler.
+        self.children_follow = sampled_children
+        #: A span with no parent is sampled, and one under a parent follows it, without asking.
+        self.all_follow = description == _ALWAYS_ON or (
+            description.startswith("ParentBased{") and all(part in description for part in _PARENT_BASED_DEFAULT)
+        )
+        is_random = getattr(self.ids, "is_trace_id_random", None)
+        self.random_ids = bool(_RANDOM and is_random is not None and is_random())
+        # The SDK's hook as a span ends, before on_end (1.3x: private, and absent before).
+        self._on_ending = getattr(processor, "_on_ending", None)
+        self._processors: Any = None
+        self._starts = self._ends = True
+
+    def _look_at_processors(self) -> None:
+        """Whether some processor does something as a span starts, and as it
+        ends before ``on_end``: where every one's ``on_start`` (or
+        ``_on_ending``) has an empty body, as the SDK's batch and simple
+        processors' have, nobody is called. Looked at again when a
+        processor is added (the provider's multi-processor replaces its
+        tuple of them)."""
+        processors = self._processors = getattr(self.processor, "_span_processors", None)
+        if processors is None:  # a processor of another shape: call it
+            self._starts = self._ends = True
+            return
+        self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
+        self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
+
+    def start(
+        self,
+        name: str,
+        context: Optional[Context],
+        attributes: Optional[Mapping[str, Any]] = None,
+        links: Sequence[Link] = (),
+        start_ns: Optional[int] = None,
+    ) -> trace.Span:
+        """A span, as the SDK tracer's ``start_span(name, context, ...)``
+        makes it: a child of the span current in ``context`` (the current
+        context where ``None``; an empty one makes a root), sampled as the
+        sampler decides; not sampled, a ``NonRecordingSpan`` that carries
+        the decision to its children."""
+        parent: Optional[SpanContext] = trace.get_current_span(context).get_span_context()
+        assert parent is not None  # an API span's context is never None
+        if parent.is_valid:
+            trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
+        else:
+            parent, trace_id, random = None, self.ids.generate_trace_id(), self.random_ids
+        if self.all_follow:  # these samplers decide by the parent alone
+            sampled = recorded = parent is None or bool(parent.trace_flags & _SAMPLED)
+            state = None if parent is None else parent.trace_state
+            given: Any = dict(attributes) if attributes else {}
+        else:
+            result = self.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, links)
+            decision: Any = result.decision  # Decision's methods carry no types
+            sampled, recorded, state = decision.is_sampled(), decision.is_recording(), result.trace_state
+            given = dict(result.attributes) if recorded else {}
+        span_context = SpanContext(trace_id, self.ids.generate_span_id(), False, _FLAGS[sampled][bool(random)], state)
+        if not recorded:
+            return trace.NonRecordingSpan(span_context)
+        return self._begin(name, span_context, parent, given, links, start_ns, context)
+
+    def child(
+        self,
+        name: str,
+        parent: SpanContext,
+        attributes: Optional[Dict[str, Any]] = None,
+        links: Sequence[Link] = (),
+        start_ns: Optional[int] = None,
+    ) -> trace.Span:
+        """A span under ``parent``, a span context the sampler recorded (a
+        request's, a batch's): what :meth:`start` makes in a context
+        holding it, without asking the sampler again where its decision is
+        known (:attr:`children_follow`)."""
+        trace_id, _, _, flags, state, _ = parent  # a SpanContext is this tuple (checked: recorder_for)
+        if not (self.children_follow and flags & _SAMPLED):
+            return self.start(
+                name, trace.set_span_in_context(trace.NonRecordingSpan(parent)), attributes, links, start_ns
+            )
+        # The ids are valid ones (the parent's, and one from the id generator):
+        # made as SpanContext makes it, without checking them again.
+        context = tuple.__new__(SpanContext, (trace_id, self.ids.generate_span_id(), False, flags, state, True))
+        return self._begin(name, context, parent, attributes if attributes is not None else {}, links, start_ns)
+
+    def _begin(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: Optional[SpanContext],
+        attributes: Any,
+        links: Sequence[Link],
+        start_ns: Optional[int],
+        parent_context: Optional[Context] = None,
+    ) -> _Recording:
+        limit = self.limits.max_links
+        if limit is not None and len(links) > limit:  # as the SDK keeps them, the rest counted as dropped
+            links = BoundedList.from_seq(limit, links)
+        span = _Recording(
+            self, name, context, parent, attributes, links, time.time_ns() if start_ns is None else start_ns
+        )
+        if getattr(self.processor, "_span_processors", None) is not self._processors:
+            self._look_at_processors()
+        if self._starts:
+            if parent_context is None and parent is not None:
+                parent_context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            self.processor.on_start(span, parent_context=parent_context)  # type: ignore[arg-type]
+        return span
+
+
+def _empty(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+def _documented(*args: Any, **kwargs: Any) -> None:
+    """A method that says what it is for, and does nothing."""
+
+
+# The bytecode of a function whose body does nothing, in this interpreter.
+_NOTHING = {_empty.__code__.co_code, _documented.__code__.co_code}
+
+
+def _does_nothing(method: Any) -> bool:
+    """Whether ``method`` is a Python function whose body is empty (``pass``
+    or a docstring): calling it is skipped with nothing lost."""
+    code = getattr(getattr(method, "__func__", method), "__code__", None)
+    return code is not None and code.co_code in _NOTHING
+
+
+def note(span: trace.Span, key: str, value: Any) -> None:
+    """Set an attribute of the streamer's own (a value known to be valid) on
+    a span: on one of a recorder's, without checking it again."""
+    if isinstance(span, _Recording) and type(span._attributes) is dict:
+        span._attributes[key] = value
+    else:
+        span.set_attribute(key, value)
+
+
+def _reads_back(recorder: Recorder) -> bool:
+    """Whether a span made here reads back, through the properties the SDK's
+    processors and exporters read, as what was given: the fields are
+    ``ReadableSpan``'s own (set directly, for speed), which a later SDK may
+    keep elsewhere."""
+    context = SpanContext(1, 2, False, _SAMPLED)
+    parent = SpanContext(1, 3, False, _SAMPLED)
+    # A child's context is made as SpanContext makes one, from its fields in order.
+    made = tuple.__new__(SpanContext, (1, 2, False, _SAMPLED, context.trace_state, True))
+    if tuple(context) != tuple(made) or (made.trace_id, made.span_id, made.trace_flags, made.is_valid) != (
+        1, 2, _SAMPLED, True
+    ):  # fmt: skip
+        return False
+    link = Link(SpanContext(4, 5, False, _SAMPLED))
+    span = _Recording(recorder, "check", context, parent, {"a": 1}, [link], 10)
+    span._end_time = 20
+    try:
+        return (
+            span.name == "check"
+            and span.context == context
+            and span.get_span_context() == context
+            and span.parent == parent
+            and dict(span.attributes or {}) == {"a": 1}
+            and list(span.links) == [link]
+            and list(span.events) == []
+            and span.kind is SpanKind.INTERNAL
+            and span.status.status_code is StatusCode.UNSET
+            and (span.start_time, span.end_time) == (10, 20)
+            and span.resource is recorder.resource
+            and span.instrumentation_scope is recorder.scope
+            and span.dropped_attributes == span.dropped_links == span.dropped_events == 0
+            and isinstance(span.to_json(), str)
+        )
+    except Exception:  # a property that reads a field this class does not set
+        return False
+
+
+_checked: Dict[bool, bool] = {}
+
+
+def recorder_for(provider: Any, version: Optional[str]) -> Optional[Recorder]:
+    """A recorder for ``provider`` where it is the SDK's and spans made here
+    read back as the SDK's do (checked once a process); ``None`` otherwise:
+    the provider's own tracer is to be used."""
+    processor = getattr(provider, "_active_span_processor", None)
+    if not isinstance(provider, TracerProvider) or processor is None:
+        return None
+    recorder = Recorder(provider, processor, version)
+    if not _checked.setdefault(True, _reads_back(recorder)):
+        logger.info("tracing: this OpenTelemetry SDK's spans are made through its tracer (slower)")
+        return None
+    return recorder

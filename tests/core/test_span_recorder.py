@@ -1,0 +1,267 @@
+"""The span recorder (``streamer_core.span_recorder``): spans made without
+the SDK tracer's per-span machinery, from a provider's own sampler, ids,
+resource, limits and processors. Each test gives it an SDK provider of its
+own, with a real exporter; that the streamer's spans come out the same
+through it as through the SDK's tracer is tests/flask/test_tracing.py's
+and tests/core/test_tracing.py's."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.context import Context  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.sampling import (  # noqa: E402
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+
+from streamer_core import span_recorder  # noqa: E402
+from streamer_core.span_recorder import Recorder, recorder_for  # noqa: E402
+
+
+def provider_with(exporter: InMemorySpanExporter, **options: Any) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": "recorder-test"}), **options)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def recorder_of(provider: TracerProvider) -> Recorder:
+    made = recorder_for(provider, "9.9")
+    assert made is not None
+    return made
+
+
+class ByName(Sampler):
+    """Records every span but those named in ``drop``, adding an attribute
+    of its own to those it records: a sampler that decides by name, as a
+    user's may."""
+
+    def __init__(self, drop: Sequence[str]) -> None:
+        self.drop = set(drop)
+
+    def should_sample(
+        self,
+        parent_context: Optional[Context],
+        trace_id: int,
+        name: str,
+        kind: Any = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        if name in self.drop:
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, {**(attributes or {}), "sampled.by": "name"})
+
+    def get_description(self) -> str:
+        return "ByName"
+
+
+def test_a_request_with_its_steps_is_exported_as_the_sdk_exports_its_own_spans():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    recorder = recorder_of(provider)
+    request = recorder.start("POST /embed", None, {"http.route": "/embed"})
+    with trace.use_span(request, end_on_exit=True):
+        parse = recorder.child("parse", request.get_span_context())
+        parse.end()
+    [parsed, whole] = exporter.get_finished_spans()
+    assert isinstance(whole, ReadableSpan) and isinstance(parsed, ReadableSpan)
+    assert (whole.name, parsed.name) == ("POST /embed", "parse")
+    assert whole.parent is None and parsed.parent == whole.get_span_context()
+    assert parsed.context.trace_id == whole.context.trace_id != 0
+    assert parsed.context.trace_flags.sampled and whole.context.trace_flags.sampled
+    assert dict(whole.attributes or {}) == {"http.route": "/embed"}
+    assert whole.resource.attributes["service.name"] == "recorder-test"
+    assert whole.instrumentation_scope is not None
+    assert (whole.instrumentation_scope.name, whole.instrumentation_scope.version) == ("streamer_core", "9.9")
+    assert whole.start_time <= parsed.start_time <= parsed.end_time <= whole.end_time
+    # What the SDK's tracer makes of the same under the same provider, field for field.
+    sdk = provider.get_tracer("streamer_core", "9.9").start_span("POST /embed", attributes={"http.route": "/embed"})
+    sdk.end()
+    made = exporter.get_finished_spans()[-1]
+    assert int(made.context.trace_flags) == int(
+        whole.context.trace_flags
+    )  # the random-id flag too, where the SDK sets it
+    assert (made.kind, made.status.status_code, made.dropped_attributes) == (
+        whole.kind, whole.status.status_code, whole.dropped_attributes
+    )  # fmt: skip
+    assert whole.to_json()  # what the console exporter writes
+
+
+def test_the_providers_sampler_decides_and_a_sampler_that_decides_by_name_is_asked_for_every_span():
+    exporter = InMemorySpanExporter()
+    recorder = recorder_of(provider_with(exporter, sampler=ByName(["queue wait"])))
+    assert not recorder.children_follow
+    request = recorder.start("POST /embed", None, {"http.route": "/embed"})
+    assert request.is_recording()
+    dropped = recorder.child("queue wait", request.get_span_context())
+    kept = recorder.child("in batch", request.get_span_context(), {"streamer.batch.size": 3})
+    assert not dropped.is_recording()
+    dropped.end()
+    kept.end()
+    request.end()
+    names = {span.name: dict(span.attributes or {}) for span in exporter.get_finished_spans()}
+    assert names == {
+        "in batch": {"streamer.batch.size": 3, "sampled.by": "name"},
+        "POST /embed": {"http.route": "/embed", "sampled.by": "name"},
+    }
+
+
+@pytest.mark.parametrize(
+    "sampler, recorded",
+    [(ALWAYS_OFF, False), (ParentBased(ALWAYS_OFF), False), (TraceIdRatioBased(0.0), False), (ALWAYS_ON, True)],
+)
+def test_a_root_span_is_recorded_as_the_sampler_says(sampler, recorded):
+    exporter = InMemorySpanExporter()
+    recorder = recorder_of(provider_with(exporter, sampler=sampler))
+    span = recorder.start("batch m", Context(), {"streamer.model": "m"})
+    assert span.is_recording() is recorded
+    assert span.get_span_context().trace_flags.sampled is recorded
+    assert span.get_span_context().is_valid  # its children follow its decision
+    span.end()
+    assert [s.name for s in exporter.get_finished_spans()] == (["batch m"] if recorded else [])
+
+
+def test_a_span_under_an_unsampled_parent_follows_it_under_the_usual_sampler():
+    exporter = InMemorySpanExporter()
+    recorder = recorder_of(provider_with(exporter))  # ParentBased(ALWAYS_ON): the SDK's default
+    assert recorder.all_follow and recorder.children_follow
+    unsampled = trace.NonRecordingSpan(trace.SpanContext(7, 8, is_remote=True, trace_flags=trace.TraceFlags(0)))
+    span = recorder.start("POST /embed", trace.set_span_in_context(unsampled))
+    assert not span.is_recording()
+    assert span.get_span_context().trace_id == 7
+    assert recorder.child("parse", span.get_span_context()).is_recording() is False
+    span.end()
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_processor_that_acts_as_a_span_starts_is_called_with_the_live_span_even_if_added_later():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    recorder = recorder_of(provider)
+    recorder.start("before", Context()).end()
+
+    class Tagging(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            span.set_attribute("tagged", True)
+
+    provider.add_span_processor(Tagging())
+    request = recorder.start("after", Context())
+    recorder.child("step", request.get_span_context()).end()
+    request.end()
+    tagged = {span.name: (span.attributes or {}).get("tagged") for span in exporter.get_finished_spans()}
+    assert tagged == {"before": None, "step": True, "after": True}
+
+
+def test_attributes_set_on_a_span_by_other_code_are_checked_and_limited_as_the_sdks_are(caplog):
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter, span_limits=SpanLimits(max_span_attributes=3, max_links=2))
+    recorder = recorder_of(provider)
+    links = [trace.Link(trace.SpanContext(1, n, is_remote=False)) for n in range(1, 6)]
+    ours = recorder.start("batch m", Context(), {"a": 1}, links)
+    theirs = provider.get_tracer("t").start_span("batch m", context=Context(), attributes={"a": 1}, links=links)
+    for span in (ours, theirs):
+        span.set_attribute("user", "yes")
+        span.set_attribute("not a value", object())  # dropped by the SDK's checks, with its warning
+        span.set_attributes({"b": 2, "c": 3, "d": 4})  # over the limit of 3
+        span.update_name("batch renamed")
+        span.end()
+    with caplog.at_level(logging.WARNING, logger="streamer_core"):
+        ours.set_attribute("late", 1)
+    assert "Setting an attribute on the ended span 'batch renamed'" in caplog.text
+    mine, made = exporter.get_finished_spans()
+    assert mine.name == made.name == "batch renamed"
+    assert dict(mine.attributes or {}) == dict(made.attributes or {}) == {"b": 2, "c": 3, "d": 4}
+    assert mine.dropped_attributes == made.dropped_attributes > 0
+    assert [link.context.span_id for link in mine.links] == [link.context.span_id for link in made.links] == [4, 5]
+    assert mine.dropped_links == made.dropped_links == 3
+
+
+def test_an_exception_and_a_status_are_recorded_as_the_sdk_records_them():
+    exporter = InMemorySpanExporter()
+    provider = provider_with(exporter)
+    recorder = recorder_of(provider)
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        error = exc
+    ours = recorder.start("mine", Context())
+    theirs = provider.get_tracer("t").start_span("theirs", context=Context())
+    for span in (ours, theirs):
+        span.record_exception(error, {"extra": 1})
+        span.set_status(trace.StatusCode.ERROR, "went wrong")
+        span.set_status(trace.StatusCode.UNSET)  # changes nothing
+        span.end()
+    mine, made = exporter.get_finished_spans()
+    assert (mine.status.status_code, mine.status.description) == (made.status.status_code, made.status.description)
+    [event] = mine.events
+    [expected] = made.events
+    assert event.name == expected.name == "exception"
+    assert dict(event.attributes or {}) == dict(expected.attributes or {})
+    exporter.clear()
+    for span in (recorder.start("mine", Context()), provider.get_tracer("t").start_span("theirs", context=Context())):
+        span.set_status(trace.StatusCode.OK)
+        span.set_status(trace.StatusCode.ERROR, "too late: OK is final")
+        span.end()
+    assert [span.status.status_code for span in exporter.get_finished_spans()] == [trace.StatusCode.OK] * 2
+
+
+def test_a_span_used_as_a_context_manager_records_the_error_leaving_it():
+    exporter = InMemorySpanExporter()
+    recorder = recorder_of(provider_with(exporter))
+    with pytest.raises(ValueError):
+        with recorder.start("failing", Context()):
+            raise ValueError("bad input")
+    [span] = exporter.get_finished_spans()
+    assert span.status.status_code is trace.StatusCode.ERROR
+    assert span.status.description == "ValueError: bad input"
+    assert [event.name for event in span.events] == ["exception"]
+    assert (span.events[0].attributes or {})["exception.escaped"] == "True"
+
+
+def test_a_provider_other_than_the_sdks_gets_no_recorder():
+    assert recorder_for(trace.NoOpTracerProvider(), None) is None
+    assert recorder_for(trace.ProxyTracerProvider(), None) is None
+
+
+def test_an_sdk_whose_spans_do_not_read_back_gets_no_recorder(monkeypatch):
+    """A later SDK that keeps a span's fields elsewhere: the check made
+    once a process finds it, and the streamer uses the tracer instead."""
+    monkeypatch.setattr(span_recorder, "_checked", {})
+    monkeypatch.setattr(ReadableSpan, "name", property(lambda self: self.__dict__.get("_span_name")))
+    assert recorder_for(provider_with(InMemorySpanExporter()), None) is None
+    monkeypatch.undo()
+    assert recorder_for(provider_with(InMemorySpanExporter()), None) is not None
+
+
+def test_a_method_with_an_empty_body_is_known_to_do_nothing():
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    def acts(span: Any, parent_context: Any = None) -> None:
+        span.set_attribute("a", 1)
+
+    def returns_early(span: Any, parent_context: Any = None) -> Optional[List[Any]]:
+        return []
+
+    assert span_recorder._does_nothing(BatchSpanProcessor.on_start)
+    assert span_recorder._does_nothing(SimpleSpanProcessor.on_start)
+    assert span_recorder._does_nothing(SpanProcessor.on_start)  # its docstring only
+    assert not span_recorder._does_nothing(acts)
+    assert not span_recorder._does_nothing(returns_early)
+    assert not span_recorder._does_nothing(len)  # not Python: called
