@@ -95,9 +95,9 @@ def test_where_requests_are_logged_or_counted_the_handler_is_gunicorns(made: Any
 @pytest.mark.parametrize("logged", [False, True], ids=["no-access-log", "access-logfile"])
 def test_the_examples_gunicorn_skips_the_access_log_unless_asked_for_one(tmp_path: Path, logged: bool) -> None:
     """The example's conf (``gevent_pywsgi``, the hooks that settle the
-    process): without an access log the process serves with the handler
-    that logs nothing; with ``--access-logfile``, gunicorn's, and each
-    request gets its line."""
+    process): without an access log the process serves with a handler
+    that logs nothing; with ``--access-logfile``, with gunicorn's
+    ``log_request``, and each request gets its line."""
     port = free_port()
     access = tmp_path / "access.log"
     argv = [
@@ -122,9 +122,10 @@ def test_the_examples_gunicorn_skips_the_access_log_unless_asked_for_one(tmp_pat
         second = answered()
         if not logged:
             assert first["handler"] == second["handler"] == "streamer_core.web.gunicorn.PyWSGIHandler"
+            assert first["log_request"] == "streamer_core.web.gunicorn._log_nothing"
             assert not access.exists()
             return
-        assert first["handler"] == second["handler"] == "gunicorn.workers.ggevent.PyWSGIHandler"
+        assert first["log_request"] == second["log_request"] == "gunicorn.workers.ggevent.PyWSGIHandler.log_request"
         lines = lambda: [line for line in access.read_text().splitlines() if '"GET /process' in line]  # noqa: E731
         assert wait_for(lambda: len(lines()) >= 2, 10), access.read_text()
         assert " 200 " in lines()[-1]

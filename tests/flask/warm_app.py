@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, List
 
-from flask import Flask
+from flask import Flask, request
 
 from flask_streamer import FlaskStreamer
 from streamer_core import ManagedModel
@@ -21,6 +21,10 @@ class MarkedModel(ManagedModel):
 
     def predict(self, batch: List[Any]) -> List[Any]:
         return [[x, os.getpid()] for x in batch]
+
+
+def _named(function: Any) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
 
 
 def create_app() -> Flask:
@@ -44,6 +48,21 @@ def create_app() -> Flask:
             "threshold": gc.get_threshold(),
             "cores": sorted(os.sched_getaffinity(0)),
             "handler": None if handler is None else f"{handler.__module__}.{handler.__qualname__}",
+            "log_request": None if handler is None else _named(handler.log_request),
         }
+
+    @app.post("/headers")
+    def headers() -> Any:
+        """What the server made of the request's headers: the module of its
+        handler's header reading, the environ's header keys, and the body."""
+        frame = sys._getframe()
+        while frame is not None and not hasattr(frame.f_locals.get("self"), "MessageClass"):
+            frame = frame.f_back  # type: ignore[assignment]
+        reader = None if frame is None else type(frame.f_locals["self"]).MessageClass.__module__
+        keys = [key for key in request.environ if key.startswith("HTTP_")]
+        keys += ["CONTENT_TYPE", "CONTENT_LENGTH", "QUERY_STRING", "PATH_INFO", "REQUEST_METHOD"]
+        environ = {key: request.environ.get(key) for key in keys}
+        environ["body"] = request.get_data(as_text=True)
+        return {"reader": reader, "environ": environ}
 
     return app

@@ -1,0 +1,169 @@
+"""Request headers under gevent's own HTTP server, read without the email
+package (``streamer_core.web.headers``): every block of header lines,
+common or odd, gives the object gevent's own reading gives, from the same
+bytes; the examples' gunicorn hooks give the process a handler that reads
+them so, and an app behind it sees the environ it saw before."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("gevent")
+from gevent import pywsgi  # noqa: E402
+from gunicorn.config import Config  # noqa: E402
+from gunicorn.glogging import Logger  # noqa: E402
+from gunicorn.workers.ggevent import GeventPyWSGIWorker, PyWSGIHandler  # noqa: E402
+from gunicorn.workers.gthread import ThreadWorker  # noqa: E402
+
+from streamer_core.web.gunicorn import read_headers_quickly  # noqa: E402
+from streamer_core.web.headers import read_headers  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from tests.servers import free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def outcome(read: Any, block: bytes) -> Tuple[Any, int]:
+    """What reading ``block`` gives (the message's every field, its defects
+    by kind and text; or the error), and how far it read."""
+    fp = io.BytesIO(block)
+    try:
+        message = read(fp, 0)
+    except Exception as exc:  # the same error, from the same line, either way
+        return (type(exc), str(exc)), fp.tell()
+    fields = dict(vars(message))
+    fields["defects"] = [(type(d), str(d)) for d in fields.pop("defects")]
+    return fields, fp.tell()
+
+
+# Header lines of every shape the email package's parser tells apart: plain
+# ones, names with spaces, colons, underscores or nothing, values with
+# tabs, carriage returns and Latin-1, folded lines, the mbox "From " line,
+# lines ended by CRLF, LF, a lone CR or nothing.
+NAME = st.sampled_from(["Host", "Content-Type", "content-length", "X-Dup", "X_Under", "Bad Name", "", "é", "From"])
+VALUE = st.text(alphabet=st.sampled_from("ab :\t\r\xe9;=,"), max_size=12)
+END = st.sampled_from(["\r\n", "\r\n", "\n", "\r", ""])
+LINE = st.one_of(
+    st.builds(lambda n, v, e: f"{n}:{v}{e}", NAME, VALUE, END),
+    st.builds(lambda n, v, e: f"{n}: {v}{e}", NAME, VALUE, END),
+    st.builds(lambda v, e: f" {v}{e}", VALUE, END),  # a folded line
+    st.builds(lambda v, e: f"From {v}{e}", VALUE, END),
+    st.builds(lambda v, e: f"{v}{e}", VALUE, END),  # no colon, or just a value
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(LINE, max_size=8), st.sampled_from(["\r\n", "\n", "", "\r\nbody", "\r\n\r\nmore"]))
+@example(["Host: a\r\n", "Content-Length: 5\r\n", "X-Dup: 1\r\n", "x-dup: 2\r\n"], "\r\nhello")
+@example(["X-Fold: a\r\n", "  b\r\n"], "\r\n")
+@example(["X-Cr: a\rb\r\n"], "\r\n")
+@example([":no name\r\n"], "\r\n")
+@example(["From someone\r\n", "Host: a\r\n"], "\r\n")
+@example(["Host:   \r\n", "A:\tb  \r\n"], "\r\n")
+def test_any_block_of_header_lines_reads_as_gevent_reads_it(lines: List[str], rest: str) -> None:
+    block = ("".join(lines) + rest).encode("latin-1")
+    assert outcome(read_headers, block) == outcome(pywsgi.headers_factory, block)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"A: " + b"x" * 70000 + b"\r\n\r\n",  # a line over http.client's limit
+        b"".join(b"H%d: v\r\n" % n for n in range(101)) + b"\r\n",  # more headers than it takes
+        b"".join(b"H%d: v\r\n" % n for n in range(99)) + b"\r\n",  # as many as it takes
+        b"Host: a\r\nUser-Agent: x\r\n",  # the connection closed before the blank line
+    ],
+    ids=["line too long", "101 headers", "99 headers", "cut short"],
+)
+def test_the_limits_and_a_cut_block_read_as_gevent_reads_them(block: bytes) -> None:
+    assert outcome(read_headers, block) == outcome(pywsgi.headers_factory, block)
+
+
+def test_a_gevent_handler_reads_headers_quickly_and_others_keep_their_own() -> None:
+    def made(kind: Any) -> Any:
+        cfg = Config()
+        worker = kind(0, os.getpid(), [], None, 30, cfg, Logger(cfg))
+        worker.tmp.close()
+        return worker
+
+    gevent_worker = made(GeventPyWSGIWorker)
+    read_headers_quickly(gevent_worker)
+    assert issubclass(gevent_worker.wsgi_handler, PyWSGIHandler)
+    assert gevent_worker.wsgi_handler.MessageClass is not PyWSGIHandler.MessageClass
+
+    own = made(GeventPyWSGIWorker)
+    own.wsgi_handler = type("Own", (PyWSGIHandler,), {"MessageClass": lambda self, *args: None})
+    before = own.wsgi_handler
+    read_headers_quickly(own)
+    assert own.wsgi_handler is before  # a handler that reads headers its own way
+
+    threads = made(ThreadWorker)
+    read_headers_quickly(threads)
+    assert not hasattr(threads, "wsgi_handler")  # gthread: no gevent handler
+
+
+# A request with headers of every kind the environ shows: repeated, folded,
+# with an underscore (dropped), with padding; and a body after them.
+RAW = (
+    b"POST /headers?q=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Dup: a\r\nX-Dup: b\r\nX-Fold: first\r\n  second\r\n"
+    b"X_Under: dropped\r\nX-Pad:   padded  \r\nCookie: a=1\r\nCookie: b=2\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 5\r\nConnection: close\r\n\r\nhello"
+)
+
+
+def served_environ(conf: List[str], tmp_path: Path, name: str) -> Dict[str, Any]:
+    """What ``tests.flask.warm_app`` sees of :data:`RAW` under a real
+    gunicorn (gevent_pywsgi) started with ``conf``."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "gunicorn", *conf, "-k", "gevent_pywsgi", "-w", "1", "--bind", f"127.0.0.1:{port}",
+        "tests.flask.warm_app:create_app()",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_FOLDER": str(tmp_path), "PIN_WORKERS": "0"}
+    with open(tmp_path / f"{name}.log", "wb") as out:
+        server = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+
+        def answer() -> Any:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(RAW)
+                    return b"".join(iter(lambda: sock.recv(65536), b""))
+            except OSError:
+                return None
+
+        reply = wait_for(answer, 90)
+        assert reply, (tmp_path / f"{name}.log").read_text()
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), reply
+        import json
+
+        seen: Dict[str, Any] = json.loads(body)
+        return seen
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def test_an_app_behind_the_examples_gunicorn_sees_the_environ_gevent_gives(tmp_path: Path) -> None:
+    ours = served_environ(["-c", "example_flask/gunicorn.conf.py"], tmp_path, "ours")
+    plain = served_environ([], tmp_path, "plain")
+    assert ours["reader"] == "streamer_core.web.headers"
+    assert plain["reader"] == "gevent.pywsgi"
+    assert ours["environ"] == plain["environ"]
+    seen = ours["environ"]
+    assert seen["HTTP_X_DUP"] == "a,b" and seen["HTTP_COOKIE"] == "a=1; b=2"
+    assert seen["HTTP_X_FOLD"].startswith("first") and seen["HTTP_X_FOLD"].endswith("second")
+    assert "HTTP_X_UNDER" not in seen and seen["HTTP_X_PAD"] == "padded"
+    assert (seen["CONTENT_TYPE"], seen["CONTENT_LENGTH"], seen["body"]) == ("text/plain", "5", "hello")
