@@ -61,6 +61,7 @@ __all__ = [
     "request_span",
     "step",
     "mark_status",
+    "Step",
 ]
 
 #: The instrumentation scope of every span made here.
@@ -326,15 +327,19 @@ def _request_spans(
         )
 
 
-class _Step:
-    """A span made current for a ``with`` block (``parse``, ``respond``)."""
+class Step:
+    """A span made current for a ``with`` block (a request, its ``parse``
+    and ``respond``), in the context current as it starts or in ``within``
+    (a request's, for its steps: what is current then)."""
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, within: Any = None) -> None:
         self.span = span
+        self.context: Any = within
         self._token: Any = None
 
     def __enter__(self) -> Span:
-        self._token = _context.attach(_trace.set_span_in_context(self.span))  # loaded: the span was made
+        self.context = _trace.set_span_in_context(self.span, self.context)  # loaded: the span was made
+        self._token = _context.attach(self.context)
         return self.span
 
     def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
@@ -345,7 +350,7 @@ class _Step:
         self.span.end()
 
 
-def request_span(method: str, route: str, model: str) -> _Step:
+def request_span(method: str, route: str, model: str) -> Step:
     """The span of one request to a batched endpoint, named by its method
     and route (``"POST /embed"``), as a child of any span current (a web
     framework's own instrumentation). Its attributes are given as it starts,
@@ -358,19 +363,19 @@ def request_span(method: str, route: str, model: str) -> _Step:
             _request_names[(method, route, model)] = named
     fast = recorder()
     if fast is not None:
-        return _Step(fast.start(named[0], None, named[1]))
+        return Step(fast.start(named[0], None, named[1]))
     made = _tracer if _tracer is not None else tracer()
-    return _Step(made.start_span(named[0], attributes=named[1]))
+    return Step(made.start_span(named[0], attributes=named[1]))
 
 
-def step(name: str, request: Span) -> _Step:
-    """A span for one step of a request, a child of the current span (the
-    request's, or one made under it); made by the recorder that made the
-    request's span, where one did."""
-    made_by: Optional[Recorder] = getattr(request, "_recorder", None)
+def step(name: str, request: Step) -> Step:
+    """A span for one step of a request, a child of its span, current in its
+    context (what is current while it is served); made by the recorder that
+    made the request's span, where one did."""
+    made_by: Optional[Recorder] = getattr(request.span, "_recorder", None)
     if made_by is not None:
-        return _Step(made_by.child(name, _trace.get_current_span().get_span_context()))
-    return _Step(tracer().start_span(name))
+        return Step(made_by.child(name, request.span.get_span_context()), request.context)
+    return Step(tracer().start_span(name, context=request.context), request.context)
 
 
 def mark_status(span: Span, status: int, error: BaseException) -> None:

@@ -106,14 +106,15 @@ class Cycle(Generic[R]):
         before anything is read or queued (:mod:`streamer_core.web.priority`)."""
         if traced is None:
             return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
-        with tracing.request_span(traced[0], traced[1], name) as span:
+        request = tracing.request_span(traced[0], traced[1], name)
+        with request as span:
             if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
                 return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
             return self._serve(
                 name,
                 streamer,
-                _in_span("parse", parse, span),
-                _in_span("respond", respond, span),
+                _in_span("parse", parse, request),
+                _in_span("respond", respond, request),
                 draining,
                 many,
                 span,
@@ -173,14 +174,15 @@ class Cycle(Generic[R]):
         the call up, counted as ``disconnected``."""
         if traced is None:
             return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
-        with tracing.request_span(traced[0], traced[1], name) as span:
+        request = tracing.request_span(traced[0], traced[1], name)
+        with request as span:
             if not span.is_recording():
                 return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
             return await self._aserve(
                 name,
                 streamer,
-                _in_span_async("parse", parse, span),
-                _in_span_async("respond", respond, span),
+                _in_span_async("parse", parse, request),
+                _in_span_async("respond", respond, request),
                 draining,
                 many,
                 span,
@@ -291,7 +293,7 @@ class Cycle(Generic[R]):
         return self.reply(status, body, headers)
 
 
-def _in_span(name: str, step: Callable[..., Any], request: Span) -> Callable[..., Any]:
+def _in_span(name: str, step: Callable[..., Any], request: tracing.Step) -> Callable[..., Any]:
     """``step`` (parse, respond), run in a child span ``name`` of the request's."""
 
     def run(*args: Any) -> Any:
@@ -301,7 +303,7 @@ def _in_span(name: str, step: Callable[..., Any], request: Span) -> Callable[...
     return run
 
 
-def _in_span_async(name: str, step: Callable[..., Any], request: Span) -> Callable[..., Any]:
+def _in_span_async(name: str, step: Callable[..., Any], request: tracing.Step) -> Callable[..., Any]:
     """:func:`_in_span` for an async view's hooks, which may return an awaitable:
     the span lasts until it is awaited."""
 

@@ -105,3 +105,33 @@ def test_the_spans_recorded_are_those_the_sdks_tracer_makes(make_app, monkeypatc
     names = sorted(span[0] for span in recorded)
     assert names.count("POST /words") == 3 and names.count("batch words") == 2, names
     assert any(span[5] == "ERROR" and span[6] for span in recorded)  # the 500: failed, with its exception
+
+
+@pytest.mark.parametrize("made_by", ["recorder", "tracer"])
+def test_spans_made_in_a_routes_hooks_are_children_of_its_steps(make_app, monkeypatch, made_by):
+    """A parse or respond hook's own spans (a client library's, say) are
+    children of the step they ran in, whichever way the streamer makes its
+    spans."""
+    exporter = in_memory()
+    if made_by == "tracer":
+        monkeypatch.setattr(tracing, "recorder", lambda: None)
+    tracer = trace.get_tracer("test")
+
+    def parse(req):
+        with tracer.start_as_current_span("decode"):
+            return req.get_json()
+
+    def respond(output):
+        with tracer.start_as_current_span("encode"):
+            return {"y": output}
+
+    app, streamer = make_app({"STREAMER_TRACING": True})
+    streamer.add_batched_route("/hooks", "hooks", double, parse=parse, respond=respond)
+    assert app.test_client().post("/hooks", json=4).get_json() == {"y": 8}
+    spans = finished(exporter)
+    ids = {span.span_id: span for span in spans}
+    [decode] = named(spans, "decode")
+    [encode] = named(spans, "encode")
+    assert ids[decode.parent].name == "parse" and ids[encode.parent].name == "respond"
+    [request] = named(spans, "POST /hooks")
+    assert ids[decode.parent].parent == ids[encode.parent].parent == request.span_id
