@@ -19,6 +19,7 @@ interleaved:
 ======================  ==========================================================
 ``ours-thread``         example_flask, the thread backend (a model per web process, two batches at once)
 ``ours-thread-1batch``  the same, one batch at a time (``STREAMER_MODEL_THREADS=1``; named with ``--variants`` only)
+``ours-thread-traced``  the same, tracing on, OpenTelemetry's SDK in each process (named with ``--variants`` only)
 ``ours-thread-gevent``  the same under gunicorn's ``-k gevent`` worker (named with ``--variants`` only)
 ``ours-process``        example_flask, the process backend (``--model-workers`` spawned per web process)
 ``ours-redis``          example_flask on Redis, ``--model-workers`` workers of ``flask streamer run-workers``
@@ -122,6 +123,11 @@ ONE_BATCH_VARIANTS = ("ours-thread-1batch",)
 #: Not run unless named: the Flask example under gunicorn's ``gevent`` worker
 #: (gunicorn's HTTP parser), which the examples used before ``gevent_pywsgi``.
 GEVENT_VARIANTS = ("ours-thread-gevent",)
+#: Not run unless named: the Flask example on the thread backend with tracing
+#: on, every process with OpenTelemetry's SDK set up (``--trace-sample``
+#: of the traces recorded; ``bench/apps/traced_gunicorn.py``): what tracing
+#: costs a deployed request, beside ``ours-thread``.
+TRACED_VARIANTS = ("ours-thread-traced",)
 #: The deployments that run under granian instead of gunicorn when named with this suffix.
 GRANIAN = "-granian"
 GRANIAN_VARIANTS = ("ours-thread", "ours-process", "ours-redis", "django-thread")
@@ -230,6 +236,8 @@ class Deployment:
             env.update(FLASK_STREAMER_BACKEND=backend, FLASK_STREAMER_WORKER_NUM=str(args.model_workers))
             if variant in ONE_BATCH_VARIANTS:
                 env["FLASK_STREAMER_MODEL_THREADS"] = "1"
+            if variant in TRACED_VARIANTS:
+                env.update(FLASK_STREAMER_TRACING="true", BENCH_TRACE_SAMPLE=str(args.trace_sample))
             if args.devices:
                 env["FLASK_STREAMER_CUDA_DEVICES"] = json.dumps(args.devices)
             if self.redis is not None:
@@ -241,7 +249,8 @@ class Deployment:
                 if args.devices:
                     command += ["--devices", args.devices]
                 self.workers = self._group(command, env, "workers")
-            app = ["-c", "example_flask/gunicorn.conf.py", "example_flask:create_app()"]
+            conf = "bench/apps/traced_gunicorn.py" if variant in TRACED_VARIANTS else "example_flask/gunicorn.conf.py"
+            app = ["-c", conf, "example_flask:create_app()"]
             module = "example_flask.wsgi:app"
         else:
             env.update(BENCH_WEB_KIND=variant.split("-")[1], BENCH_WEB_WORKERS=str(args.model_workers))
@@ -606,6 +615,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--infinity", default="", metavar="VENV", help="a venv with infinity-emb made elsewhere: use it as it is"
     )
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=1.0,
+        help="ours-thread-traced: the share of traces recorded (default 1: every one; 0.01: one in a hundred)",
+    )
     parser.add_argument("--json", default="", help="also write every run here")
     parser.add_argument(
         "--plots",
@@ -635,6 +650,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         + PEER_VARIANTS
         + ONE_BATCH_VARIANTS
         + GEVENT_VARIANTS
+        + TRACED_VARIANTS
         + tuple(v + GRANIAN for v in GRANIAN_VARIANTS)
     )
     unknown = set(args.variants) - set(known)
