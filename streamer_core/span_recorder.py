@@ -41,6 +41,8 @@ streamer makes its spans with the provider's tracer, as any library does.
 from __future__ import annotations
 
 import logging
+import random as _random_ids
+import re
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
@@ -69,18 +71,18 @@ _FLAGS = (
     (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.DEFAULT | _RANDOM)),
     (TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.SAMPLED | _RANDOM)),
 )
-# The sampler descriptions under which a sampled parent's child is sampled,
-# with its parent's trace state and the attributes given, whatever else:
-# the SDK's own samplers, as they describe themselves.
+# The samplers whose decisions are known without asking them, as the SDK's
+# own samplers describe themselves: AlwaysOn records everything; ParentBased
+# with these delegates follows a span's parent, and leaves a root to its
+# root sampler (AlwaysOn, AlwaysOff, or a ratio by the trace id).
 _ALWAYS_ON = "AlwaysOnSampler"
-_PARENT_BASED_SAMPLED = ("remoteParentSampled:AlwaysOnSampler", "localParentSampled:AlwaysOnSampler")
-_PARENT_BASED_DEFAULT = (
-    "root:AlwaysOnSampler",
+_FOLLOWS_PARENTS = (
     "remoteParentSampled:AlwaysOnSampler",
     "remoteParentNotSampled:AlwaysOffSampler",
     "localParentSampled:AlwaysOnSampler",
     "localParentNotSampled:AlwaysOffSampler",
 )
+_ROOT = re.compile(r"ParentBased\{root:(AlwaysOnSampler|AlwaysOffSampler|TraceIdRatioBased\{([^{}]*)\}),")
 
 
 class _Recording(trace.Span, ReadableSpan):
@@ -236,15 +238,17 @@ class Recorder:
         self.scope = InstrumentationScope("streamer_core", version)
         self.processor = processor
         description = self.sampler.get_description()
-        sampled_children = description == _ALWAYS_ON or (
-            description.startswith("ParentBased{") and all(part in description for part in _PARENT_BASED_SAMPLED)
+        #: Every span is recorded without asking (AlwaysOn).
+        self.always = description == _ALWAYS_ON
+        #: A span with a parent follows it without asking (ParentBased, the usual delegates).
+        self.by_parent = description.startswith("ParentBased{") and all(
+            part in description for part in _FOLLOWS_PARENTS
         )
-        #: A sampled parent's child is sampled without asking the sampler.
-        self.children_follow = sampled_children
-        #: A span with no parent is sampled, and one under a parent follows it, without asking.
-        self.all_follow = description == _ALWAYS_ON or (
-            description.startswith("ParentBased{") and all(part in description for part in _PARENT_BASED_DEFAULT)
-        )
+        #: A sampled parent's child is sampled without asking.
+        self.children_follow = self.always or self.by_parent
+        #: Under ParentBased, the bound below which a root's trace id (its low
+        #: 64 bits) is recorded without asking; None: ask.
+        self.root_bound = _root_bound(self.sampler, description) if self.by_parent else None
         is_random = getattr(self.ids, "is_trace_id_random", None)
         self.random_ids = bool(_RANDOM and is_random is not None and is_random())
         # The SDK's hook as a span ends, before on_end (1.3x: private, and absent before).
@@ -285,10 +289,15 @@ class Recorder:
             trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
         else:
             parent, trace_id, random = None, self.ids.generate_trace_id(), self.random_ids
-        if self.all_follow:  # these samplers decide by the parent alone
-            sampled = recorded = parent is None or bool(parent.trace_flags & _SAMPLED)
-            state = None if parent is None else parent.trace_state
-            given: Any = dict(attributes) if attributes else {}
+        if self.always or (self.by_parent and (parent is not None or self.root_bound is not None)):
+            if self.always:
+                sampled = True
+            elif parent is not None:
+                sampled = bool(parent.trace_flags & _SAMPLED)
+            else:
+                sampled = trace_id & _LOW_64 < self.root_bound  # type: ignore[operator]  # not None here
+            recorded, state = sampled, None if parent is None else parent.trace_state
+            given: Any = dict(attributes) if attributes and sampled else {}
         else:
             result = self.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, links)
             decision: Any = result.decision  # Decision's methods carry no types
@@ -344,6 +353,41 @@ class Recorder:
                 parent_context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
             self.processor.on_start(span, parent_context=parent_context)  # type: ignore[arg-type]
         return span
+
+
+_LOW_64 = (1 << 64) - 1
+
+
+def _root_bound(sampler: Any, description: str) -> Optional[int]:
+    """The bound below which ``sampler`` (a ParentBased one) records a root
+    span by its trace id's low 64 bits, where its root sampler is the SDK's
+    AlwaysOn, AlwaysOff or TraceIdRatioBased, and it decides so for trace ids
+    about that bound and a few more (asked once, here); else ``None``."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    root = _ROOT.match(description)
+    if root is None:
+        return None
+    if root.group(1) == "AlwaysOnSampler":
+        bound = _LOW_64 + 1
+    elif root.group(1) == "AlwaysOffSampler":
+        bound = 0
+    else:
+        try:
+            bound = TraceIdRatioBased.get_bound_for_rate(float(root.group(2)))
+        except (AttributeError, TypeError, ValueError):  # an SDK that words or computes it otherwise
+            return None
+    picked = _random_ids.Random(bound)
+    ids = [0, 1, _LOW_64, _LOW_64 + 1, *(picked.getrandbits(128) for _ in range(16))]
+    ids += [
+        high << 64 | (bound + step) for high in (0, 12345) for step in (-2, -1, 0, 1) if 0 <= bound + step <= _LOW_64
+    ]
+    for trace_id in ids:
+        expected = sampler.should_sample(Context(), trace_id, "check").decision.is_sampled()
+        if expected != (trace_id & _LOW_64 < bound):
+            return None
+    return bound
 
 
 def _empty(*args: Any, **kwargs: Any) -> None:

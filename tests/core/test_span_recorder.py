@@ -20,6 +20,7 @@ from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.id_generator import IdGenerator  # noqa: E402
 from opentelemetry.sdk.trace.sampling import (  # noqa: E402
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -141,7 +142,7 @@ def test_a_root_span_is_recorded_as_the_sampler_says(sampler, recorded):
 def test_a_span_under_an_unsampled_parent_follows_it_under_the_usual_sampler():
     exporter = InMemorySpanExporter()
     recorder = recorder_of(provider_with(exporter))  # ParentBased(ALWAYS_ON): the SDK's default
-    assert recorder.all_follow and recorder.children_follow
+    assert recorder.by_parent and recorder.root_bound == 1 << 64 and recorder.children_follow
     unsampled = trace.NonRecordingSpan(trace.SpanContext(7, 8, is_remote=True, trace_flags=trace.TraceFlags(0)))
     span = recorder.start("POST /embed", trace.set_span_in_context(unsampled))
     assert not span.is_recording()
@@ -265,3 +266,108 @@ def test_a_method_with_an_empty_body_is_known_to_do_nothing():
     assert not span_recorder._does_nothing(acts)
     assert not span_recorder._does_nothing(returns_early)
     assert not span_recorder._does_nothing(len)  # not Python: called
+
+
+def test_a_ratio_sampler_decides_each_root_by_its_trace_id_and_children_follow():
+    """Under ``ParentBased(TraceIdRatioBased(r))`` (the usual production
+    set-up) a request with no parent is decided by the ratio sampler, on its
+    trace id; the spans under a recorded one are recorded without asking."""
+    half = 1 << 63  # TraceIdRatioBased(0.5) records a trace id whose low 64 bits are below this
+    ids = [1, half + 1, (1 << 64) + 5, (1 << 64) - 1]
+    exporter = InMemorySpanExporter()
+    sampler = ParentBased(TraceIdRatioBased(0.5))
+    recorder = recorder_of(provider_with(exporter, sampler=sampler, id_generator=Given(ids)))
+    assert recorder.root_bound == half and recorder.children_follow
+    recorded = []
+    for _ in ids:
+        request = recorder.start("POST /embed", None, {"http.route": "/embed"})
+        recorded.append(request.is_recording())
+        if request.is_recording():
+            recorder.child("parse", request.get_span_context()).end()
+        request.end()
+    assert recorded == [True, False, True, False]
+    spans = exporter.get_finished_spans()
+    assert sorted(span.context.trace_id for span in spans if span.name == "POST /embed") == [1, (1 << 64) + 5]
+    assert sorted(span.context.trace_id for span in spans if span.name == "parse") == [1, (1 << 64) + 5]
+
+
+class Given(IdGenerator):
+    """Trace ids from a list, and span ids counting up: two providers given
+    the same list make the same trace ids, in turn."""
+
+    def __init__(self, trace_ids: List[int]) -> None:
+        self.trace_ids = iter(trace_ids)
+        self.span_ids = iter(range(1, 100_000))
+
+    def generate_trace_id(self) -> int:
+        return next(self.trace_ids)
+
+    def generate_span_id(self) -> int:
+        return next(self.span_ids)
+
+
+class HighBits(TraceIdRatioBased):
+    """A ratio sampler that describes itself as the SDK's but decides by the
+    trace id's high 64 bits (as a later SDK might decide otherwise)."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, *args: Any, **kwargs: Any) -> SamplingResult:
+        return super().should_sample(parent_context, trace_id >> 64, *args, **kwargs)
+
+
+SAMPLERS = {
+    "always on": lambda: ALWAYS_ON,
+    "always off": lambda: ALWAYS_OFF,
+    "parent-based, on": lambda: ParentBased(ALWAYS_ON),
+    "parent-based, off": lambda: ParentBased(ALWAYS_OFF),
+    "parent-based, a ratio": lambda: ParentBased(TraceIdRatioBased(0.3)),
+    "a ratio": lambda: TraceIdRatioBased(0.3),
+    "parent-based, a ratio of its own": lambda: ParentBased(HighBits(0.3)),
+    "parent-based, one delegate changed": lambda: ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
+    "by name": lambda: ByName(["POST /other"]),
+}
+PARENTS = {
+    "none": None,
+    "sampled, local": trace.SpanContext(77, 1, is_remote=False, trace_flags=trace.TraceFlags(1)),
+    "not sampled, local": trace.SpanContext(78, 2, is_remote=False, trace_flags=trace.TraceFlags(0)),
+    "sampled, remote": trace.SpanContext(79, 3, is_remote=True, trace_flags=trace.TraceFlags(1)),
+    "not sampled, remote": trace.SpanContext(80, 4, is_remote=True, trace_flags=trace.TraceFlags(0)),
+}
+
+
+@pytest.mark.parametrize("parent", list(PARENTS))
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_every_sampler_decides_as_it_does_for_the_sdks_tracer(sampler: str, parent: str) -> None:
+    """Whether a request span is recorded and sampled, and with what trace
+    state, for the SDK's samplers (those whose decision the recorder knows
+    without asking, and others) under each kind of parent: as the SDK's
+    tracer decides under the same provider, trace id for trace id."""
+    import random
+
+    picked = random.Random(7)
+    bound = TraceIdRatioBased.get_bound_for_rate(0.3)
+    ids = [picked.getrandbits(128) for _ in range(58)] + [
+        bound - 1,
+        bound,
+        5 << 64 | bound,
+        bound + 1,
+        1,
+        (1 << 64) - 1,
+    ]
+    state = trace.TraceState([("vendor", "x")])
+    given = PARENTS[parent]
+    context = None
+    if given is not None:
+        given = trace.SpanContext(given.trace_id, given.span_id, given.is_remote, given.trace_flags, state)
+        context = trace.set_span_in_context(trace.NonRecordingSpan(given))
+    ours = recorder_of(provider_with(InMemorySpanExporter(), sampler=SAMPLERS[sampler](), id_generator=Given(ids)))
+    theirs = provider_with(InMemorySpanExporter(), sampler=SAMPLERS[sampler](), id_generator=Given(ids))
+    tracer = theirs.get_tracer("streamer_core")
+    for name in ["POST /embed", "POST /other"] * (len(ids) // 2):
+        mine = ours.start(name, context, {"http.route": "/embed"})
+        made = tracer.start_span(name, context=context, attributes={"http.route": "/embed"})
+        a, b = mine.get_span_context(), made.get_span_context()
+        assert (mine.is_recording(), a.trace_id, int(a.trace_flags), a.trace_state) == (
+            made.is_recording(), b.trace_id, int(b.trace_flags), b.trace_state
+        ), (sampler, parent, name, hex(a.trace_id))  # fmt: skip
+        mine.end()
+        made.end()
