@@ -80,11 +80,13 @@ def test_any_block_of_header_lines_reads_as_gevent_reads_it(lines: List[str], re
     "block",
     [
         b"A: " + b"x" * 70000 + b"\r\n\r\n",  # a line over http.client's limit
+        b"A: " + b"x" * 65531 + b"\r\n\r\n",  # a line of exactly its limit, 65,536 bytes
+        b"A: " + b"x" * 65532 + b"\r\n\r\n",  # one byte over
         b"".join(b"H%d: v\r\n" % n for n in range(101)) + b"\r\n",  # more headers than it takes
         b"".join(b"H%d: v\r\n" % n for n in range(99)) + b"\r\n",  # as many as it takes
         b"Host: a\r\nUser-Agent: x\r\n",  # the connection closed before the blank line
     ],
-    ids=["line too long", "101 headers", "99 headers", "cut short"],
+    ids=["line too long", "line at the limit", "line one over", "101 headers", "99 headers", "cut short"],
 )
 def test_the_limits_and_a_cut_block_read_as_gevent_reads_them(block: bytes) -> None:
     assert outcome(read_headers, block) == outcome(pywsgi.headers_factory, block)

@@ -306,6 +306,17 @@ class Given(IdGenerator):
         return next(self.span_ids)
 
 
+class RecordOnly(Sampler):
+    """Records every span for the processors that look at all of them, and
+    samples none (nothing is exported)."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kwargs: Any) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_ONLY)
+
+    def get_description(self) -> str:
+        return "RecordOnly"
+
+
 class HighBits(TraceIdRatioBased):
     """A ratio sampler that describes itself as the SDK's but decides by the
     trace id's high 64 bits (as a later SDK might decide otherwise)."""
@@ -324,6 +335,7 @@ SAMPLERS = {
     "parent-based, a ratio of its own": lambda: ParentBased(HighBits(0.3)),
     "parent-based, one delegate changed": lambda: ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
     "by name": lambda: ByName(["POST /other"]),
+    "record only": lambda: RecordOnly(),
 }
 PARENTS = {
     "none": None,

@@ -45,6 +45,22 @@ def test_an_async_view_is_traced_alike(streamer_settings):
     check_request(finished(exporter), "POST /adouble")
 
 
+def test_an_async_views_async_respond_hook_runs_inside_its_respond_span(streamer_settings):
+    """An async respond hook is awaited within the ``respond`` span: the
+    span it makes is a child of it, and ``respond`` lasts until it is done."""
+    streamer_settings(TRACING=True)
+    exporter = in_memory()
+    response = asyncio.run(
+        AsyncClient().post("/arespond-traced", json.dumps({"x": 2}), content_type="application/json")
+    )
+    assert response.json() == {"doubled": 4}
+    spans = finished(exporter)
+    [encode] = named(spans, "encode")
+    [respond] = named(spans, "respond")
+    assert encode.parent == respond.span_id
+    assert respond.start <= encode.start and encode.end <= respond.end
+
+
 def test_a_model_traces_alone_when_its_entry_says_so(client, settings, streamer_settings):
     models = dict(settings.STREAMER["MODELS"])
     models["double"] = dict(models["double"], TRACING=True)

@@ -9,6 +9,7 @@ urlpatterns = [
     path("double-many-cbv", views.double_many_cbv),
     path("double-few-cbv", views.double_few_cbv),
     path("adouble", views.adouble),
+    path("arespond-traced", views.arespond_traced),
     path("wrapped/<int:x>", views.wrapped),
     path("asizes", views.asizes),
     path("sizes-cbv", views.Sizes.as_view()),

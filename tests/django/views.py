@@ -33,6 +33,22 @@ async def adouble(request: HttpRequest) -> Any:
     return request_item(request, "x")
 
 
+async def respond_in_a_span(output: Any) -> Any:
+    """An async respond hook that makes a span of its own and awaits inside it."""
+    import asyncio
+
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests").start_as_current_span("encode"):
+        await asyncio.sleep(0.02)
+        return JsonResponse({"doubled": output})
+
+
+@batched_view("double", respond=respond_in_a_span)
+async def arespond_traced(request: HttpRequest) -> Any:
+    return request_item(request, "x")
+
+
 @batched_view("double", respond=lambda output: JsonResponse({"doubled": output}), methods=["POST", "PUT"])
 def wrapped(request: HttpRequest, x: int) -> Any:
     """The input from the URL; answered in an object of our own."""
