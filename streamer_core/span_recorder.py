@@ -45,11 +45,18 @@ import random as _random_ids
 import re
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    SpanLimits,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    TracerProvider,
+)
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -216,7 +223,10 @@ class _Recording(trace.Span, ReadableSpan):
         recorder = self._recorder
         if recorder._ends and recorder._on_ending is not None:
             recorder._on_ending(self)
-        recorder.processor.on_end(self)
+        if getattr(recorder.processor, "_span_processors", None) is not recorder._processors:
+            recorder._look_at_processors()  # one added since the span started
+        for on_end in recorder._enders:
+            on_end(self)
 
     # The API span's __exit__ ends it; as the SDK's does, an error leaving
     # the block is recorded on it first.
@@ -255,6 +265,10 @@ class Recorder:
         self._on_ending = getattr(processor, "_on_ending", None)
         self._processors: Any = None
         self._starts = self._ends = True
+        #: What is called with each ended span: the processor's on_end, or
+        #: where it is the SDK's synchronous multi-processor (whose on_end calls
+        #: each of its processors' in turn), theirs, so.
+        self._enders: Tuple[Callable[[Any], None], ...] = (processor.on_end,)
 
     def _look_at_processors(self) -> None:
         """Whether some processor does something as a span starts, and as it
@@ -266,9 +280,12 @@ class Recorder:
         processors = self._processors = getattr(self.processor, "_span_processors", None)
         if processors is None:  # a processor of another shape: call it
             self._starts = self._ends = True
+            self._enders = (self.processor.on_end,)
             return
         self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
         self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
+        direct = type(self.processor) is SynchronousMultiSpanProcessor
+        self._enders = tuple(p.on_end for p in processors) if direct else (self.processor.on_end,)
 
     def start(
         self,

@@ -8,6 +8,7 @@ and tests/core/test_tracing.py's."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, List, Optional, Sequence
 
 import pytest
@@ -162,12 +163,45 @@ def test_a_processor_that_acts_as_a_span_starts_is_called_with_the_live_span_eve
         def on_start(self, span: Any, parent_context: Any = None) -> None:
             span.set_attribute("tagged", True)
 
+    straddling = recorder.start("straddling", Context())  # started before the processors came
+    later = InMemorySpanExporter()
     provider.add_span_processor(Tagging())
+    provider.add_span_processor(SimpleSpanProcessor(later))
+    straddling.end()  # ended after: the new exporter gets it, as from the SDK's own span
     request = recorder.start("after", Context())
     recorder.child("step", request.get_span_context()).end()
     request.end()
     tagged = {span.name: (span.attributes or {}).get("tagged") for span in exporter.get_finished_spans()}
-    assert tagged == {"before": None, "step": True, "after": True}
+    assert tagged == {"before": None, "straddling": None, "step": True, "after": True}
+    assert [span.name for span in later.get_finished_spans()] == ["straddling", "step", "after"]
+
+
+def test_spans_reach_the_processors_of_a_provider_that_runs_them_concurrently():
+    from opentelemetry.sdk.trace import ConcurrentMultiSpanProcessor
+
+    class Where(SpanProcessor):
+        """Notes the thread each span was handed over on."""
+
+        def __init__(self) -> None:
+            self.threads: List[Any] = []
+
+        def on_end(self, span: Any) -> None:
+            self.threads.append(threading.current_thread())
+
+    exporter, where = InMemorySpanExporter(), Where()
+    provider = TracerProvider(active_span_processor=ConcurrentMultiSpanProcessor(2), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(where)
+    try:
+        recorder = recorder_of(provider)
+        request = recorder.start("POST /embed", Context())
+        recorder.child("parse", request.get_span_context()).end()
+        request.end()
+        assert sorted(span.name for span in exporter.get_finished_spans()) == ["POST /embed", "parse"]
+        # Handed over on the pool's threads, as the multi-processor runs its processors.
+        assert len(where.threads) == 2 and threading.current_thread() not in where.threads
+    finally:
+        provider.shutdown()
 
 
 def test_attributes_set_on_a_span_by_other_code_are_checked_and_limited_as_the_sdks_are(caplog):
