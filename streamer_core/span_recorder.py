@@ -11,18 +11,22 @@ made at its end. A :class:`Recorder` makes spans as the SDK's tracer does,
 from the same provider's parts, and hands them to the same span processors
 (so to the same exporters), without that machinery:
 
-* the provider's **sampler** decides, as it would for the SDK's tracer; a
-  span under a parent the streamer made follows its parent's decision
-  without asking again only where the sampler's own description says it
-  would decide so (``AlwaysOnSampler``, and ``ParentBased`` with its usual
-  delegates for sampled parents); any other sampler is asked for each span;
+* the provider's **sampler** decides, as it would for the SDK's tracer.
+  Where the sampler's own description makes its answer known, it is not
+  asked: ``AlwaysOnSampler`` records everything; ``ParentBased`` with its
+  usual delegates follows a span's parent, and decides a root by its root
+  sampler (AlwaysOn, AlwaysOff, or ``TraceIdRatioBased`` by the trace id,
+  its bound checked once against the sampler itself). Any other sampler is
+  asked for every span;
 * the provider's **id generator**, **resource** and **span limits** (for
   attributes set by code other than the streamer's: values are checked
   as the SDK checks them);
 * the provider's **span processors**: ``on_start`` with the live span (a
   processor may set attributes on it, as the baggage processor does),
-  then, at its end, ``on_end`` with the finished span; a processor whose
-  ``on_start`` is the base class's no-op is not called for it.
+  then, at its end, ``on_end`` with the finished span. A hook whose body is
+  empty (the SDK's batch and simple processors' ``on_start``) is not
+  called; under the SDK's synchronous multi-processor, each processor's
+  ``on_end`` is called in turn, as it calls them.
 
 A span is an :class:`opentelemetry.trace.Span` while it runs and the SDK's
 :class:`~opentelemetry.sdk.trace.ReadableSpan` once it has ended, as the
@@ -65,7 +69,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace.sampling import Sampler
 
-__all__ = ["Recorder", "recorder_for", "note"]
+__all__ = ["Recorder", "recorder_for"]
 
 logger = logging.getLogger("streamer_core")
 
@@ -277,15 +281,18 @@ class Recorder:
         processors' have, nobody is called. Looked at again when a
         processor is added (the provider's multi-processor replaces its
         tuple of them)."""
-        processors = self._processors = getattr(self.processor, "_span_processors", None)
+        processors = getattr(self.processor, "_span_processors", None)
         if processors is None:  # a processor of another shape: call it
             self._starts = self._ends = True
             self._enders = (self.processor.on_end,)
-            return
-        self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
-        self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
-        direct = type(self.processor) is SynchronousMultiSpanProcessor
-        self._enders = tuple(p.on_end for p in processors) if direct else (self.processor.on_end,)
+        else:
+            self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
+            self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
+            direct = type(self.processor) is SynchronousMultiSpanProcessor
+            self._enders = tuple(p.on_end for p in processors) if direct else (self.processor.on_end,)
+        # Last: a span started on another thread meanwhile sees the tuple only
+        # with what was worked out of it.
+        self._processors = processors
 
     def start(
         self,
@@ -346,6 +353,15 @@ class Recorder:
         # made as SpanContext makes it, without checking them again.
         context = tuple.__new__(SpanContext, (trace_id, self.ids.generate_span_id(), False, flags, state, True))
         return self._begin(name, context, parent, attributes if attributes is not None else {}, links, start_ns)
+
+    @staticmethod
+    def note(span: trace.Span, key: str, value: Any) -> None:
+        """Set an attribute of the streamer's own (a value known to be valid)
+        on a span: on one of a recorder's, without checking it again."""
+        if isinstance(span, _Recording) and type(span._attributes) is dict:
+            span._attributes[key] = value
+        else:
+            span.set_attribute(key, value)
 
     def _begin(
         self,
@@ -424,15 +440,6 @@ def _does_nothing(method: Any) -> bool:
     or a docstring): calling it is skipped with nothing lost."""
     code = getattr(getattr(method, "__func__", method), "__code__", None)
     return code is not None and code.co_code in _NOTHING
-
-
-def note(span: trace.Span, key: str, value: Any) -> None:
-    """Set an attribute of the streamer's own (a value known to be valid) on
-    a span: on one of a recorder's, without checking it again."""
-    if isinstance(span, _Recording) and type(span._attributes) is dict:
-        span._attributes[key] = value
-    else:
-        span.set_attribute(key, value)
 
 
 def _reads_back(recorder: Recorder) -> bool:

@@ -285,9 +285,7 @@ def traced_run(
         seconds = time.monotonic() - started
         otel_context.detach(token)
         if fast is not None:
-            from .span_recorder import note
-
-            note(batch, "streamer.batch.model_seconds", seconds)
+            fast.note(batch, "streamer.batch.model_seconds", seconds)
         else:
             batch.set_attribute("streamer.batch.model_seconds", seconds)
         ended_ns = started_ns + int(seconds * 1e9)
