@@ -120,6 +120,7 @@ def test_the_examples_gunicorn_skips_the_access_log_unless_asked_for_one(tmp_pat
         first = wait_for(answered, 90)
         assert first, (tmp_path / "gunicorn.log").read_text()
         second = answered()
+        assert first["sendall"] == "streamer_core.web.writing._sendall", "with or without an access log"
         if not logged:
             assert first["handler"] == second["handler"] == "streamer_core.web.gunicorn.PyWSGIHandler"
             assert first["log_request"] == "streamer_core.web.gunicorn._log_nothing"

@@ -20,7 +20,8 @@ What they do:
   (:mod:`streamer_core.web.affinity`; ``PIN_WORKERS`` 1 always, 0 never),
   keep what loading made out of the garbage collector's sight, read
   request headers without the email package (:func:`read_headers_quickly`),
-  skip the access log's per-request work where nothing logs it
+  send a response in one system call (:func:`write_in_one_send`), skip
+  the access log's per-request work where nothing logs it
   (:func:`skip_unlogged_access`), and quit once when told to
   (:func:`quit_once`);
 - ``child_exit``: under prometheus_client's multiprocess mode, a dead
@@ -42,6 +43,7 @@ from typing import Any, Iterable, Optional
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .headers import quick_header_reading
 from .settling import GC_THRESHOLD, freeze_after_loading
+from .writing import one_send_writing
 
 __all__ = [
     "on_starting",
@@ -49,6 +51,7 @@ __all__ = [
     "pre_fork",
     "settle",
     "skip_unlogged_access",
+    "write_in_one_send",
     "quit_once",
     "child_exit",
     "GC_THRESHOLD",
@@ -123,6 +126,7 @@ def settle(worker: Any, backends: Iterable[str]) -> None:
         pin_to_core(getattr(worker, "core_index", 0))
     freeze_after_loading()
     read_headers_quickly(worker)
+    write_in_one_send(worker)
     skip_unlogged_access(worker)
     quit_once(worker)
 
@@ -162,6 +166,19 @@ def read_headers_quickly(worker: Any) -> None:
     reading = quick_header_reading(handler)
     if reading is not None:
         worker.wsgi_handler = type(handler.__name__, (handler,), {"MessageClass": reading, "__module__": __name__})
+
+
+def write_in_one_send(worker: Any) -> None:
+    """Under gevent's own HTTP server (``-k gevent_pywsgi``): give the
+    process a request handler that sends a response's headers and a body
+    of up to 64 KiB in one ``send`` where gevent makes four system calls
+    (:mod:`streamer_core.web.writing`). Left as it is where the handler
+    writes responses its own way.
+    Runs before the worker starts its server, which takes the handler then."""
+    handler: Any = getattr(worker, "wsgi_handler", None)
+    writing = one_send_writing(handler)
+    if writing is not None:
+        worker.wsgi_handler = type(handler.__name__, (handler,), {**writing, "__module__": __name__})
 
 
 def _log_nothing(handler: Any) -> None:

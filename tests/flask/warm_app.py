@@ -38,7 +38,8 @@ def create_app() -> Flask:
     def process() -> Any:
         """What the server's hooks made of this process: its frozen objects,
         the collector's thresholds, its cores, and the class of the server's
-        handler serving this request (the caller that has ``log_request``)."""
+        handler serving this request (the caller that has ``log_request``),
+        with the functions it logs a request and sends a response by."""
         frame = sys._getframe()
         while frame is not None and not hasattr(frame.f_locals.get("self"), "log_request"):
             frame = frame.f_back  # type: ignore[assignment]
@@ -49,6 +50,7 @@ def create_app() -> Flask:
             "cores": sorted(os.sched_getaffinity(0)),
             "handler": None if handler is None else f"{handler.__module__}.{handler.__qualname__}",
             "log_request": None if handler is None else _named(handler.log_request),
+            "sendall": None if handler is None else _named(handler._sendall),
         }
 
     @app.post("/headers")
