@@ -58,6 +58,7 @@ __all__ = [
     "from_traceparent",
     "traced_run",
     "has_span",
+    "silent",
     "request_span",
     "step",
     "mark_status",
@@ -74,6 +75,9 @@ _tracer: Optional[Tracer] = None
 # its tracer): a process sets its global provider once.
 _provider_seen: Any = None
 _recorder_seen: Optional[Recorder] = None
+# Whether the provider last seen is one whose spans never record: none set
+# yet (the API's proxy), or the API's no-op provider.
+_silent_seen = False
 # OpenTelemetry's ``trace`` and ``context`` modules, imported on first use
 # (an import statement costs a request a lookup each time it runs); set
 # before any span is made (tracer()).
@@ -154,7 +158,7 @@ def recorder() -> Optional[Recorder]:
     SDK tracer's cost), else ``None``: spans are made with the provider's
     tracer. The SDK is never imported from here: a provider of the SDK's
     was made by code that imported it."""
-    global _provider_seen, _recorder_seen
+    global _provider_seen, _recorder_seen, _silent_seen
     if _recorder_seen is not None:  # an SDK provider: a process's global provider is set once
         return _recorder_seen
     trace = _trace if _trace is not None else _api()[0]
@@ -168,7 +172,18 @@ def recorder() -> Optional[Recorder]:
 
             found = recorder_for(provider, _version())
         _provider_seen, _recorder_seen = provider, found
+        _silent_seen = isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
     return _recorder_seen
+
+
+def silent() -> bool:
+    """Whether no span made now would record: no tracer provider is set
+    (the API hands out its proxy's no-op spans until one is) or the API's
+    no-op provider is. Then a request is served and a batch run with no span
+    of this library's at all: the spans would be no-ops, and what the
+    call's context carries is the current span's either way. Looked at on
+    each request and batch: a provider set later is seen at once."""
+    return recorder() is None and _silent_seen
 
 
 def capture() -> Optional[CallTrace]:
@@ -221,7 +236,10 @@ def from_traceparent(value: Any, arrived_ns: int) -> Optional[CallTrace]:
 
 def has_span(calls: Sequence[Optional[CallTrace]]) -> bool:
     """Whether a batch of inputs of these calls gets a span: unless every
-    one was submitted in a span the sampler left out (see :func:`traced_run`)."""
+    one was submitted in a span the sampler left out (see :func:`traced_run`),
+    or no span would record (:func:`silent`)."""
+    if silent():
+        return False
     for call in calls:
         if call is None or call.sampled:
             return True

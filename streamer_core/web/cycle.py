@@ -104,7 +104,7 @@ class Cycle(Generic[R]):
         says the level of its requests, ``priority()`` gives it (``None``:
         the model's default), or raises :class:`InvalidInput` for a 400
         before anything is read or queued (:mod:`streamer_core.web.priority`)."""
-        if traced is None:
+        if traced is None or tracing.silent():  # silent: no SDK set up, no span would record
             return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
         request = tracing.request_span(traced[0], traced[1], name)
         with request as span:
@@ -172,7 +172,7 @@ class Cycle(Generic[R]):
         without blocking the event loop; cancelling the awaiting task (as
         Django does when the ASGI server says the client disconnected) gives
         the call up, counted as ``disconnected``."""
-        if traced is None:
+        if traced is None or tracing.silent():
             return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
         request = tracing.request_span(traced[0], traced[1], name)
         with request as span:

@@ -135,3 +135,73 @@ def test_spans_made_in_a_routes_hooks_are_children_of_its_steps(make_app, monkey
     assert ids[decode.parent].name == "parse" and ids[encode.parent].name == "respond"
     [request] = named(spans, "POST /hooks")
     assert ids[decode.parent].parent == ids[encode.parent].parent == request.span_id
+
+
+SILENT = """
+import sys
+from flask import Flask
+from opentelemetry import trace
+from flask_streamer import FlaskStreamer
+from streamer_core import tracing
+
+app = Flask(__name__)
+app.config["STREAMER_TRACING"] = True
+streamer = FlaskStreamer(app)
+streamer.add_batched_route("/double", "double", lambda batch: [2 * value for value in batch])
+client = app.test_client()
+if sys.argv[1] == "noop":
+    trace.set_tracer_provider(trace.NoOpTracerProvider())
+made = []
+
+def watch(frame, event, arg):
+    if event == "call" and frame.f_code.co_name in ("start_span", "set_span_in_context", "start"):
+        if "opentelemetry" in frame.f_code.co_filename or "span_recorder" in frame.f_code.co_filename:
+            made.append(frame.f_code.co_name)
+
+def served(value):
+    sys.setprofile(watch)
+    threading.setprofile(watch)
+    try:
+        return client.post("/double", json=value).get_json()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+import threading
+assert served(21) == 42  # the model loads on this first request
+made.clear()
+assert served(4) == 8 and tracing.silent()
+print("silent", len(made))
+if sys.argv[1] == "later":  # a provider set while the app serves is seen at once
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    assert served(5) == 10 and not tracing.silent()
+    print("recorded", sorted(span.name for span in exporter.get_finished_spans()))
+"""
+
+
+@pytest.mark.parametrize("provider", ["none", "noop", "later"])
+def test_with_no_sdk_set_up_a_request_makes_no_span_and_a_provider_set_later_records(provider: str) -> None:
+    """Tracing on where nothing records (no provider set, so the API's
+    proxy; or the API's no-op provider): no span is started for a request
+    or its batch, by the API or the recorder. A provider set later, while
+    the app serves, records the next request's every span."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", SILENT, provider], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "silent 0", out.stdout
+    if provider == "later":
+        assert lines[1] == "recorded ['POST /double', 'batch double', 'in batch', 'parse', 'queue wait', 'respond']"
