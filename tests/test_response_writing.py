@@ -99,6 +99,8 @@ class Served:
 
 
 BIG = b"b" * (JOINED_BODY_MOST + 1)
+DRIPS = 20
+DRIPPED: List[int] = []  # one a chunk /drip handed over
 
 
 def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
@@ -115,6 +117,16 @@ def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
         "/empty": [],
         "/no-content": [],
     }
+    if path == "/drip":  # chunks a while apart, each counted as the app hands it over
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(DRIPS * 1000))])
+
+        def drip() -> Any:
+            for _ in range(DRIPS):
+                DRIPPED.append(1)
+                yield b"d" * 1000
+                gevent.sleep(0.1)
+
+        return drip()
     if path == "/write":  # the write() callable of start_response, then the iterable
         write = start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "11")])
         write(b"written ")
@@ -220,6 +232,31 @@ def test_a_client_gone_is_logged_as_gevent_logs_it() -> None:
     assert logged[0] and logged[1] == logged[0]
     code, status, _ = logged[1][0]
     assert code == -200 and status.startswith("socket error: ")
+
+
+def test_a_client_gone_mid_response_stops_the_app_as_gevent_stops_it() -> None:
+    """A write that fails ends the response: the app's iterable is not
+    drained into a closed socket, the log line says what gevent's says."""
+    seen = []
+    for one_send in (False, True):
+        served = Served(app, one_send)
+        DRIPPED.clear()
+        try:
+            with socket.socket() as sock:
+                sock.connect(("127.0.0.1", served.port))
+                sock.sendall(request("/drip"))
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not FIN
+            deadline = time.monotonic() + 10
+            while not served.logged and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # long enough for three more chunks, had the app gone on
+            seen.append((len(DRIPPED), served.logged[:1]))
+        finally:
+            served.close()
+    (gevent_drips, gevent_logged), (drips, logged) = seen
+    assert drips < DRIPS and drips <= gevent_drips + 1, (drips, gevent_drips)
+    assert logged and logged[0][:2] == gevent_logged[0][:2] and logged[0][0] < 0
 
 
 def test_a_gevent_handler_writes_in_one_send_and_others_keep_their_own() -> None:

@@ -138,17 +138,24 @@ def test_spans_made_in_a_routes_hooks_are_children_of_its_steps(make_app, monkey
 
 
 SILENT = """
+import asyncio
+import logging
 import sys
+import threading
 from flask import Flask
 from opentelemetry import trace
 from flask_streamer import FlaskStreamer
 from streamer_core import tracing
+from streamer_core.web.cycle import Cycle
 
 app = Flask(__name__)
 app.config["STREAMER_TRACING"] = True
 streamer = FlaskStreamer(app)
 streamer.add_batched_route("/double", "double", lambda batch: [2 * value for value in batch])
 client = app.test_client()
+# The cycle as an async view serves it (Django's): the same model, awaited.
+cycle = Cycle(lambda status, body, headers: (status, body), logging.getLogger("t"), "the view", lambda: False,
+              lambda exc: None)
 if sys.argv[1] == "noop":
     trace.set_tracer_provider(trace.NoOpTracerProvider())
 made = []
@@ -158,21 +165,24 @@ def watch(frame, event, arg):
         if "opentelemetry" in frame.f_code.co_filename or "span_recorder" in frame.f_code.co_filename:
             made.append(frame.f_code.co_name)
 
-def served(value):
+def served(value, awaited=False):
     sys.setprofile(watch)
     threading.setprofile(watch)
     try:
+        if awaited:
+            model = streamer.get_streamer("double", app)
+            return asyncio.run(cycle.aserve("double", lambda: model, lambda: value, lambda out: out,
+                                            traced=("POST", "/adouble")))
         return client.post("/double", json=value).get_json()
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
 
-import threading
 assert served(21) == 42  # the model loads on this first request
 made.clear()
-assert served(4) == 8 and tracing.silent()
+assert served(4) == 8 and served(3, awaited=True) == 6 and tracing.silent()
 print("silent", len(made))
-if sys.argv[1] == "later":  # a provider set while the app serves is seen at once
+if sys.argv[1] in ("later", "custom"):  # a provider set while the app serves is seen at once
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -180,18 +190,27 @@ if sys.argv[1] == "later":  # a provider set while the app serves is seen at onc
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+
+    class Custom(trace.TracerProvider):  # a provider not the SDK's: its own tracer makes the spans
+        def get_tracer(self, *args, **kwargs):
+            return provider.get_tracer(*args, **kwargs)
+
+    trace.set_tracer_provider(provider if sys.argv[1] == "later" else Custom())
     assert served(5) == 10 and not tracing.silent()
     print("recorded", sorted(span.name for span in exporter.get_finished_spans()))
+    exporter.clear()
+    assert served(7, awaited=True) == 14
+    print("awaited", sorted(span.name for span in exporter.get_finished_spans()))
 """
 
 
-@pytest.mark.parametrize("provider", ["none", "noop", "later"])
+@pytest.mark.parametrize("provider", ["none", "noop", "later", "custom"])
 def test_with_no_sdk_set_up_a_request_makes_no_span_and_a_provider_set_later_records(provider: str) -> None:
     """Tracing on where nothing records (no provider set, so the API's
     proxy; or the API's no-op provider): no span is started for a request
-    or its batch, by the API or the recorder. A provider set later, while
-    the app serves, records the next request's every span."""
+    or its batch, by the API or the recorder, in a sync view or an async
+    one. A provider set later, while the app serves (the SDK's, or one of
+    its own), records the next request's every span."""
     import subprocess
     import sys
     from pathlib import Path
@@ -203,5 +222,6 @@ def test_with_no_sdk_set_up_a_request_makes_no_span_and_a_provider_set_later_rec
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "silent 0", out.stdout
-    if provider == "later":
+    if provider in ("later", "custom"):
         assert lines[1] == "recorded ['POST /double', 'batch double', 'in batch', 'parse', 'queue wait', 'respond']"
+        assert lines[2] == "awaited ['POST /adouble', 'batch double', 'in batch', 'parse', 'queue wait', 'respond']"
