@@ -191,3 +191,16 @@ def close_answers_every_call(streamer: Any, calls: int = 6) -> None:
         streamer.close(timeout=30)
     assert [f.result(0) for f in futures] == [[x * 2] for x in range(calls)]
     assert time.monotonic() - started < 10.0, "close() waits for the answers in hand, then no longer"
+
+
+def gunicorn_worker(kind: Any) -> Any:
+    """A gunicorn worker of class ``kind`` as its master makes one before it
+    forks, default settings, its heartbeat file closed: for a test of what a
+    hook does to it."""
+    from gunicorn.config import Config
+    from gunicorn.glogging import Logger
+
+    cfg = Config()
+    worker = kind(0, os.getpid(), [], None, 30, cfg, Logger(cfg))
+    worker.tmp.close()
+    return worker

@@ -21,14 +21,12 @@ from hypothesis import strategies as st
 
 pytest.importorskip("gevent")
 from gevent import pywsgi  # noqa: E402
-from gunicorn.config import Config  # noqa: E402
-from gunicorn.glogging import Logger  # noqa: E402
 from gunicorn.workers.ggevent import GeventPyWSGIWorker, PyWSGIHandler  # noqa: E402
 from gunicorn.workers.gthread import ThreadWorker  # noqa: E402
 
 from streamer_core.web.gunicorn import read_headers_quickly  # noqa: E402
 from streamer_core.web.headers import read_headers  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
+from tests.helpers import gunicorn_worker, wait_for  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,24 +91,18 @@ def test_the_limits_and_a_cut_block_read_as_gevent_reads_them(block: bytes) -> N
 
 
 def test_a_gevent_handler_reads_headers_quickly_and_others_keep_their_own() -> None:
-    def made(kind: Any) -> Any:
-        cfg = Config()
-        worker = kind(0, os.getpid(), [], None, 30, cfg, Logger(cfg))
-        worker.tmp.close()
-        return worker
-
-    gevent_worker = made(GeventPyWSGIWorker)
+    gevent_worker = gunicorn_worker(GeventPyWSGIWorker)
     read_headers_quickly(gevent_worker)
     assert issubclass(gevent_worker.wsgi_handler, PyWSGIHandler)
     assert gevent_worker.wsgi_handler.MessageClass is not PyWSGIHandler.MessageClass
 
-    own = made(GeventPyWSGIWorker)
+    own = gunicorn_worker(GeventPyWSGIWorker)
     own.wsgi_handler = type("Own", (PyWSGIHandler,), {"MessageClass": lambda self, *args: None})
     before = own.wsgi_handler
     read_headers_quickly(own)
     assert own.wsgi_handler is before  # a handler that reads headers its own way
 
-    threads = made(ThreadWorker)
+    threads = gunicorn_worker(ThreadWorker)
     read_headers_quickly(threads)
     assert not hasattr(threads, "wsgi_handler")  # gthread: no gevent handler
 

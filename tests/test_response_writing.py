@@ -6,7 +6,6 @@ examples' gunicorn hooks give the process a handler that writes so."""
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
@@ -18,14 +17,13 @@ import pytest
 pytest.importorskip("gevent")
 import gevent  # noqa: E402
 from gevent import pywsgi  # noqa: E402
-from gunicorn.config import Config  # noqa: E402
-from gunicorn.glogging import Logger  # noqa: E402
 from gunicorn.workers.ggevent import GeventPyWSGIWorker, PyWSGIHandler  # noqa: E402
 from gunicorn.workers.gthread import ThreadWorker  # noqa: E402
 
 from streamer_core.web import writing  # noqa: E402
 from streamer_core.web.gunicorn import write_in_one_send  # noqa: E402
 from streamer_core.web.writing import JOINED_BODY_MOST, one_send_writing  # noqa: E402
+from tests.helpers import gunicorn_worker  # noqa: E402
 
 
 class Counted:
@@ -260,23 +258,17 @@ def test_a_client_gone_mid_response_stops_the_app_as_gevent_stops_it() -> None:
 
 
 def test_a_gevent_handler_writes_in_one_send_and_others_keep_their_own() -> None:
-    def made(kind: Any) -> Any:
-        cfg = Config()
-        worker = kind(0, os.getpid(), [], None, 30, cfg, Logger(cfg))
-        worker.tmp.close()
-        return worker
-
-    gevent_worker = made(GeventPyWSGIWorker)
+    gevent_worker = gunicorn_worker(GeventPyWSGIWorker)
     write_in_one_send(gevent_worker)
     assert issubclass(gevent_worker.wsgi_handler, PyWSGIHandler)
     assert gevent_worker.wsgi_handler._sendall is writing._sendall
 
-    own = made(GeventPyWSGIWorker)
+    own = gunicorn_worker(GeventPyWSGIWorker)
     own.wsgi_handler = type("Own", (PyWSGIHandler,), {"_write": lambda self, data: None})
     before = own.wsgi_handler
     write_in_one_send(own)
     assert own.wsgi_handler is before  # a handler that writes its own way
 
-    threads = made(ThreadWorker)
+    threads = gunicorn_worker(ThreadWorker)
     write_in_one_send(threads)
     assert not hasattr(threads, "wsgi_handler")  # gthread: no gevent handler

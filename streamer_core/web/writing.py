@@ -18,7 +18,7 @@ is whatever one ``send`` leaves unsent. A response with no body (a 204,
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 __all__ = ["JOINED_BODY_MOST", "one_send_writing"]
 
@@ -31,6 +31,8 @@ class _Hold:
 
 
 _HOLD = _Hold()
+# gevent's WSGIHandler, set by one_send_writing before any handler writes.
+_GEVENT: List[Any] = []
 
 
 def _write_with_headers(handler: Any, data: bytes) -> None:
@@ -67,10 +69,9 @@ def _sendall(handler: Any, data: Any) -> None:
 
 
 def _base() -> Any:
-    """gevent's handler class, whose methods these wrap."""
-    from gevent.pywsgi import WSGIHandler
-
-    return WSGIHandler
+    """gevent's handler class, whose methods these wrap (looked up when
+    :func:`one_send_writing` gave them out, not by an import per response)."""
+    return _GEVENT[0]
 
 
 def one_send_writing(handler: Any) -> Optional[Dict[str, Any]]:
@@ -88,4 +89,5 @@ def one_send_writing(handler: Any) -> Optional[Dict[str, Any]]:
     for name in ("_write_with_headers", "_sendall", "_write"):
         if getattr(handler, name, None) is not getattr(pywsgi.WSGIHandler, name, handler):
             return None
+    _GEVENT[:] = [pywsgi.WSGIHandler]
     return {"_write_with_headers": _write_with_headers, "_sendall": _sendall, "_held": None}
