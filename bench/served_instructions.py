@@ -112,6 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--then", type=int, default=1200, help="requests of the second count (default 1200)")
     parser.add_argument("--connections", type=int, default=32, help="client connections (default 32)")
     parser.add_argument("--port", type=int, default=5077)
+    parser.add_argument("--keep", action="store_true", help="keep the dumps for callgrind_annotate")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("served_instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
@@ -161,7 +162,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         server.terminate()
         server.wait(120)
-        shutil.rmtree(folder, ignore_errors=True)
+        if args.keep:
+            print(f"callgrind's dumps: {folder} (cg.<worker pid>.1 and .2: callgrind_annotate reads each)")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
