@@ -111,9 +111,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--first", type=int, default=300, help="requests of the first count (default 300)")
     parser.add_argument("--then", type=int, default=1200, help="requests of the second count (default 1200)")
     parser.add_argument("--connections", type=int, default=32, help="client connections (default 32)")
-    parser.add_argument("--port", type=int, default=5077)
+    parser.add_argument("--port", type=int, default=0, help="the server's port (default: a free one)")
     parser.add_argument("--keep", action="store_true", help="keep the dumps for callgrind_annotate")
     args = parser.parse_args(argv)
+    args.port = args.port or harness.free_port()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("served_instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2

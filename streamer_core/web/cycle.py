@@ -108,7 +108,7 @@ class Cycle(Generic[R]):
             return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
         request = tracing.request_span(traced[0], traced[1], name)
         with request as span:
-            if not span.is_recording():  # no SDK set up, or not sampled: no steps to record either
+            if not span.is_recording():  # not sampled (or a provider's span that records nothing): no steps either
                 return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
             return self._serve(
                 name,

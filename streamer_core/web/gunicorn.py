@@ -38,7 +38,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .headers import quick_header_reading
@@ -151,7 +151,7 @@ def skip_unlogged_access(worker: Any) -> None:
 
     if getattr(type(log), "access", None) is not Logger.access:
         return
-    worker.wsgi_handler = type(handler.__name__, (handler,), {"log_request": _log_nothing, "__module__": __name__})
+    _handle_with(worker, {"log_request": _log_nothing})
 
 
 def read_headers_quickly(worker: Any) -> None:
@@ -165,7 +165,7 @@ def read_headers_quickly(worker: Any) -> None:
     handler: Any = getattr(worker, "wsgi_handler", None)
     reading = quick_header_reading(handler)
     if reading is not None:
-        worker.wsgi_handler = type(handler.__name__, (handler,), {"MessageClass": reading, "__module__": __name__})
+        _handle_with(worker, {"MessageClass": reading})
 
 
 def write_in_one_send(worker: Any) -> None:
@@ -178,7 +178,13 @@ def write_in_one_send(worker: Any) -> None:
     handler: Any = getattr(worker, "wsgi_handler", None)
     writing = one_send_writing(handler)
     if writing is not None:
-        worker.wsgi_handler = type(handler.__name__, (handler,), {**writing, "__module__": __name__})
+        _handle_with(worker, writing)
+
+
+def _handle_with(worker: Any, attributes: Dict[str, Any]) -> None:
+    """Give the worker a request handler: a subclass of its own with ``attributes``."""
+    handler = worker.wsgi_handler
+    worker.wsgi_handler = type(handler.__name__, (handler,), {**attributes, "__module__": __name__})
 
 
 def _log_nothing(handler: Any) -> None:

@@ -27,6 +27,15 @@ def _named(function: Any) -> str:
     return f"{function.__module__}.{function.__qualname__}"
 
 
+def _serving_handler() -> Any:
+    """The class of the server's handler serving this request: the caller's
+    ``self`` that has ``log_request`` (None under a server without one)."""
+    frame = sys._getframe()
+    while frame is not None and not hasattr(frame.f_locals.get("self"), "log_request"):
+        frame = frame.f_back  # type: ignore[assignment]
+    return None if frame is None else type(frame.f_locals["self"])
+
+
 def create_app() -> Flask:
     app = Flask(__name__)
     app.config.from_prefixed_env()  # FLASK_STREAMER_TIMEOUT, ...
@@ -40,15 +49,12 @@ def create_app() -> Flask:
         the collector's thresholds, its cores, and the class of the server's
         handler serving this request (the caller that has ``log_request``),
         with the functions it logs a request and sends a response by."""
-        frame = sys._getframe()
-        while frame is not None and not hasattr(frame.f_locals.get("self"), "log_request"):
-            frame = frame.f_back  # type: ignore[assignment]
-        handler = None if frame is None else type(frame.f_locals["self"])
+        handler = _serving_handler()
         return {
             "frozen": gc.get_freeze_count(),
             "threshold": gc.get_threshold(),
             "cores": sorted(os.sched_getaffinity(0)),
-            "handler": None if handler is None else f"{handler.__module__}.{handler.__qualname__}",
+            "handler": None if handler is None else _named(handler),
             "log_request": None if handler is None else _named(handler.log_request),
             "sendall": None if handler is None else _named(handler._sendall),
         }
@@ -57,10 +63,8 @@ def create_app() -> Flask:
     def headers() -> Any:
         """What the server made of the request's headers: the module of its
         handler's header reading, the environ's header keys, and the body."""
-        frame = sys._getframe()
-        while frame is not None and not hasattr(frame.f_locals.get("self"), "MessageClass"):
-            frame = frame.f_back  # type: ignore[assignment]
-        reader = None if frame is None else type(frame.f_locals["self"]).MessageClass.__module__
+        handler = _serving_handler()
+        reader = None if handler is None else handler.MessageClass.__module__
         keys = [key for key in request.environ if key.startswith("HTTP_")]
         keys += ["CONTENT_TYPE", "CONTENT_LENGTH", "QUERY_STRING", "PATH_INFO", "REQUEST_METHOD"]
         environ = {key: request.environ.get(key) for key in keys}
