@@ -20,7 +20,7 @@ from ..runner import BatchRun, run_batch
 from ..shaping import batch_cost
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from ..threads import background
-from ..tracing import BatchFacts, has_span, traced_run
+from ..tracing import BatchFacts, traced_run
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -122,12 +122,10 @@ class _ThreadBackend(Backend):
             deliver(items, outcomes)
 
     def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[_Item]) -> BatchRun:
-        """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.tracing`);
-        a batch of calls the sampler left out alone runs as an untraced one."""
+        """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.tracing`;
+        a batch of calls the sampler left out alone runs as an untraced one)."""
         values = [item.value for item in items]
         calls = [item.task.trace for item in items]
-        if not has_span(calls):
-            return run_batch(predict, values, self._isolate, self._oom_errors)
         cost = batch_cost(self._cost_rule, [item.cost for item in items])
         run, _ = traced_run(lambda: run_batch(predict, values, self._isolate, self._oom_errors), facts, calls, cost)
         return run
