@@ -49,6 +49,8 @@ import random as _random_ids
 import re
 import time
 import traceback
+from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from opentelemetry import trace
@@ -62,6 +64,7 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -267,6 +270,12 @@ class Recorder:
         #: Under ParentBased, the bound below which a root's trace id (its low
         #: 64 bits) is recorded without asking; None: ask.
         self.root_bound = _root_bound(self.sampler, description) if self.by_parent else None
+        # New ids: for the SDK's RandomIdGenerator, drawn as it draws them from
+        # the random module's generator, with no Python call (a zero, which
+        # is no id, goes to the generator, which draws again); else its own.
+        random_ids = type(self.ids) is RandomIdGenerator
+        self._trace_ids = partial(_random_ids.getrandbits, 128) if random_ids else self.ids.generate_trace_id
+        self._span_ids = partial(_random_ids.getrandbits, 64) if random_ids else self.ids.generate_span_id
         is_random = getattr(self.ids, "is_trace_id_random", None)
         self.random_ids = bool(_RANDOM and is_random is not None and is_random())
         # The SDK's hook as a span ends, before on_end (1.3x: private, and absent before).
@@ -320,7 +329,8 @@ class Recorder:
         if parent.is_valid:
             trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
         else:
-            parent, trace_id, random = None, self.ids.generate_trace_id(), self.random_ids
+            trace_id = self._trace_ids() or self.ids.generate_trace_id()
+            parent, random = None, self.random_ids
         if self.always or (self.by_parent and (parent is not None or self.root_bound is not None)):
             if self.always:
                 sampled = True
@@ -329,13 +339,13 @@ class Recorder:
             else:
                 sampled = trace_id & _LOW_64 < self.root_bound  # type: ignore[operator]  # not None here
             recorded, state = sampled, None if parent is None else parent.trace_state
-            given: Any = dict(attributes) if attributes and sampled else {}
+            given: Any = _copied(attributes) if attributes and sampled else {}
         else:
             result = self.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, links)
             decision: Any = result.decision  # Decision's methods carry no types
             sampled, recorded, state = decision.is_sampled(), decision.is_recording(), result.trace_state
             given = dict(result.attributes) if recorded else {}
-        span_id = self.ids.generate_span_id()
+        span_id = self._span_ids() or self.ids.generate_span_id()
         # Made as SpanContext makes it, its validity worked out as it works it out.
         valid = 0 < trace_id <= _LOW_128 and 0 < span_id <= _LOW_64
         fields = (trace_id, span_id, False, _FLAGS[sampled][bool(random)], _NO_STATE if state is None else state, valid)
@@ -363,8 +373,41 @@ class Recorder:
             )
         # The ids are valid ones (the parent's, and one from the id generator):
         # made as SpanContext makes it, without checking them again.
-        context = tuple.__new__(SpanContext, (trace_id, self.ids.generate_span_id(), False, flags, state, True))
+        span_id = self._span_ids() or self.ids.generate_span_id()
+        context = tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state, True))
         return self._begin(name, context, parent, attributes if attributes is not None else {}, links, start_ns)
+
+    def finished(
+        self,
+        name: str,
+        parent: SpanContext,
+        attributes: Optional[Dict[str, Any]],
+        links: Sequence[Link],
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
+        """``child(name, parent, attributes, links, start_ns).end(end_ns)``:
+        a span made once it is over (a request's ``queue wait`` and ``in
+        batch``), in one call where nothing but the processors' ``on_end``
+        is called (the SDK's batch and simple processors), the parent is
+        sampled, its children following it, and the links within limits."""
+        trace_id, _, _, flags, state, _ = parent
+        limit = self.limits.max_links
+        if (
+            self._starts
+            or self._ends
+            or not (self.children_follow and flags & _SAMPLED)
+            or getattr(self.processor, "_span_processors", None) is not self._processors
+            or (limit is not None and len(links) > limit)
+        ):
+            self.child(name, parent, attributes, links, start_ns).end(end_ns)
+            return
+        span_id = self._span_ids() or self.ids.generate_span_id()
+        context = tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state, True))
+        span = _Recording(self, name, context, parent, attributes if attributes is not None else {}, links, start_ns)
+        span._end_time = end_ns
+        for on_end in self._sampled_enders:  # the child of a sampled parent is sampled
+            on_end(span)
 
     @staticmethod
     def note(span: trace.Span, key: str, value: Any) -> None:
@@ -401,6 +444,15 @@ class Recorder:
 
 
 _LOW_64 = (1 << 64) - 1
+
+
+def _copied(attributes: Mapping[str, Any]) -> Dict[str, Any]:
+    """A dict of ``attributes``: a dict's or a mapping proxy's by its own
+    ``copy`` (a sixth of what ``dict()`` of a proxy costs: a request span's
+    attributes are one, made once per endpoint)."""
+    return attributes.copy() if type(attributes) in (dict, MappingProxyType) else dict(attributes)  # type: ignore[attr-defined]
+
+
 _LOW_128 = (1 << 128) - 1
 _NO_STATE = SpanContext(1, 1, False).trace_state  # a SpanContext's trace state where it is given none
 

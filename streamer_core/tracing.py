@@ -333,9 +333,9 @@ def _request_spans(
         links = [trace.Link(batch)]  # the same for each (a recorder's spans keep links as given)
         for call, inputs in requests.values():
             waited_from = call.arrived_ns if call.arrived_ns < started_ns else started_ns
-            fast.child("queue wait", call.context, None, (), waited_from).end(started_ns)
+            fast.finished("queue wait", call.context, None, (), waited_from, started_ns)
             attributes = {"streamer.batch.size": size, "streamer.request.inputs": inputs}
-            fast.child("in batch", call.context, attributes, links, started_ns).end(ended_ns)
+            fast.finished("in batch", call.context, attributes, links, started_ns, ended_ns)
         return
     made = tracer()
     for call, inputs in requests.values():
