@@ -49,8 +49,6 @@ import random as _random_ids
 import re
 import time
 import traceback
-from functools import partial
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from opentelemetry import trace
@@ -63,13 +61,9 @@ from opentelemetry.sdk.trace import (
     SynchronousMultiSpanProcessor,
     TracerProvider,
 )
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-from .trace_context import current_span
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -235,8 +229,7 @@ class _Recording(trace.Span, ReadableSpan):
             recorder._on_ending(self)
         if getattr(recorder.processor, "_span_processors", None) is not recorder._processors:
             recorder._look_at_processors()  # one added since the span started
-        flags = self._context[3]  # type: ignore[index]  # a recorder gives every span a context
-        for on_end in recorder._sampled_enders if flags & _SAMPLED else recorder._enders:
+        for on_end in recorder._enders:
             on_end(self)
 
     # The API span's __exit__ ends it; as the SDK's does, an error leaving
@@ -270,12 +263,6 @@ class Recorder:
         #: Under ParentBased, the bound below which a root's trace id (its low
         #: 64 bits) is recorded without asking; None: ask.
         self.root_bound = _root_bound(self.sampler, description) if self.by_parent else None
-        # New ids: for the SDK's RandomIdGenerator, drawn as it draws them from
-        # the random module's generator, with no Python call (a zero, which
-        # is no id, goes to the generator, which draws again); else its own.
-        random_ids = type(self.ids) is RandomIdGenerator
-        self._trace_ids = partial(_random_ids.getrandbits, 128) if random_ids else self.ids.generate_trace_id
-        self._span_ids = partial(_random_ids.getrandbits, 64) if random_ids else self.ids.generate_span_id
         is_random = getattr(self.ids, "is_trace_id_random", None)
         self.random_ids = bool(_RANDOM and is_random is not None and is_random())
         # The SDK's hook as a span ends, before on_end (1.3x: private, and absent before).
@@ -286,9 +273,6 @@ class Recorder:
         #: where it is the SDK's synchronous multi-processor (whose on_end calls
         #: each of its processors' in turn), theirs, so.
         self._enders: Tuple[Callable[[Any], None], ...] = (processor.on_end,)
-        #: The same for a sampled span, where a batch processor's on_end is
-        #: its queue's ``emit`` for a sampled span (:func:`_emit_of`).
-        self._sampled_enders: Tuple[Callable[[Any], None], ...] = self._enders
 
     def _look_at_processors(self) -> None:
         """Whether some processor does something as a span starts, and as it
@@ -300,13 +284,12 @@ class Recorder:
         processors = getattr(self.processor, "_span_processors", None)
         if processors is None:  # a processor of another shape: call it
             self._starts = self._ends = True
-            self._enders = self._sampled_enders = (self.processor.on_end,)
+            self._enders = (self.processor.on_end,)
         else:
             self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
             self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
             direct = type(self.processor) is SynchronousMultiSpanProcessor
             self._enders = tuple(p.on_end for p in processors) if direct else (self.processor.on_end,)
-            self._sampled_enders = tuple(_emit_of(p) or p.on_end for p in processors) if direct else self._enders
         # Last: a span started on another thread meanwhile sees the tuple only
         # with what was worked out of it.
         self._processors = processors
@@ -324,13 +307,12 @@ class Recorder:
         context where ``None``; an empty one makes a root), sampled as the
         sampler decides; not sampled, a ``NonRecordingSpan`` that carries
         the decision to its children."""
-        parent: Optional[SpanContext] = current_span(context).get_span_context()
+        parent: Optional[SpanContext] = trace.get_current_span(context).get_span_context()
         assert parent is not None  # an API span's context is never None
         if parent.is_valid:
             trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
         else:
-            trace_id = self._trace_ids() or self.ids.generate_trace_id()
-            parent, random = None, self.random_ids
+            parent, trace_id, random = None, self.ids.generate_trace_id(), self.random_ids
         if self.always or (self.by_parent and (parent is not None or self.root_bound is not None)):
             if self.always:
                 sampled = True
@@ -339,17 +321,13 @@ class Recorder:
             else:
                 sampled = trace_id & _LOW_64 < self.root_bound  # type: ignore[operator]  # not None here
             recorded, state = sampled, None if parent is None else parent.trace_state
-            given: Any = _copied(attributes) if attributes and sampled else {}
+            given: Any = dict(attributes) if attributes and sampled else {}
         else:
             result = self.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, links)
             decision: Any = result.decision  # Decision's methods carry no types
             sampled, recorded, state = decision.is_sampled(), decision.is_recording(), result.trace_state
             given = dict(result.attributes) if recorded else {}
-        span_id = self._span_ids() or self.ids.generate_span_id()
-        # Made as SpanContext makes it, its validity worked out as it works it out.
-        valid = 0 < trace_id <= _LOW_128 and 0 < span_id <= _LOW_64
-        fields = (trace_id, span_id, False, _FLAGS[sampled][bool(random)], _NO_STATE if state is None else state, valid)
-        span_context = tuple.__new__(SpanContext, fields)
+        span_context = SpanContext(trace_id, self.ids.generate_span_id(), False, _FLAGS[sampled][bool(random)], state)
         if not recorded:
             return trace.NonRecordingSpan(span_context)
         return self._begin(name, span_context, parent, given, links, start_ns, context)
@@ -373,41 +351,8 @@ class Recorder:
             )
         # The ids are valid ones (the parent's, and one from the id generator):
         # made as SpanContext makes it, without checking them again.
-        span_id = self._span_ids() or self.ids.generate_span_id()
-        context = tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state, True))
+        context = tuple.__new__(SpanContext, (trace_id, self.ids.generate_span_id(), False, flags, state, True))
         return self._begin(name, context, parent, attributes if attributes is not None else {}, links, start_ns)
-
-    def finished(
-        self,
-        name: str,
-        parent: SpanContext,
-        attributes: Optional[Dict[str, Any]],
-        links: Sequence[Link],
-        start_ns: int,
-        end_ns: int,
-    ) -> None:
-        """``child(name, parent, attributes, links, start_ns).end(end_ns)``:
-        a span made once it is over (a request's ``queue wait`` and ``in
-        batch``), in one call where nothing but the processors' ``on_end``
-        is called (the SDK's batch and simple processors), the parent is
-        sampled, its children following it, and the links within limits."""
-        trace_id, _, _, flags, state, _ = parent
-        limit = self.limits.max_links
-        if (
-            self._starts
-            or self._ends
-            or not (self.children_follow and flags & _SAMPLED)
-            or getattr(self.processor, "_span_processors", None) is not self._processors
-            or (limit is not None and len(links) > limit)
-        ):
-            self.child(name, parent, attributes, links, start_ns).end(end_ns)
-            return
-        span_id = self._span_ids() or self.ids.generate_span_id()
-        context = tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state, True))
-        span = _Recording(self, name, context, parent, attributes if attributes is not None else {}, links, start_ns)
-        span._end_time = end_ns
-        for on_end in self._sampled_enders:  # the child of a sampled parent is sampled
-            on_end(span)
 
     @staticmethod
     def note(span: trace.Span, key: str, value: Any) -> None:
@@ -444,35 +389,6 @@ class Recorder:
 
 
 _LOW_64 = (1 << 64) - 1
-
-
-def _copied(attributes: Mapping[str, Any]) -> Dict[str, Any]:
-    """A dict of ``attributes``: a dict's or a mapping proxy's by its own
-    ``copy`` (a sixth of what ``dict()`` of a proxy costs: a request span's
-    attributes are one, made once per endpoint)."""
-    return attributes.copy() if type(attributes) in (dict, MappingProxyType) else dict(attributes)  # type: ignore[attr-defined]
-
-
-_LOW_128 = (1 << 128) - 1
-_NO_STATE = SpanContext(1, 1, False).trace_state  # a SpanContext's trace state where it is given none
-
-# What the SDK's BatchSpanProcessor.on_end reads: a span's flags, then its queue's emit.
-_BATCH_ON_END_READS = {"context", "trace_flags", "sampled", "_batch_processor", "emit"}
-
-
-def _emit_of(processor: Any) -> Optional[Callable[[Any], None]]:
-    """Where ``processor`` is the SDK's ``BatchSpanProcessor``, whose
-    ``on_end`` does nothing but hand a sampled span to its queue's ``emit``
-    (as its code's names say: checked here), that ``emit``, to call with a
-    sampled span in its place (four calls fewer a span); else ``None``."""
-    if type(processor) is not BatchSpanProcessor:
-        return None
-    code = getattr(BatchSpanProcessor.on_end, "__code__", None)
-    emit = getattr(getattr(processor, "_batch_processor", None), "emit", None)
-    if emit is None or code is None or set(code.co_names) != _BATCH_ON_END_READS:
-        return None
-    found: Callable[[Any], None] = emit
-    return found
 
 
 def _root_bound(sampler: Any, description: str) -> Optional[int]:

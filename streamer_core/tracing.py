@@ -78,13 +78,11 @@ _recorder_seen: Optional[Recorder] = None
 # Whether the provider last seen is one whose spans never record: none set
 # yet (the API's proxy), or the API's no-op provider.
 _silent_seen = False
-# OpenTelemetry's ``trace`` and ``context`` modules, and the current context's
-# functions (streamer_core.trace_context), imported on first use (an import
-# statement costs a request a lookup each time it runs); set before any span
-# is made (tracer()).
+# OpenTelemetry's ``trace`` and ``context`` modules, imported on first use
+# (an import statement costs a request a lookup each time it runs); set
+# before any span is made (tracer()).
 _trace: Any = None
 _context: Any = None
-_current: Any = None
 # Each endpoint's request span name and attributes, made once (a request
 # left out of the sample costs little else); bounded, as a route may be a path.
 _request_names: Dict[Tuple[str, str, str], Tuple[str, Mapping[str, str]]] = {}
@@ -128,13 +126,11 @@ def missing_api() -> Optional[str]:
 
 def _api() -> Tuple[Any, Any]:
     """OpenTelemetry's ``trace`` and ``context`` modules (imported once)."""
-    global _trace, _context, _current
-    if _trace is None or _context is None or _current is None:
+    global _trace, _context
+    if _trace is None or _context is None:
         from opentelemetry import context, trace
 
-        from . import trace_context
-
-        _trace, _context, _current = trace, context, trace_context
+        _trace, _context = trace, context
     return _trace, _context
 
 
@@ -195,9 +191,8 @@ def capture() -> Optional[CallTrace]:
     submitted; ``None`` when no span is current. A span the sampler left out
     is captured too (:attr:`CallTrace.sampled` false): its call costs its
     batch no link and no spans, and a batch of such calls alone no span."""
-    if _current is None:
-        _api()
-    context = _current.current_span().get_span_context()
+    trace = _trace if _trace is not None else _api()[0]
+    context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return None
     return CallTrace(context, time.time_ns(), bool(context.trace_flags & 1))
@@ -297,7 +292,7 @@ def traced_run(
         batch = fast.start(name, root, attributes, links, started_ns)
     else:
         batch = tracer().start_span(name, context=root, links=links, attributes=attributes, start_time=started_ns)
-    token = _current.attach(_current.with_span(batch))
+    token = otel_context.attach(trace.set_span_in_context(batch))
     try:
         result = run()
     except BaseException as exc:
@@ -306,19 +301,18 @@ def traced_run(
         raise
     finally:
         seconds = time.monotonic() - started
-        _current.detach(token)
+        otel_context.detach(token)
         if fast is not None:
             fast.note(batch, "streamer.batch.model_seconds", seconds)
         else:
             batch.set_attribute("streamer.batch.model_seconds", seconds)
         ended_ns = started_ns + int(seconds * 1e9)
         batch.end(ended_ns)
-    _request_spans(fast, requests, batch.get_span_context(), len(calls), started_ns, ended_ns)
+    _request_spans(requests, batch.get_span_context(), len(calls), started_ns, ended_ns)
     return result, seconds
 
 
 def _request_spans(
-    fast: Optional[Recorder],
     requests: Dict[Tuple[int, int], Tuple[CallTrace, int]],
     batch: SpanContext,
     size: int,
@@ -326,16 +320,16 @@ def _request_spans(
     ended_ns: int,
 ) -> None:
     """Each request's view of the batch, as children of its own span: how
-    long it waited for the batch, and the batch's run, linked to its span;
-    made by ``fast``, the recorder that made the batch's span, where one did."""
+    long it waited for the batch, and the batch's run, linked to its span."""
     trace, _ = _api()
+    fast = recorder()
     if fast is not None:
         links = [trace.Link(batch)]  # the same for each (a recorder's spans keep links as given)
         for call, inputs in requests.values():
             waited_from = call.arrived_ns if call.arrived_ns < started_ns else started_ns
-            fast.finished("queue wait", call.context, None, (), waited_from, started_ns)
+            fast.child("queue wait", call.context, None, (), waited_from).end(started_ns)
             attributes = {"streamer.batch.size": size, "streamer.request.inputs": inputs}
-            fast.finished("in batch", call.context, attributes, links, started_ns, ended_ns)
+            fast.child("in batch", call.context, attributes, links, started_ns).end(ended_ns)
         return
     made = tracer()
     for call, inputs in requests.values():
@@ -360,12 +354,12 @@ class Step:
         self._token: Any = None
 
     def __enter__(self) -> Span:
-        self.context = _current.with_span(self.span, self.context)  # loaded: the span was made
-        self._token = _current.attach(self.context)
+        self.context = _trace.set_span_in_context(self.span, self.context)  # loaded: the span was made
+        self._token = _context.attach(self.context)
         return self.span
 
     def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
-        _current.detach(self._token)
+        _context.detach(self._token)
         if exc is not None:
             self.span.record_exception(exc)
             self.span.set_status(_trace.StatusCode.ERROR)
@@ -396,7 +390,7 @@ def step(name: str, request: Step) -> Step:
     made the request's span, where one did."""
     made_by: Optional[Recorder] = getattr(request.span, "_recorder", None)
     if made_by is not None:
-        return Step(made_by.child(name, request.span._context), request.context)  # type: ignore[attr-defined]  # a recorder's span
+        return Step(made_by.child(name, request.span.get_span_context()), request.context)
     return Step(tracer().start_span(name, context=request.context), request.context)
 
 
