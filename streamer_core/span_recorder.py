@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequen
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context, get_current
 from opentelemetry.sdk.trace import (
     Event,
     ReadableSpan,
@@ -61,15 +62,16 @@ from opentelemetry.sdk.trace import (
     SynchronousMultiSpanProcessor,
     TracerProvider,
 )
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
     from opentelemetry.sdk.trace.sampling import Sampler
 
-__all__ = ["Recorder", "recorder_for"]
+__all__ = ["Recorder", "recorder_for", "SPAN_KEY", "SPAN_TYPES"]
 
 logger = logging.getLogger("streamer_core")
 
@@ -77,6 +79,9 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # W3C Trace Context level 2's "random trace id" flag, set by SDKs that know it.
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 _UNSET = Status(StatusCode.UNSET)
+#: The key under which the API's context holds the current span, as
+#: ``set_span_in_context`` puts it there (its name is the API's own).
+SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
 # A span's flags by whether it is sampled, then whether its trace id is random.
 _FLAGS = (
     (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.DEFAULT | _RANDOM)),
@@ -265,6 +270,8 @@ class Recorder:
         self.root_bound = _root_bound(self.sampler, description) if self.by_parent else None
         is_random = getattr(self.ids, "is_trace_id_random", None)
         self.random_ids = bool(_RANDOM and is_random is not None and is_random())
+        # The flags of a root left out of the sample.
+        self._left_out = _FLAGS[False][self.random_ids]
         # The SDK's hook as a span ends, before on_end (1.3x: private, and absent before).
         self._on_ending = getattr(processor, "_on_ending", None)
         self._processors: Any = None
@@ -308,11 +315,49 @@ class Recorder:
         sampler decides; not sampled, a ``NonRecordingSpan`` that carries
         the decision to its children."""
         parent: Optional[SpanContext] = trace.get_current_span(context).get_span_context()
+        return self._start(name, parent, context, attributes, links, start_ns)
+
+    def start_current(self, name: str, attributes: Optional[Mapping[str, Any]] = None) -> Tuple[trace.Span, Context]:
+        """``start(name, None, attributes)``, and the current context with
+        the span in it (what ``set_span_in_context`` makes of it), to attach:
+        a request's span, made for every request, sampled or not. A root
+        the sampler decides by its trace id alone and leaves out (most
+        requests under a ratio sampler) is made here with nothing else done."""
+        current = get_current()
+        held: Any = current.get(SPAN_KEY)
+        if held is None and self.root_bound is not None:
+            root_id = self.ids.generate_trace_id()
+            if root_id & _LOW_64 >= self.root_bound:
+                left_out = _span_context(root_id, self.ids.generate_span_id(), self._left_out, None)
+                span: trace.Span = trace.NonRecordingSpan(left_out)
+            else:
+                span = self._start(name, trace.INVALID_SPAN_CONTEXT, current, attributes, (), None, root_id)
+        else:
+            parent = (held if type(held) in SPAN_TYPES else trace.get_current_span(current)).get_span_context()
+            span = self._start(name, parent, current, attributes, (), None)
+        values = dict(current)
+        values[SPAN_KEY] = span
+        return span, Context(values)
+
+    def _start(
+        self,
+        name: str,
+        parent: Optional[SpanContext],
+        context: Optional[Context],
+        attributes: Optional[Mapping[str, Any]],
+        links: Sequence[Link],
+        start_ns: Optional[int],
+        root_id: Optional[int] = None,
+    ) -> trace.Span:
+        """:meth:`start` under ``parent``, the span context current in
+        ``context``; ``root_id``: the trace id drawn for it already, where
+        it is a root."""
         assert parent is not None  # an API span's context is never None
         if parent.is_valid:
             trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
         else:
-            parent, trace_id, random = None, self.ids.generate_trace_id(), self.random_ids
+            parent, random = None, self.random_ids
+            trace_id = self.ids.generate_trace_id() if root_id is None else root_id
         if self.always or (self.by_parent and (parent is not None or self.root_bound is not None)):
             if self.always:
                 sampled = True
@@ -327,7 +372,7 @@ class Recorder:
             decision: Any = result.decision  # Decision's methods carry no types
             sampled, recorded, state = decision.is_sampled(), decision.is_recording(), result.trace_state
             given = dict(result.attributes) if recorded else {}
-        span_context = SpanContext(trace_id, self.ids.generate_span_id(), False, _FLAGS[sampled][bool(random)], state)
+        span_context = _span_context(trace_id, self.ids.generate_span_id(), _FLAGS[sampled][bool(random)], state)
         if not recorded:
             return trace.NonRecordingSpan(span_context)
         return self._begin(name, span_context, parent, given, links, start_ns, context)
@@ -389,6 +434,21 @@ class Recorder:
 
 
 _LOW_64 = (1 << 64) - 1
+_LOW_128 = (1 << 128) - 1
+# The spans a context may hold that are the API's spans without asking
+# (``isinstance`` of the API's abstract Span, a tenth of a request's tracing).
+SPAN_TYPES = frozenset({trace.NonRecordingSpan, _Recording, SdkSpan})
+
+
+def _span_context(trace_id: int, span_id: int, flags: TraceFlags, state: Optional[TraceState]) -> SpanContext:
+    """``SpanContext(trace_id, span_id, False, flags, state)``, made without
+    its checks where the ids are valid (an id generator's are)."""
+    if 0 < trace_id <= _LOW_128 and 0 < span_id <= _LOW_64:
+        made: SpanContext = tuple.__new__(
+            SpanContext, (trace_id, span_id, False, flags, DEFAULT_TRACE_STATE if state is None else state, True)
+        )
+        return made
+    return SpanContext(trace_id, span_id, False, flags, state)  # an application's generator gave an invalid id
 
 
 def _root_bound(sampler: Any, description: str) -> Optional[int]:
@@ -457,6 +517,8 @@ def _reads_back(recorder: Recorder) -> bool:
         return False
     link = Link(SpanContext(4, 5, False, _SAMPLED))
     span = _Recording(recorder, "check", context, parent, {"a": 1}, [link], 10)
+    if trace.get_current_span(Context({SPAN_KEY: span})) is not span:  # a context as start_current makes it
+        return False
     span._end_time = 20
     try:
         return (

@@ -83,6 +83,10 @@ _silent_seen = False
 # before any span is made (tracer()).
 _trace: Any = None
 _context: Any = None
+# Where a recorder makes the spans: the context's key of the current span,
+# and the span classes read from it without asking isinstance (span_recorder).
+_span_key: Any = None
+_span_types: Any = frozenset()
 # Each endpoint's request span name and attributes, made once (a request
 # left out of the sample costs little else); bounded, as a route may be a path.
 _request_names: Dict[Tuple[str, str, str], Tuple[str, Mapping[str, str]]] = {}
@@ -171,6 +175,11 @@ def recorder() -> Optional[Recorder]:
             from .span_recorder import recorder_for
 
             found = recorder_for(provider, _version())
+            if found is not None:
+                from .span_recorder import SPAN_KEY, SPAN_TYPES
+
+                global _span_key, _span_types
+                _span_key, _span_types = SPAN_KEY, SPAN_TYPES
         _provider_seen, _recorder_seen = provider, found
         _silent_seen = isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
     return _recorder_seen
@@ -191,11 +200,20 @@ def capture() -> Optional[CallTrace]:
     submitted; ``None`` when no span is current. A span the sampler left out
     is captured too (:attr:`CallTrace.sampled` false): its call costs its
     batch no link and no spans, and a batch of such calls alone no span."""
-    trace = _trace if _trace is not None else _api()[0]
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
+    if _recorder_seen is not None:  # the SDK's: the span read as its recorder put it there
+        span = _context.get_current().get(_span_key)
+        context = (span if type(span) in _span_types else _trace.get_current_span()).get_span_context()
+        # A SpanContext is the tuple (trace id, span id, is remote, flags, state, is valid): checked by recorder_for.
+        valid, flags = context[5], context[3]
+    else:
+        trace = _trace if _trace is not None else _api()[0]
+        context = trace.get_current_span().get_span_context()
+        valid, flags = context.is_valid, context.trace_flags
+    if not valid:
         return None
-    return CallTrace(context, time.time_ns(), bool(context.trace_flags & 1))
+    # Made as CallTrace(...) makes it (a named tuple), in a third of its time.
+    made: CallTrace = tuple.__new__(CallTrace, (context, time.time_ns(), bool(flags & 1)))
+    return made
 
 
 def to_traceparent(call: CallTrace) -> str:
@@ -348,13 +366,17 @@ class Step:
     and ``respond``), in the context current as it starts or in ``within``
     (a request's, for its steps: what is current then)."""
 
-    def __init__(self, span: Span, within: Any = None) -> None:
+    __slots__ = ("span", "context", "_holds", "_token")
+
+    def __init__(self, span: Span, within: Any = None, holds: bool = False) -> None:
         self.span = span
         self.context: Any = within
+        self._holds = holds  # ``within`` holds the span already
         self._token: Any = None
 
     def __enter__(self) -> Span:
-        self.context = _trace.set_span_in_context(self.span, self.context)  # loaded: the span was made
+        if not self._holds:
+            self.context = _trace.set_span_in_context(self.span, self.context)  # loaded: the span was made
         self._token = _context.attach(self.context)
         return self.span
 
@@ -377,9 +399,10 @@ def request_span(method: str, route: str, model: str) -> Step:
         named = (f"{method} {route}", MappingProxyType(attributes))
         if len(_request_names) < _MOST_REQUEST_NAMES:
             _request_names[(method, route, model)] = named
-    fast = recorder()
+    fast = _recorder_seen if _recorder_seen is not None else recorder()
     if fast is not None:
-        return Step(fast.start(named[0], None, named[1]))
+        span, context = fast.start_current(named[0], named[1])
+        return Step(span, context, True)
     made = _tracer if _tracer is not None else tracer()
     return Step(made.start_span(named[0], attributes=named[1]))
 

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
+from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.context import Context  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
@@ -285,6 +286,15 @@ def test_an_sdk_whose_spans_do_not_read_back_gets_no_recorder(monkeypatch):
     assert recorder_for(provider_with(InMemorySpanExporter()), None) is not None
 
 
+def test_an_api_that_keeps_the_current_span_elsewhere_gets_no_recorder(monkeypatch):
+    """The recorder puts a request's span in the context under the key the
+    API's ``set_span_in_context`` used when it was loaded; an API that
+    reads the current span from elsewhere is found by the same check."""
+    monkeypatch.setattr(span_recorder, "_checked", {})
+    monkeypatch.setattr(span_recorder, "SPAN_KEY", "current-span-of-another-api")
+    assert recorder_for(provider_with(InMemorySpanExporter()), None) is None
+
+
 def test_a_method_with_an_empty_body_is_known_to_do_nothing():
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -380,24 +390,30 @@ PARENTS = {
 }
 
 
+@pytest.mark.parametrize("how", ["start", "start_current"])
 @pytest.mark.parametrize("parent", list(PARENTS))
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
-def test_every_sampler_decides_as_it_does_for_the_sdks_tracer(sampler: str, parent: str) -> None:
+def test_every_sampler_decides_as_it_does_for_the_sdks_tracer(sampler: str, parent: str, how: str) -> None:
     """Whether a request span is recorded and sampled, and with what trace
     state, for the SDK's samplers (those whose decision the recorder knows
     without asking, and others) under each kind of parent: as the SDK's
-    tracer decides under the same provider, trace id for trace id."""
+    tracer decides under the same provider, trace id for trace id, whether
+    the parent is given (``start``) or current (``start_current``, which
+    decides a root left out by its own shorter way). An id generator that
+    gives an invalid id (0) makes an invalid span, as the SDK's tracer does."""
     import random
 
     picked = random.Random(7)
     bound = TraceIdRatioBased.get_bound_for_rate(0.3)
-    ids = [picked.getrandbits(128) for _ in range(58)] + [
+    ids = [picked.getrandbits(128) for _ in range(56)] + [
         bound - 1,
         bound,
         5 << 64 | bound,
         bound + 1,
         1,
         (1 << 64) - 1,
+        0,
+        7 << 64,
     ]
     state = trace.TraceState([("vendor", "x")])
     given = PARENTS[parent]
@@ -409,11 +425,59 @@ def test_every_sampler_decides_as_it_does_for_the_sdks_tracer(sampler: str, pare
     theirs = provider_with(InMemorySpanExporter(), sampler=SAMPLERS[sampler](), id_generator=Given(ids))
     tracer = theirs.get_tracer("streamer_core")
     for name in ["POST /embed", "POST /other"] * (len(ids) // 2):
-        mine = ours.start(name, context, {"http.route": "/embed"})
+        if how == "start":
+            mine = ours.start(name, context, {"http.route": "/embed"})
+        else:
+            token = None if context is None else otel_context.attach(context)
+            try:
+                mine, holding = ours.start_current(name, {"http.route": "/embed"})
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+            assert trace.get_current_span(holding) is mine
         made = tracer.start_span(name, context=context, attributes={"http.route": "/embed"})
         a, b = mine.get_span_context(), made.get_span_context()
-        assert (mine.is_recording(), a.trace_id, int(a.trace_flags), a.trace_state) == (
-            made.is_recording(), b.trace_id, int(b.trace_flags), b.trace_state
+        assert (mine.is_recording(), a.trace_id, int(a.trace_flags), a.trace_state, a.is_valid) == (
+            made.is_recording(), b.trace_id, int(b.trace_flags), b.trace_state, b.is_valid
         ), (sampler, parent, name, hex(a.trace_id))  # fmt: skip
         mine.end()
         made.end()
+
+
+def test_a_root_left_out_by_the_ratio_is_decided_on_the_one_trace_id_it_keeps():
+    """``start_current`` decides a root by a trace id it draws once: the
+    spans recorded are those whose trace id is under the ratio's bound, and
+    about the ratio's share of them (one drawn for the decision and another
+    kept would record a quarter at one half). A request left out still
+    carries a valid, unsampled context for what is made under it."""
+    exporter = InMemorySpanExporter()
+    recorder = recorder_of(provider_with(exporter, sampler=ParentBased(TraceIdRatioBased(0.5))))
+    bound = recorder.root_bound
+    assert bound == 1 << 63
+    recorded = 0
+    for _ in range(4000):
+        span, holding = recorder.start_current("POST /embed", {"http.route": "/embed"})
+        context = span.get_span_context()
+        assert context.is_valid and trace.get_current_span(holding) is span
+        assert span.is_recording() == (context.trace_id & ((1 << 64) - 1) < bound) == bool(context.trace_flags & 1)
+        recorded += span.is_recording()
+        span.end()
+    # 4000 draws at one half: the mean 2000, its standard deviation about 32.
+    assert 1840 < recorded < 2160
+    assert len(exporter.get_finished_spans()) == recorded
+
+
+def test_the_context_a_current_span_is_put_in_keeps_what_the_current_one_holds():
+    """What ``start_current`` hands back to attach is the current context
+    with the span in it: baggage and other values current stay."""
+    from opentelemetry import baggage
+
+    recorder = recorder_of(provider_with(InMemorySpanExporter(), sampler=ParentBased(TraceIdRatioBased(0.0))))
+    token = otel_context.attach(baggage.set_baggage("tenant", "a"))
+    try:
+        span, holding = recorder.start_current("POST /embed")
+    finally:
+        otel_context.detach(token)
+    assert not span.is_recording()
+    assert baggage.get_baggage("tenant", holding) == "a"
+    assert trace.get_current_span(holding) is span

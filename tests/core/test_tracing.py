@@ -195,6 +195,45 @@ def test_request_span_names_are_made_once_per_endpoint_and_kept_for_a_bounded_nu
     assert tracing._request_names[("POST", "/path/0", "bounded")][0] == "POST /path/0"
 
 
+class OwnSpan(trace.NonRecordingSpan):
+    """A span class of an application's own (an API span, not one the
+    recorder makes)."""
+
+
+def test_a_call_captures_the_current_span_whichever_kind_it_is():
+    """What a call carries to its batch is the context of the span current
+    when it is submitted: the recorder's, the SDK tracer's, a non-recording
+    one, a span class of the application's own; with none, nothing."""
+    from opentelemetry import context as otel_context
+
+    from streamer_core import tracing
+
+    in_memory()
+    assert tracing.recorder() is not None
+    assert tracing.capture() is None
+    request = tracing.request_span("POST", "/embed", "captured")
+    sdk_span = trace.get_tracer("test").start_span("the sdk's")
+    left_out = trace.SpanContext(11, 12, is_remote=True, trace_flags=trace.TraceFlags(0))
+    own = trace.SpanContext(13, 14, is_remote=False, trace_flags=trace.TraceFlags(1))
+    for span in [request.span, sdk_span, trace.NonRecordingSpan(left_out), OwnSpan(own)]:
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            call = tracing.capture()
+        finally:
+            otel_context.detach(token)
+        assert call is not None and call.context == span.get_span_context(), span
+        assert call.sampled == bool(span.get_span_context().trace_flags & 1)
+    with request:
+        call = tracing.capture()
+    assert call is not None and call.context == request.span.get_span_context() and call.sampled
+    assert tracing.capture() is None
+    invalid = otel_context.attach(trace.set_span_in_context(trace.INVALID_SPAN))
+    try:
+        assert tracing.capture() is None
+    finally:
+        otel_context.detach(invalid)
+
+
 def test_the_batch_span_is_current_while_the_model_runs(closing):
     exporter = in_memory()
     tracer = trace.get_tracer("test")
