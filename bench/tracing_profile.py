@@ -48,24 +48,32 @@ from bench import harness
 from bench.scale_bench import Deployment
 from bench.scale_bench import parse_args as scale_args
 
-#: Where tracing's code lives, as py-spy names a frame's file.
+#: Where tracing's code lives, in a frame's file name (py-spy's ``--full-filenames``).
 TRACING_FILES = ("streamer_core/tracing.py", "streamer_core/span_recorder.py", "/opentelemetry/")
 #: A frame that runs the batch: what it calls is the model's work.
 BATCH_FRAMES = ("run_batch (",)
-#: A thread waiting, as the innermost frame of its stack: not busy.
+#: A thread waiting, as the innermost frame of its stack (function, the end
+#: of its file's name): not busy.
 IDLE_FRAMES = (
-    "Hub.run (gevent/hub.py",  # the event loop, in libev
-    "acquire_with_timeout (",  # the model's thread, waiting for a batch
-    "wait (threading.py",
-    "_wait_for_tstate_lock (",
+    ("Hub.run", "/gevent/hub.py"),  # the event loop, in libev
+    ("acquire_with_timeout", "/gevent/_threading.py"),  # the model's thread, waiting for a batch
+    ("Condition.wait", "/threading.py"),  # a thread's timed wait (the span processor's)
+    ("Thread._wait_for_tstate_lock", "/threading.py"),
 )
+
+
+def _idle(frame: str) -> bool:
+    """Whether ``frame`` (``function (file:line)``) is one of :data:`IDLE_FRAMES`."""
+    function, _, where = frame.partition(" (")
+    file = where.rpartition(":")[0]
+    return any(function == name and file.endswith(end) for name, end in IDLE_FRAMES)
 
 
 def classify(stack: str) -> str:
     """``"idle"``, ``"tracing"`` or ``"other"``, for one sampled stack
     (py-spy's raw format: frames outermost first, ``;`` between them)."""
     frames = stack.split(";")
-    if frames[-1].startswith(IDLE_FRAMES):
+    if _idle(frames[-1]):
         return "idle"
     first = next((i for i, frame in enumerate(frames) if any(part in frame for part in TRACING_FILES)), None)
     if first is None:
@@ -115,7 +123,7 @@ def one_round(args: argparse.Namespace, folder: str, py_spy: str) -> Dict[str, A
         # py-spy samples for the middle of the measured run: it starts once wrk has.
         spy = subprocess.Popen(
             [py_spy, "record", "-p", str(worker), "-d", str(max(1, round(args.duration - 2))), "-r",
-             str(args.rate), "-f", "raw", "-o", output],
+             str(args.rate), "-f", "raw", "--full-filenames", "-o", output],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         summary, _ = harness.run_wrk(url, args.connections[0], args.duration, 30, deployment.body)
