@@ -44,6 +44,7 @@ streamer makes its spans with the provider's tracer, as any library does.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random as _random_ids
 import re
@@ -63,6 +64,7 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
@@ -296,7 +298,7 @@ class Recorder:
             self._starts = not all(_does_nothing(getattr(p, "on_start", None)) for p in processors)
             self._ends = not all(_does_nothing(getattr(p, "_on_ending", None)) for p in processors)
             direct = type(self.processor) is SynchronousMultiSpanProcessor
-            self._enders = tuple(p.on_end for p in processors) if direct else (self.processor.on_end,)
+            self._enders = tuple(_ender(p) for p in processors) if direct else (self.processor.on_end,)
         # Last: a span started on another thread meanwhile sees the tuple only
         # with what was worked out of it.
         self._processors = processors
@@ -431,6 +433,63 @@ class Recorder:
                 parent_context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
             self.processor.on_start(span, parent_context=parent_context)  # type: ignore[arg-type]
         return span
+
+
+def _ender(processor: SpanProcessor) -> Callable[[Any], None]:
+    """What is called with each span as it ends, for one of the provider's
+    processors: its ``on_end``, or for the SDK's own ``BatchSpanProcessor``
+    a :class:`_Queue` onto its queue."""
+    if type(processor) is BatchSpanProcessor and _Queue.fits(getattr(processor, "_batch_processor", None)):
+        return _Queue(processor)
+    return processor.on_end
+
+
+class _Queue:
+    """``BatchSpanProcessor.on_end`` without its system call per span.
+
+    The SDK's batch processor asks ``os.getpid()`` for every span it is
+    handed, to find out whether the process was forked since it started,
+    though its fork hook (``os.register_at_fork``) has started its worker
+    again in a forked child already. Where a system call costs what it does
+    in a virtual machine, that call was 40% of what recording every trace
+    cost a served request (bench/README.md, "What tracing costs"). Here the
+    span goes onto the processor's queue as ``emit`` puts it there, and
+    what is not that plain case (a full queue, a processor shut down) goes
+    to ``emit`` itself, which logs and counts it as it does. What is lost:
+    a child forked by C code that runs no fork hooks, where ``emit`` would
+    have started the worker, exports nothing. Used for the SDK's own class
+    only, whose fields it checks as it is made (:meth:`fits`)."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, processor: Any) -> None:
+        self._batch = processor._batch_processor
+
+    @staticmethod
+    def fits(batch: Any) -> bool:
+        """Whether ``batch`` (a BatchSpanProcessor's ``_batch_processor``)
+        keeps its queue as this SDK's does."""
+        return (
+            batch is not None
+            and callable(getattr(batch, "emit", None))
+            and isinstance(getattr(batch, "_queue", None), collections.deque)
+            and isinstance(getattr(batch, "_shutdown", None), bool)
+            and isinstance(getattr(batch, "_max_queue_size", None), int)
+            and isinstance(getattr(batch, "_max_export_batch_size", None), int)
+            and callable(getattr(getattr(batch, "_worker_awaken", None), "set", None))
+        )
+
+    def __call__(self, span: Any) -> None:
+        if not span._context[3] & _SAMPLED:  # as on_end: a span recorded but not sampled is not exported
+            return
+        batch = self._batch
+        queue = batch._queue
+        if batch._shutdown or len(queue) >= batch._max_queue_size:
+            batch.emit(span)  # logged and counted as dropped there
+            return
+        queue.appendleft(span)
+        if len(queue) >= batch._max_export_batch_size and not batch._worker_awaken.is_set():
+            batch._worker_awaken.set()
 
 
 _LOW_64 = (1 << 64) - 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 import pytest
@@ -481,3 +482,170 @@ def test_the_context_a_current_span_is_put_in_keeps_what_the_current_one_holds()
     assert not span.is_recording()
     assert baggage.get_baggage("tenant", holding) == "a"
     assert trace.get_current_span(holding) is span
+
+
+# -- the SDK's batch processor, handed each span without a system call -----------------
+
+
+def batched(exporter: Any, **options: Any) -> Any:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    return BatchSpanProcessor(exporter, **{"schedule_delay_millis": 60_000, **options})
+
+
+def a_request(recorder: Recorder) -> None:
+    request = recorder.start("POST /embed", None, {"http.route": "/embed"})
+    if request.is_recording():
+        recorder.child("parse", request.get_span_context()).end()
+    request.end()
+
+
+def test_spans_reach_a_batch_processors_exporter_without_a_system_call_each(monkeypatch):
+    """The SDK's ``BatchSpanProcessor`` asks ``os.getpid()`` of every span
+    it is handed; the recorder puts its spans on the processor's queue
+    without that call, and the exporter gets them all the same."""
+    import os
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(batched(exporter))
+    recorder = recorder_of(provider)
+    a_request(recorder)  # the processors looked at once
+    asked = []
+    real = os.getpid
+    monkeypatch.setattr(os, "getpid", lambda: asked.append(1) or real())
+    for _ in range(100):
+        a_request(recorder)
+    monkeypatch.undo()
+    assert len(asked) < 5, f"os.getpid() asked {len(asked)} times for 200 spans"
+    assert provider.force_flush(10_000)
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert names.count("POST /embed") == 101 and names.count("parse") == 101
+
+
+def test_a_full_batch_wakes_the_batch_processors_worker():
+    """As ``emit`` does: a queue holding a whole export batch is exported
+    at once, not at the processor's next scheduled export."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(batched(exporter, max_export_batch_size=4))
+    recorder = recorder_of(provider)
+    for n in range(8):
+        recorder.start(f"span {n}", None).end()
+    deadline = time.monotonic() + 10
+    while len(exporter.get_finished_spans()) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(exporter.get_finished_spans()) == 8  # the schedule's next export is a minute away
+
+
+def test_a_batch_processor_gets_sampled_spans_only_as_its_on_end_takes_them():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=RecordOnly())
+    provider.add_span_processor(batched(exporter))
+    recorder = recorder_of(provider)
+    span = recorder.start("POST /embed", None)
+    assert span.is_recording()  # recorded, for a processor that looks at every span...
+    span.end()
+    assert provider.force_flush(10_000)
+    assert exporter.get_finished_spans() == ()  # ...and not sampled: not exported
+
+
+def test_a_full_queue_drops_as_the_batch_processor_drops_and_says_so(caplog):
+    """A span for a full queue goes to the processor's own ``emit``, which
+    warns and drops the oldest, as it does for the SDK tracer's spans."""
+    release = threading.Event()
+
+    class Stuck(InMemorySpanExporter):
+        def export(self, spans: Sequence[Any]) -> Any:
+            release.wait(10)
+            return super().export(spans)
+
+    exporter = Stuck()
+    provider = TracerProvider()
+    provider.add_span_processor(batched(exporter, max_queue_size=8, max_export_batch_size=4))
+    recorder = recorder_of(provider)
+    with caplog.at_level(logging.WARNING):
+        for n in range(40):
+            recorder.start(f"span {n}", None).end()
+    release.set()
+    assert provider.force_flush(10_000)
+    assert any("Queue full" in record.getMessage() for record in caplog.records)
+    exported = [span.name for span in exporter.get_finished_spans()]
+    assert "span 39" in exported and len(exported) <= 8 + 4  # the newest kept; at most a queue and a batch
+
+
+def test_after_shutdown_spans_are_dropped_as_the_batch_processor_drops_them(caplog):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(batched(exporter))
+    recorder = recorder_of(provider)
+    a_request(recorder)
+    provider.shutdown()
+    with caplog.at_level(logging.INFO):
+        recorder.start("late", None).end()
+    assert [span.name for span in exporter.get_finished_spans()] == ["parse", "POST /embed"]
+    assert any("Shutdown called" in record.getMessage() for record in caplog.records)
+
+
+def test_a_batch_processor_of_its_own_class_keeps_its_on_end():
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    ended: List[str] = []
+
+    class Counting(BatchSpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            ended.append(span.name)
+            super().on_end(span)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(Counting(exporter, schedule_delay_millis=60_000))
+    a_request(recorder_of(provider))
+    assert ended == ["parse", "POST /embed"]
+    assert provider.force_flush(10_000) and len(exporter.get_finished_spans()) == 2
+
+
+def test_a_forked_child_exports_through_its_own_batch_processor(tmp_path):
+    """After a fork the child's spans reach the exporter through the
+    child's batch processor (its worker started again there), as they do
+    from the SDK's tracer."""
+    import os
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(batched(exporter))
+    recorder = recorder_of(provider)
+    a_request(recorder)
+    assert provider.force_flush(10_000)
+    exporter.clear()
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit status, never return into pytest
+        code = 1
+        try:
+            for _ in range(3):
+                a_request(recorder)
+            flushed = provider.force_flush(10_000)
+            code = 0 if flushed and len(exporter.get_finished_spans()) == 6 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert exporter.get_finished_spans() == ()  # the parent's exporter got none of the child's
+
+
+def test_a_batch_processor_kept_otherwise_is_handed_spans_by_its_on_end(monkeypatch):
+    """A later SDK whose batch processor keeps its queue elsewhere: its
+    ``on_end`` is called, and the spans are exported all the same."""
+    processor = batched(InMemorySpanExporter())
+    assert isinstance(span_recorder._ender(processor), span_recorder._Queue)
+    assert not span_recorder._Queue.fits(object())
+    monkeypatch.setattr(processor._batch_processor, "_queue", list(processor._batch_processor._queue))
+    assert span_recorder._ender(processor) == processor.on_end
+    monkeypatch.undo()
+    exporter = InMemorySpanExporter()
+    processor = batched(exporter)
+    monkeypatch.setattr(span_recorder._Queue, "fits", staticmethod(lambda batch: False))
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    a_request(recorder_of(provider))
+    assert provider.force_flush(10_000) and len(exporter.get_finished_spans()) == 2
