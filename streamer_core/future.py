@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from .errors import StreamerTimeoutError
-from .green import green_waiter, in_greenlet, wait_green
+from .green import green_waiter, in_greenlet, unpatched, wait_green
 from .stats import Level, ModelStats
 
 __all__ = ["BatchFuture", "settle"]
@@ -42,6 +42,19 @@ def _new_lock_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+# The OS's lock, as threading had it before any gevent monkey-patching:
+# what a caller blocks on when it is an OS thread (a greenlet waits on the
+# hub: .green), released by the model's thread. gevent's lock, a Python
+# object, cost a request more to make and take than the rest of its future.
+_allocate_lock: Optional[Callable[[], Any]] = None
+
+
+def _os_lock_maker() -> Callable[[], Any]:
+    global _allocate_lock
+    _allocate_lock = unpatched("_thread", "allocate_lock")
+    return _allocate_lock
 
 
 class BatchFuture(concurrent.futures.Future[List[Any]]):
@@ -92,7 +105,7 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         self._state = "PENDING"
         self._result = None
         self._exception = None
-        self._finished = threading.Lock()
+        self._finished = (_allocate_lock or _os_lock_maker())()
         self._finished.acquire()
 
     def __getattr__(self, name: str) -> Any:

@@ -13,6 +13,8 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("gevent")
 import gevent  # noqa: E402
@@ -97,6 +99,7 @@ class Served:
 
 
 BIG = b"b" * (JOINED_BODY_MOST + 1)
+OWN_DATE = "Tue, 01 Jan 2030 00:00:00 GMT"
 DRIPS = 20
 DRIPPED: List[int] = []  # one a chunk /drip handed over
 
@@ -129,6 +132,9 @@ def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
         write = start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "11")])
         write(b"written ")
         return [b"too"]
+    if path == "/dated":  # the application's own Date
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2"), ("Date", OWN_DATE)])
+        return [b"ok"]
     if path == "/stream":  # no length: chunked for HTTP/1.1
         start_response("200 OK", [("Content-Type", "text/plain")])
         return iter([b"first ", b"second"])
@@ -141,9 +147,9 @@ def app(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
     return body
 
 
-def exchange(port: int, raw: bytes, rcvbuf: int = 0, read_after: float = 0.0) -> bytes:
+def exchange(port: int, raw: bytes, rcvbuf: int = 0, read_after: float = 0.0, dated: bool = False) -> bytes:
     """Send ``raw`` (whole requests, the last saying ``Connection: close``)
-    and read until the server closes; the ``Date`` headers left out."""
+    and read until the server closes; the ``Date`` headers left out, unless ``dated``."""
     with socket.socket() as sock:
         if rcvbuf:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -152,6 +158,8 @@ def exchange(port: int, raw: bytes, rcvbuf: int = 0, read_after: float = 0.0) ->
         sock.sendall(raw)
         time.sleep(read_after)
         got = b"".join(iter(lambda: sock.recv(65536), b""))
+    if dated:
+        return got
     return b"\r\n".join(line for line in got.split(b"\r\n") if not line.startswith(b"Date: "))
 
 
@@ -257,17 +265,54 @@ def test_a_client_gone_mid_response_stops_the_app_as_gevent_stops_it() -> None:
     assert logged and logged[0][:2] == gevent_logged[0][:2] and logged[0][0] < 0
 
 
+def test_every_response_is_dated_once_as_gevent_dates_it() -> None:
+    """The one-send handler formats the ``Date`` once a second, not once a
+    response: each response still carries one, of the second it was
+    written in, as gevent writes it; an application's own is kept alone."""
+    served = Served(app, one_send=True)
+    try:
+        before = time.time()
+        got = exchange(
+            served.port, b"".join(request(path) for path in PATHS) + request("/dated", close=True), dated=True
+        )
+        after = time.time()
+    finally:
+        served.close()
+    dates = [line[len(b"Date: ") :] for line in got.split(b"\r\n") if line.startswith(b"Date: ")]
+    assert len(dates) == len(PATHS) + 1, got[:500]
+    assert dates[-1] == OWN_DATE.encode()
+    seconds = {pywsgi.format_date_time(second) for second in range(int(before), int(after) + 1)}
+    assert set(dates[:-1]) <= seconds, (dates, seconds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=0, max_value=2**33, allow_nan=False))
+def test_a_date_is_formatted_as_gevent_formats_it(now: float) -> None:
+    assert writing.http_date(now) == pywsgi.format_date_time(now)
+
+
 def test_a_gevent_handler_writes_in_one_send_and_others_keep_their_own() -> None:
     gevent_worker = gunicorn_worker(GeventPyWSGIWorker)
     write_in_one_send(gevent_worker)
     assert issubclass(gevent_worker.wsgi_handler, PyWSGIHandler)
     assert gevent_worker.wsgi_handler._sendall is writing._sendall
 
+    assert gevent_worker.wsgi_handler.finalize_headers is writing._finalize_headers
+
     own = gunicorn_worker(GeventPyWSGIWorker)
     own.wsgi_handler = type("Own", (PyWSGIHandler,), {"_write": lambda self, data: None})
     before = own.wsgi_handler
     write_in_one_send(own)
     assert own.wsgi_handler is before  # a handler that writes its own way
+
+    def finalize(handler: Any) -> None:
+        pywsgi.WSGIHandler.finalize_headers(handler)
+
+    dating = gunicorn_worker(GeventPyWSGIWorker)
+    dating.wsgi_handler = type("OwnHeaders", (PyWSGIHandler,), {"finalize_headers": finalize})
+    write_in_one_send(dating)
+    assert dating.wsgi_handler._sendall is writing._sendall  # written in one send
+    assert dating.wsgi_handler.finalize_headers is finalize  # and its headers finished its own way
 
     threads = gunicorn_worker(ThreadWorker)
     write_in_one_send(threads)

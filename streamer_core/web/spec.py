@@ -27,7 +27,7 @@ from ..config import OPTIONS, BatchingConfig, DeviceId, priority_problem
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
 from ..redis_address import ADDRESS_FORMS, RedisAddress
-from ..streamer import BaseStreamer, callable_name, logger
+from ..streamer import BaseStreamer, callable_name, forks, logger
 from ..threads import background
 
 __all__ = ["MODEL_SETTINGS", "ModelSpec", "Problem", "LazyStreamer", "start_all"]
@@ -301,7 +301,10 @@ class LazyStreamer:
         self.spec = spec
         self._lock = threading.Lock()  # held while the streamer is built (a model loading)
         self._streamer: Optional[BaseStreamer] = None
+        # The process that started it, and its count of forks then (asked
+        # on every request: a fork since makes the streamer the parent's).
         self._pid = 0
+        self._forks = -1
         # The start in the background has a lock of its own: a readiness
         # probe asking for it while a model loads must not wait for the load.
         self._starting_lock = threading.Lock()
@@ -316,7 +319,7 @@ class LazyStreamer:
         ``at_boot``, as the server starts. Either is said in one line, so a
         first answer that takes seconds is explained."""
         streamer = self._streamer
-        if streamer is not None and self._pid == os.getpid() and not streamer.closed:
+        if streamer is not None and self._forks == forks() and not streamer.closed:
             return streamer
         with self._lock:
             streamer = self._streamer
@@ -337,7 +340,7 @@ class LazyStreamer:
                         f"the model {self.spec.name!r} could not start: {type(exc).__name__}: {exc}"
                     ) from exc
                 self._streamer = streamer
-                self._pid = os.getpid()
+                self._pid, self._forks = os.getpid(), forks()
             return streamer
 
     def start_in_background(self) -> threading.Thread:

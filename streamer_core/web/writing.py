@@ -14,11 +14,17 @@ in one ``send``; a body larger than that is sent as gevent sends it (copying
 it into the header block would cost more than the call it saves), and so
 is whatever one ``send`` leaves unsent. A response with no body (a 204,
 ``HEAD``, an empty iterable) flushes its headers as gevent does.
+
+The same handler dates its responses from a ``Date`` value made once a
+second, where gevent formats the time for each response (``time.gmtime``
+and a ``%`` format: a percent of a stubbed request's CPU).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import time
+from email.utils import formatdate
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["JOINED_BODY_MOST", "one_send_writing"]
 
@@ -68,6 +74,30 @@ def _sendall(handler: Any, data: Any) -> None:
         _base()._sendall(handler, memoryview(data)[sent:])
 
 
+# The second last formatted, and its Date value.
+_dated: Tuple[int, bytes] = (-1, b"")
+
+
+def http_date(now: float) -> bytes:
+    """The ``Date`` header's value for the time ``now`` (seconds since the
+    epoch), as gevent writes it (RFC 9110's IMF-fixdate), formatted once a second."""
+    global _dated
+    second = int(now)
+    dated = _dated  # one read: another thread may replace it meanwhile
+    if dated[0] == second:
+        return dated[1]
+    value = formatdate(second, usegmt=True).encode("latin-1")  # English names, whatever the locale
+    _dated = (second, value)
+    return value
+
+
+def _finalize_headers(handler: Any) -> None:
+    if handler.provided_date is None:  # the application gave no Date: the one of this second
+        handler.response_headers.append((b"Date", http_date(time.time())))
+        handler.provided_date = True  # as if given: gevent adds none (start_response clears it for the next)
+    _base().finalize_headers(handler)
+
+
 def _base() -> Any:
     """gevent's handler class, whose methods these wrap (looked up when
     :func:`one_send_writing` gave them out, not by an import per response)."""
@@ -90,4 +120,7 @@ def one_send_writing(handler: Any) -> Optional[Dict[str, Any]]:
         if getattr(handler, name, None) is not getattr(pywsgi.WSGIHandler, name, handler):
             return None
     _GEVENT[:] = [pywsgi.WSGIHandler]
-    return {"_write_with_headers": _write_with_headers, "_sendall": _sendall, "_held": None}
+    attributes: Dict[str, Any] = {"_write_with_headers": _write_with_headers, "_sendall": _sendall, "_held": None}
+    if getattr(handler, "finalize_headers", None) is getattr(pywsgi.WSGIHandler, "finalize_headers", handler):
+        attributes["finalize_headers"] = _finalize_headers  # a handler that finishes headers its own way keeps it
+    return attributes
