@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.sampling import (  # noqa: E402
     TraceIdRatioBased,
 )
 
-from streamer_core import span_recorder  # noqa: E402
+from streamer_core import span_processors, span_recorder  # noqa: E402
 from streamer_core.span_recorder import Recorder, recorder_for  # noqa: E402
 
 
@@ -305,12 +305,12 @@ def test_a_method_with_an_empty_body_is_known_to_do_nothing():
     def returns_early(span: Any, parent_context: Any = None) -> Optional[List[Any]]:
         return []
 
-    assert span_recorder._does_nothing(BatchSpanProcessor.on_start)
-    assert span_recorder._does_nothing(SimpleSpanProcessor.on_start)
-    assert span_recorder._does_nothing(SpanProcessor.on_start)  # its docstring only
-    assert not span_recorder._does_nothing(acts)
-    assert not span_recorder._does_nothing(returns_early)
-    assert not span_recorder._does_nothing(len)  # not Python: called
+    assert span_processors.does_nothing(BatchSpanProcessor.on_start)
+    assert span_processors.does_nothing(SimpleSpanProcessor.on_start)
+    assert span_processors.does_nothing(SpanProcessor.on_start)  # its docstring only
+    assert not span_processors.does_nothing(acts)
+    assert not span_processors.does_nothing(returns_early)
+    assert not span_processors.does_nothing(len)  # not Python: called
 
 
 def test_a_ratio_sampler_decides_each_root_by_its_trace_id_and_children_follow():
@@ -637,14 +637,14 @@ def test_a_batch_processor_kept_otherwise_is_handed_spans_by_its_on_end(monkeypa
     """A later SDK whose batch processor keeps its queue elsewhere: its
     ``on_end`` is called, and the spans are exported all the same."""
     processor = batched(InMemorySpanExporter())
-    assert isinstance(span_recorder._ender(processor), span_recorder._Queue)
-    assert not span_recorder._Queue.fits(object())
+    assert isinstance(span_processors.ender(processor), span_processors.BatchQueue)
+    assert not span_processors.BatchQueue.fits(object())
     monkeypatch.setattr(processor._batch_processor, "_queue", list(processor._batch_processor._queue))
-    assert span_recorder._ender(processor) == processor.on_end
+    assert span_processors.ender(processor) == processor.on_end
     monkeypatch.undo()
     exporter = InMemorySpanExporter()
     processor = batched(exporter)
-    monkeypatch.setattr(span_recorder._Queue, "fits", staticmethod(lambda batch: False))
+    monkeypatch.setattr(span_processors.BatchQueue, "fits", staticmethod(lambda batch: False))
     provider = TracerProvider()
     provider.add_span_processor(processor)
     a_request(recorder_of(provider))
