@@ -26,7 +26,9 @@ from the same provider's parts, and hands them to the same span processors
   then, at its end, ``on_end`` with the finished span. A hook whose body is
   empty (the SDK's batch and simple processors' ``on_start``) is not
   called; under the SDK's synchronous multi-processor, each processor's
-  ``on_end`` is called in turn, as it calls them.
+  ``on_end`` is called in turn, as it calls them, but for the SDK's own
+  batch processor, whose queue the span is put on as its ``on_end`` would
+  put it, without a system call each (:mod:`streamer_core.span_processors`).
 
 A span is an :class:`opentelemetry.trace.Span` while it runs and the SDK's
 :class:`~opentelemetry.sdk.trace.ReadableSpan` once it has ended, as the

@@ -171,7 +171,8 @@ def read_headers_quickly(worker: Any) -> None:
 def write_in_one_send(worker: Any) -> None:
     """Under gevent's own HTTP server (``-k gevent_pywsgi``): give the
     process a request handler that sends a response's headers and a body
-    of up to 64 KiB in one ``send`` where gevent makes four system calls
+    of up to 64 KiB in one ``send`` where gevent makes four system calls,
+    and dates responses from a ``Date`` made once a second
     (:mod:`streamer_core.web.writing`). Left as it is where the handler
     writes responses its own way.
     Runs before the worker starts its server, which takes the handler then."""

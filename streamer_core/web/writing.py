@@ -26,7 +26,7 @@ import time
 from email.utils import formatdate
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["JOINED_BODY_MOST", "one_send_writing"]
+__all__ = ["JOINED_BODY_MOST", "http_date", "one_send_writing"]
 
 #: The largest body, in bytes, sent in one ``send`` with its headers.
 JOINED_BODY_MOST = 65536
