@@ -24,6 +24,8 @@ def test_a_sample_is_idle_tracing_or_other_by_its_frames() -> None:
     assert classify(f"{SERVE};{REQUEST};Recorder.start_current (/srv/streamer_core/span_recorder.py:330)") == "tracing"
     assert classify(f"{SERVE};{REQUEST};get_current ({SITE}/opentelemetry/context/__init__.py:103)") == "tracing"
     assert classify(f"BatchProcessor.worker ({SITE}/opentelemetry/sdk/_shared_internal/__init__.py:120)") == "tracing"
+    # OpenTelemetry's API called by other code (an instrumentation's span made current) is tracing's too.
+    assert classify(f"{SERVE};use_span ({SITE}/opentelemetry/trace/__init__.py:580)") == "tracing"
     assert classify(f"{SERVE};Cycle._serve (/srv/streamer_core/web/cycle.py:146)") == "other"
     # The model's work, run inside the batch's span, is the model's.
     run = "traced_run (/srv/streamer_core/tracing.py:300);<lambda> (/srv/streamer_core/backends/thread.py:130)"
