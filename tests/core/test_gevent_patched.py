@@ -125,3 +125,22 @@ def test_patched_greenlets_wait_on_the_hubs_shared_watcher() -> None:
     )
     assert report["conditions"] == 0, f"{report['conditions']} callers took the future's slow path to wait again"
     assert report["slowest"] < 10, report
+
+
+def test_a_calls_future_waits_on_the_os_lock_after_patching() -> None:
+    """A future's own lock, which an OS thread waits on and the model's
+    thread releases, is the OS's lock after ``monkey.patch_all()``, not
+    gevent's (a Python object that cost a served request more to make and
+    take than the rest of its future), made before and after patching alike."""
+    script = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import threading\n"
+        "from streamer_core.future import BatchFuture\n"
+        "original = type(monkey.get_original('_thread', 'allocate_lock')())\n"
+        "made = type(BatchFuture()._finished)\n"
+        "assert type(threading.Lock()) is not original, 'threading is not patched'\n"
+        "assert made is original, made\n"
+        "f = BatchFuture(); f._finished.release(); print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -649,3 +649,37 @@ def test_a_batch_processor_kept_otherwise_is_handed_spans_by_its_on_end(monkeypa
     provider.add_span_processor(processor)
     a_request(recorder_of(provider))
     assert provider.force_flush(10_000) and len(exporter.get_finished_spans()) == 2
+
+
+def test_a_root_left_out_keeps_the_random_trace_id_flag_of_a_random_generator():
+    """W3C Trace Context level 2: a trace id drawn at random says so in its
+    flags, sampled or not; the SDK's default generator draws at random."""
+    random_bit = getattr(trace.TraceFlags, "RANDOM_TRACE_ID", 0)
+    if not random_bit:
+        pytest.skip("this OpenTelemetry API has no random-trace-id flag")
+    recorder = recorder_of(provider_with(InMemorySpanExporter(), sampler=ParentBased(TraceIdRatioBased(0.0))))
+    assert recorder.random_ids
+    span, _ = recorder.start_current("POST /embed")
+    flags = span.get_span_context().trace_flags
+    assert not span.is_recording() and flags == random_bit, hex(flags)
+
+
+class ZeroSpanIds(IdGenerator):
+    """Valid trace ids, and span id 0 (invalid), as a broken generator of an application's gives."""
+
+    def generate_trace_id(self) -> int:
+        return 12345
+
+    def generate_span_id(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("sampler", ["left out", "recorded"])
+def test_a_span_id_of_0_makes_an_invalid_span_as_the_sdks_tracer_does(sampler):
+    chosen = ParentBased(TraceIdRatioBased(0.0)) if sampler == "left out" else ALWAYS_ON
+    provider = provider_with(InMemorySpanExporter(), sampler=chosen, id_generator=ZeroSpanIds())
+    recorder = recorder_of(provider)
+    span, _ = recorder.start_current("POST /embed")
+    made = provider.get_tracer("t").start_span("POST /embed")
+    assert not span.get_span_context().is_valid and not made.get_span_context().is_valid
+    assert not recorder.start("POST /embed", None).get_span_context().is_valid

@@ -213,7 +213,8 @@ def test_a_call_captures_the_current_span_whichever_kind_it_is():
     assert tracing.capture() is None
     request = tracing.request_span("POST", "/embed", "captured")
     sdk_span = trace.get_tracer("test").start_span("the sdk's")
-    left_out = trace.SpanContext(11, 12, is_remote=True, trace_flags=trace.TraceFlags(0))
+    # Left out, its trace id drawn at random (W3C's flag 0x02): not sampled.
+    left_out = trace.SpanContext(11, 12, is_remote=True, trace_flags=trace.TraceFlags(0x02))
     own = trace.SpanContext(13, 14, is_remote=False, trace_flags=trace.TraceFlags(1))
     for span in [request.span, sdk_span, trace.NonRecordingSpan(left_out), OwnSpan(own)]:
         token = otel_context.attach(trace.set_span_in_context(span))
@@ -227,6 +228,12 @@ def test_a_call_captures_the_current_span_whichever_kind_it_is():
         call = tracing.capture()
     assert call is not None and call.context == request.span.get_span_context() and call.sampled
     assert tracing.capture() is None
+    zero = trace.NonRecordingSpan(trace.SpanContext(15, 0, is_remote=False, trace_flags=trace.TraceFlags(1)))
+    token = otel_context.attach(trace.set_span_in_context(zero))
+    try:
+        assert tracing.capture() is None  # span id 0: an invalid context carries nothing to the batch
+    finally:
+        otel_context.detach(token)
     invalid = otel_context.attach(trace.set_span_in_context(trace.INVALID_SPAN))
     try:
         assert tracing.capture() is None
