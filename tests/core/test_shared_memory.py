@@ -108,10 +108,22 @@ import os, signal, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 import numpy
 from streamer_core import Streamer, StreamerError
+from streamer_core.backends import process_backend
 from tests.core import models
 
+# The prefixes this process's streamer names its blocks with (the worker's
+# too), so that blocks of tests running beside this one are not counted.
+prefixes = []
+made_by = process_backend.new_prefix
+
+def recorded_prefix(tag):
+    prefixes.append(made_by(tag))
+    return prefixes[-1]
+
+process_backend.new_prefix = recorded_prefix
+
 def names():
-    return {n for n in os.listdir("/dev/shm") if n.startswith("sc")}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes) or "sc")}
 
 def main():
     calls = int(sys.argv[1])
@@ -152,6 +164,7 @@ def main():
     [out] = streamer.predict([numpy.full(4096, 3, dtype=numpy.float32)], timeout=30)
     assert out[0] == 6
     streamer.close()
+    assert prefixes, "the streamer made no block prefix: the test no longer sees its blocks"
     print("done", done, "most blocks", most[0], "left", sorted(names() - before))
 
 if __name__ == "__main__":
