@@ -278,10 +278,10 @@ class Scheduler:
         if level:
             ones = [1.0] * n if costs is None else costs
             items: Sequence[_Item] = [_Item(task, i, v, now, c, level) for i, (v, c) in enumerate(zip(values, ones))]
+        elif n == 1:  # most calls: one input
+            items = (_Item(task, 0, values[0], now) if costs is None else _Item(task, 0, values[0], now, costs[0]),)
         elif costs is not None:
             items = [_Item(task, i, v, now, c) for i, (v, c) in enumerate(zip(values, costs))]
-        elif n == 1:
-            items = (_Item(task, 0, values[0], now),)
         else:
             items = [_Item(task, i, v, now) for i, v in enumerate(values)]
         cond = self._cond
