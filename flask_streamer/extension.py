@@ -24,6 +24,7 @@ from streamer_core.web.priority import EndpointPriority
 from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
+from .answer import JsonAnswer
 from .reading import FlaskBody, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name, written_as
@@ -418,7 +419,9 @@ def _respond(app: Flask, output: Any) -> Any:
     else by the app's provider. An output with no JSON form is a
     :class:`~streamer_core.errors.SerializationError` (500)."""
     if FAST_JSON and type(app.json) is DefaultJSONProvider:
-        return app.response_class(json_answer(output), mimetype="application/json")
+        # Flask's own response class, sent more cheaply (JsonAnswer); an app's own is kept.
+        kind = JsonAnswer if app.response_class is Response else app.response_class
+        return kind(json_answer(output), mimetype="application/json")
     return json_answer(output, lambda value: app.json.response(to_jsonable(value)))
 
 
