@@ -147,15 +147,18 @@ def test_what_a_hook_changes_is_sent(app):
 
 def test_an_apps_own_response_class_is_kept():
     class Tagged(Response):
-        pass
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.headers["X-Tag"] = "made"
 
     app = Flask(__name__)
     app.response_class = Tagged
     seen: List[Any] = []
-    app.after_request(lambda response: seen.append(type(response)) or response)
+    app.after_request(lambda response: seen.append((type(response), response.headers.get("X-Tag"))) or response)
     FlaskStreamer(app).add_batched_route("/embed", "embed", embed, field="s")
     try:
         assert app.test_client().post("/embed", json={"s": "ab"}).get_json() == [2, 0.5]
-        assert seen == [Tagged]
+        # Made by the app's class (its __init__ ran), not converted to it after.
+        assert seen == [(Tagged, "made")]
     finally:
         close_streamers(app)

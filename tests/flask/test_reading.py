@@ -93,3 +93,37 @@ def test_an_apps_own_request_class_is_read_through_its_properties(legacy_app):
     # Its other content types are as werkzeug reads them.
     refused = client.post("/describe", data=b'{"s": "hello"}', content_type="text/csv")
     assert refused.status_code == 415, refused.get_data(as_text=True)
+
+
+class _Capped(Request):
+    """A request class whose length rule is its own (a proxy's, say)."""
+
+    @property
+    def content_length(self) -> Optional[int]:  # type: ignore[override]
+        return 5000
+
+
+class _OwnType(Request):
+    """A request class that parses its content type its own way."""
+
+    def _parse_content_type(self) -> None:
+        self._parsed_content_type = ("application/json", {})
+
+
+@pytest.mark.parametrize("kind", [_ThroughProperties, _Capped, _OwnType])
+def test_each_property_a_request_class_overrides_is_asked(kind):
+    environ = _environ("text/plain", "3", None)
+    body = FlaskBody(kind(environ))
+    request = kind(environ)
+    assert (body.media_type, body.content_length) == (request.mimetype, request.content_length)
+
+
+def test_an_apps_own_length_rule_decides_the_limit():
+    app = Flask(__name__)
+    app.request_class = _Capped
+    FlaskStreamer(app).add_batched_route("/describe", "describe", describe, field="s", max_body_bytes=1000)
+    try:
+        refused = app.test_client().post("/describe", json={"s": "short"})
+        assert refused.status_code == 413, refused.get_data(as_text=True)
+    finally:
+        close_streamers(app)
