@@ -58,9 +58,11 @@ def test_read_from_the_environment_as_werkzeugs_properties_read_it(content_type,
     plain, asked = FlaskBody(Request(environ)), FlaskBody(_ThroughProperties(environ))
     expected = (asked.media_type, asked.content_length, asked.chunked)
     assert (plain.media_type, plain.content_length, plain.chunked) == expected
-    # And those are werkzeug's own answers.
+    # And those are werkzeug's own answers; a body is read as chunks where
+    # werkzeug knows no length and the client said it sends chunks.
     request = Request(environ)
     assert expected[:2] == (request.mimetype, request.content_length)
+    assert expected[2] == (request.content_length is None and "chunked" in (coding or "").lower())
 
 
 def describe(batch: List[Any]) -> List[Any]:
