@@ -5,7 +5,8 @@ reading a body as the project's error of its status."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple, cast
+import functools
+from typing import Any, Callable, Optional, Tuple, cast
 
 import werkzeug.exceptions
 from flask import Flask, Request
@@ -123,18 +124,12 @@ def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Op
     return limit
 
 
-_plain_reading: Dict[type, bool] = {}
-
-
+@functools.cache  # one answer per request class
 def _reads_plainly(kind: type) -> bool:
     """Whether a request of class ``kind`` reads its content type, length
     and transfer encoding as werkzeug's own request does (from the WSGI
     environment, through its header mapping), so that :class:`FlaskBody`
     may read them from the environment directly. A class that overrides
     one of them is read through its properties."""
-    plain = _plain_reading.get(kind)
-    if plain is None:
-        names = ("mimetype", "content_length", "_parse_content_type")
-        plain = all(getattr(kind, name, None) is getattr(Request, name, None) for name in names)
-        _plain_reading[kind] = plain
-    return plain
+    names = ("mimetype", "content_length", "_parse_content_type")
+    return all(getattr(kind, name, None) is getattr(Request, name, None) for name in names)
