@@ -28,7 +28,8 @@ class FlaskBody:
 
     def __init__(self, req: Request) -> None:
         self._req = req
-        if _reads_plainly(type(req)):
+        kind: type = type(req)
+        if _reads_plainly(kind):
             # What werkzeug's properties give, read from the environment: they
             # would first build the request's header mapping, a tenth of
             # the batched route's own time (bench/README.md).
