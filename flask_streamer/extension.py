@@ -25,7 +25,7 @@ from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
-from .reading import FlaskBody, limit_request_body, loads_of, read_error
+from .reading import body_of, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name, written_as
 
@@ -456,7 +456,7 @@ def request_item(field: Optional[str] = None) -> Any:
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return default_input(FlaskBody(req), field, limit, loads_of(app))
+    return default_input(body_of(req), field, limit, loads_of(app))
 
 
 def request_inputs(field: Optional[str] = None) -> Any:
@@ -469,7 +469,7 @@ def request_inputs(field: Optional[str] = None) -> Any:
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return default_input(FlaskBody(req), field, limit, loads_of(app), many=True)
+    return default_input(body_of(req), field, limit, loads_of(app), many=True)
 
 
 def request_upload(field: str = "file") -> bytes:
@@ -486,7 +486,7 @@ def request_upload(field: str = "file") -> bytes:
     req = request._get_current_object()  # type: ignore[attr-defined]
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return upload_of(FlaskBody(req), field, limit)
+    return upload_of(body_of(req), field, limit)
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
@@ -495,7 +495,7 @@ def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[in
     limit = limit_request_body(req, app, max_bytes)
     if route.parse is not None:
         return route.parse(req)
-    return default_input(FlaskBody(req), route.field, limit, loads_of(app), route.many)
+    return default_input(body_of(req), route.field, limit, loads_of(app), route.many)
 
 
 def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:

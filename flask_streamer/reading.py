@@ -18,7 +18,7 @@ from streamer_core.errors import ClientDisconnected, InvalidInput, PayloadTooLar
 from streamer_core.web.body import FormLimits, limit_body
 from streamer_core.web.http import FAST_JSON, check_whole_body, loads_json, unreadable_chunks
 
-__all__ = ["FlaskBody", "limit_request_body", "loads_of", "read_error"]
+__all__ = ["FlaskBody", "body_of", "limit_request_body", "loads_of", "read_error"]
 
 
 class FlaskBody:
@@ -29,6 +29,8 @@ class FlaskBody:
     def __init__(self, req: Request) -> None:
         self._req = req
         kind: type = type(req)
+        #: The body may be read from the server's stream directly (see :meth:`data`).
+        self._direct = _reads_body_plainly(kind) and "wsgi.input_terminated" in req.environ and not req.shallow
         if _reads_plainly(kind):
             # What werkzeug's properties give, read from the environment: they
             # would first build the request's header mapping, a tenth of
@@ -44,9 +46,36 @@ class FlaskBody:
         self.chunked = self.content_length is None and "chunked" in (encoding or "").lower()
 
     def data(self) -> bytes:
-        data = self._req.get_data(cache=True, parse_form_data=False)
+        req, length = self._req, self.content_length
+        if self._direct and length is not None and "stream" not in req.__dict__ and _kept(req) is None:
+            data = self._read_directly(req, length)
+        else:
+            data = req.get_data(cache=True, parse_form_data=False)
         if not self.chunked:
             check_whole_body(len(data), self.content_length)  # cut short: the client left
+        return data
+
+    @staticmethod
+    def _read_directly(req: Request, length: int) -> bytes:
+        """What ``req.get_data(cache=True)`` reads and keeps, read from the
+        server's stream: werkzeug would first wrap it in a Python stream
+        that reads it in pieces (a twentieth of a stubbed request's CPU,
+        bench/README.md). Only for a server that ends the stream at the
+        body's end (``wsgi.input_terminated``: gunicorn, gevent), where
+        werkzeug reads it unwrapped or under ``max_content_length`` alone,
+        and for a body of a known length no longer than that limit
+        (werkzeug refuses a longer one itself). The bytes are kept where
+        werkzeug keeps what it read (``get_data``, ``form`` and ``json``
+        read them there), and ``request.stream`` is left as werkzeug's
+        read leaves it: the server's stream, read to its end."""
+        limit = req.max_content_length
+        if limit is not None and length > limit:
+            return req.get_data(cache=True, parse_form_data=False)  # werkzeug's 413
+        try:
+            data: bytes = req.environ["wsgi.input"].read(length)
+        except (OSError, ValueError) as exc:  # as werkzeug's stream takes a server's error: the client left
+            raise werkzeug.exceptions.ClientDisconnected() from exc
+        setattr(req, _KEPT, data)
         return data
 
     def boundary(self) -> str:
@@ -90,8 +119,10 @@ def read_error(exc: BaseException) -> Optional[InvalidInput]:
     return problem
 
 
-#: Where a request keeps the body limit applied to it (applied once).
+#: Where a request keeps the body limit applied to it (applied once), and
+#: its :class:`FlaskBody`.
 _LIMIT_KEY = "flask_streamer.max_body_bytes"
+_BODY_KEY = "flask_streamer.body"
 
 
 def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Optional[int]:
@@ -121,8 +152,17 @@ def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Op
         except Exception as exc:  # the server's decoder: a malformed chunk is the client's, not a 500
             raise unreadable_chunks(exc) from exc
 
-    limit_body(FlaskBody(req), bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
+    body = FlaskBody(req)
+    req.environ[_BODY_KEY] = body
+    limit_body(body, bool(req.environ.get("wsgi.input_terminated")), read_chunks, limit)
     return limit
+
+
+def body_of(req: Request) -> FlaskBody:
+    """``req`` as the default rule reads it: the one :func:`limit_request_body`
+    made for it, where it has (a request's headers are read once)."""
+    body = req.environ.get(_BODY_KEY)
+    return body if type(body) is FlaskBody and body._req is req else FlaskBody(req)
 
 
 @functools.cache  # one answer per request class
@@ -134,3 +174,40 @@ def _reads_plainly(kind: type) -> bool:
     one of them is read through its properties."""
     names = ("mimetype", "content_length", "_parse_content_type")
     return all(getattr(kind, name, None) is getattr(Request, name, None) for name in names)
+
+
+#: Where werkzeug's request keeps the body ``get_data`` read.
+_KEPT = "_cached_data"
+
+
+def _kept(req: Request) -> Optional[bytes]:
+    """The body werkzeug kept for ``req``, where it has read it."""
+    kept: Optional[bytes] = getattr(req, _KEPT, None)
+    return kept
+
+
+@functools.cache  # one answer per request class
+def _reads_body_plainly(kind: type) -> bool:
+    """Whether a request of class ``kind`` reads its body as Flask's own
+    request does, and werkzeug keeps what ``get_data`` read where
+    :meth:`FlaskBody._read_directly` puts it (checked once, on a request
+    of werkzeug's making): a class that overrides how the body is read (a
+    ``get_data`` that decompresses, say) is read through it."""
+    names = ("get_data", "stream", "_get_stream_for_parsing")
+    if not all(getattr(kind, name, None) is getattr(Request, name, None) for name in names):
+        return False
+    return keeps_read_data(Request)
+
+
+@functools.cache
+def keeps_read_data(kind: type[Request]) -> bool:
+    """Whether a request of class ``kind`` reads its body back from where
+    werkzeug's has kept it since 0.9 (``_cached_data``: ``get_data``,
+    ``json``): a later werkzeug that keeps it elsewhere is read through
+    ``get_data``."""
+    try:
+        req = kind.from_values(method="POST", data=b'{"a": 1}', content_type="application/json")
+        setattr(req, _KEPT, b'{"b": 2}')
+        return bool(req.get_data() == b'{"b": 2}' and req.get_json() == {"b": 2})
+    except Exception:  # an attribute this werkzeug refuses, or reads otherwise
+        return False

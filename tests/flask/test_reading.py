@@ -4,15 +4,17 @@ would give them, unless the app's request class reads them its own way."""
 
 from __future__ import annotations
 
+import io
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+import werkzeug.exceptions
 from flask import Flask, Request
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flask_streamer import FlaskStreamer
-from flask_streamer.reading import FlaskBody
+from flask_streamer.reading import FlaskBody, body_of, keeps_read_data, limit_request_body, read_error
 from tests.flask.conftest import close_streamers
 
 
@@ -129,3 +131,155 @@ def test_an_apps_own_length_rule_decides_the_limit():
         assert refused.status_code == 413, refused.get_data(as_text=True)
     finally:
         close_streamers(app)
+
+
+# -- the body, read from the server's stream ----------------------------------
+
+
+class _Stream(io.BytesIO):
+    """A server's body stream that ends at the body's end, as gunicorn's and
+    gevent's do (they set ``wsgi.input_terminated``), and counts its reads;
+    ``fail``: an error each read raises (the client left mid-body)."""
+
+    def __init__(self, body: bytes, fail: Optional[BaseException] = None) -> None:
+        super().__init__(body)
+        self.reads = 0
+        self.fail = fail
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        self.reads += 1
+        if self.fail is not None:
+            raise self.fail
+        return super().read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        self.reads += 1
+        if self.fail is not None:
+            raise self.fail
+        return super().readinto(buffer)
+
+
+def _served(body: bytes, content_type: str, kind: type = Request, **extra: Any) -> Request:
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "CONTENT_TYPE": content_type,
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": _Stream(body),
+        "wsgi.input_terminated": True,
+        **extra,
+    }
+    made: Request = kind(environ)
+    return made
+
+
+_BODIES = [
+    (b'{"s": "hello", "n": [1, 2]}', "application/json"),
+    (b"s=hello&s=again&n=3", "application/x-www-form-urlencoded"),
+    (b"", "application/json"),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type"), _BODIES)
+def test_a_body_read_directly_reads_back_as_werkzeugs_own_read_leaves_it(body, content_type):
+    direct, werkzeug = _served(body, content_type), _served(body, content_type)
+    assert FlaskBody(direct).data() == body
+    assert werkzeug.get_data(cache=True) == body
+    # Read from the server's stream itself, once, without werkzeug's wrapper.
+    assert "stream" not in direct.__dict__ and direct.environ["wsgi.input"].reads == 1
+    # Then each of werkzeug's ways to the body gives what it gives after its own read.
+    assert direct.get_data() == werkzeug.get_data() == body
+    assert direct.get_json(silent=True) == werkzeug.get_json(silent=True)
+    assert direct.form.to_dict(flat=False) == werkzeug.form.to_dict(flat=False)
+    assert direct.stream.read() == werkzeug.stream.read()
+
+
+class _Gunzipping(Request):
+    """An app's request class that reads its body its own way."""
+
+    def get_data(self, cache: bool = True, as_text: bool = False, parse_form_data: bool = False) -> Any:
+        return super().get_data(cache, as_text, parse_form_data).upper()
+
+
+def test_an_apps_own_body_reading_is_asked():
+    request = _served(b'{"s": "hello"}', "application/json", _Gunzipping)
+    assert FlaskBody(request).data() == b'{"S": "HELLO"}'
+
+
+@pytest.mark.parametrize("terminated", [False, None])
+def test_a_server_that_does_not_end_the_stream_is_read_through_werkzeug(terminated):
+    request = _served(b'{"s": "hello"}', "application/json")
+    if terminated is None:
+        del request.environ["wsgi.input_terminated"]
+    else:
+        request.environ["wsgi.input_terminated"] = terminated  # werkzeug reads the key's presence
+    assert FlaskBody(request).data() == b'{"s": "hello"}'
+    assert ("stream" in request.__dict__) is (terminated is None)
+
+
+def test_a_body_longer_than_the_requests_limit_is_refused_by_werkzeug():
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.max_content_length = 5
+    with pytest.raises(werkzeug.exceptions.RequestEntityTooLarge):
+        FlaskBody(request).data()
+    assert request.environ["wsgi.input"].reads == 0
+
+
+@pytest.mark.parametrize("error", [OSError("unexpected end of file"), ValueError("closed file")])
+def test_a_server_streams_error_is_the_client_leaving(error):
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.environ["wsgi.input"].fail = error
+    with pytest.raises(werkzeug.exceptions.ClientDisconnected) as raised:
+        FlaskBody(request).data()
+    assert raised.value.__cause__ is error
+    assert read_error(raised.value).status == 499
+
+
+def test_a_body_read_before_is_not_read_again():
+    request = _served(b'{"s": "hello"}', "application/json")
+    assert request.get_data() == b'{"s": "hello"}'  # a before_request hook's
+    reads = request.environ["wsgi.input"].reads
+    assert FlaskBody(request).data() == b'{"s": "hello"}'
+    assert request.environ["wsgi.input"].reads == reads
+
+
+def test_a_requests_headers_are_read_once_for_its_body():
+    app = Flask(__name__)
+    with app.test_request_context():
+        request = _served(b'{"s": "hello"}', "application/json")
+        limit_request_body(request, app, 100)
+        assert body_of(request) is body_of(request)
+        # Another request over the same environment (a middleware's own) gets its own.
+        other = Request(request.environ)
+        assert body_of(other)._req is other
+
+
+def test_a_stream_a_hook_put_in_place_is_read():
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.stream = io.BytesIO(b'{"s": "unzipped"}')  # a before_request hook's, say
+    assert FlaskBody(request).data() == b'{"s": "unzipped"}'
+    assert request.environ["wsgi.input"].reads == 0
+
+
+def test_a_shallow_request_is_refused_its_body_as_werkzeug_refuses_it():
+    request = Request(_served(b'{"s": "hello"}', "application/json").environ, shallow=True)
+    with pytest.raises(RuntimeError, match="shallow"):
+        FlaskBody(request).data()
+
+
+class _KeepsElsewhere(Request):
+    """A werkzeug whose request keeps the body it read elsewhere."""
+
+    def get_data(self, cache: bool = True, as_text: bool = False, parse_form_data: bool = False) -> Any:
+        return self.stream.read()
+
+
+def test_a_werkzeug_that_keeps_the_body_elsewhere_is_read_through_get_data():
+    assert keeps_read_data(Request)
+    assert not keeps_read_data(_KeepsElsewhere)
+
+
+def test_a_body_read_directly_is_read_once_for_each_of_its_readers():
+    # A parse hook that asks request_item for two fields reads the body twice.
+    request = _served(b'{"s": "hello"}', "application/json")
+    assert FlaskBody(request).data() == FlaskBody(request).data() == b'{"s": "hello"}'
+    assert request.environ["wsgi.input"].reads == 1
