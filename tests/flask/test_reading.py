@@ -283,3 +283,25 @@ def test_a_body_read_directly_is_read_once_for_each_of_its_readers():
     request = _served(b'{"s": "hello"}', "application/json")
     assert FlaskBody(request).data() == FlaskBody(request).data() == b'{"s": "hello"}'
     assert request.environ["wsgi.input"].reads == 1
+
+
+def test_an_apps_hooks_read_the_body_the_route_read():
+    app = Flask(__name__)
+    FlaskStreamer(app).add_batched_route("/describe", "describe", describe, field="s")
+    seen: List[Any] = []
+
+    @app.after_request
+    def read_again(response: Any) -> Any:
+        from flask import request
+
+        seen.append((request.get_data(), request.get_json(), request.stream.read()))
+        return response
+
+    try:
+        client = app.test_client()
+        # As gunicorn and gevent serve it: the server ends the stream at the body's end.
+        answer = client.post("/describe", json={"s": "hello"}, environ_base={"wsgi.input_terminated": True})
+        assert answer.get_json() == {"type": "str", "value": "hello"}, answer.get_data(as_text=True)
+        assert seen == [(b'{"s": "hello"}', {"s": "hello"}, b"")]
+    finally:
+        close_streamers(app)
