@@ -13,8 +13,9 @@ from flask import Flask, Request
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flask_streamer import FlaskStreamer
+from flask_streamer import FlaskStreamer, reading, request_item
 from flask_streamer.reading import FlaskBody, body_of, keeps_read_data, limit_request_body, read_error
+from streamer_core.errors import ClientDisconnected
 from tests.flask.conftest import close_streamers
 
 
@@ -303,5 +304,74 @@ def test_an_apps_hooks_read_the_body_the_route_read():
         answer = client.post("/describe", json={"s": "hello"}, environ_base={"wsgi.input_terminated": True})
         assert answer.get_json() == {"type": "str", "value": "hello"}, answer.get_data(as_text=True)
         assert seen == [(b'{"s": "hello"}', {"s": "hello"}, b"")]
+    finally:
+        close_streamers(app)
+
+
+def test_a_body_as_long_as_the_requests_limit_is_read_directly():
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.max_content_length = 14
+    assert FlaskBody(request).data() == b'{"s": "hello"}'
+    assert "stream" not in request.__dict__
+
+
+def test_no_more_than_the_bodys_length_is_read():
+    # A stream the server says it ends that holds more (a socket's, say):
+    # read to its end it could wait for the client's next request.
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.environ["wsgi.input"] = _Stream(b'{"s": "hello"}GET / HTTP/1.1\r\n')
+    assert FlaskBody(request).data() == b'{"s": "hello"}'
+
+
+def test_a_body_of_no_stated_length_is_read_through_werkzeug_and_its_limit():
+    requests = [_served(b"x" * 40, "application/octet-stream") for _ in range(2)]
+    for request in requests:
+        del request.environ["CONTENT_LENGTH"]
+        request.max_content_length = 10
+    assert FlaskBody(requests[0]).data() == requests[1].get_data()
+    assert "stream" in requests[0].__dict__
+
+
+def test_a_body_cut_short_on_the_direct_read_is_the_client_leaving():
+    request = _served(b'{"s": "hello"}', "application/json")
+    request.environ["wsgi.input"] = _Stream(b'{"s": "he')
+    with pytest.raises(ClientDisconnected):
+        FlaskBody(request).data()
+
+
+def test_a_werkzeug_that_keeps_the_body_elsewhere_is_not_read_directly(monkeypatch):
+    def keeps_nothing(self: Request, cache: bool = True, as_text: bool = False, parse_form_data: bool = False) -> Any:
+        return self.stream.read()  # a later werkzeug that keeps what it read elsewhere
+
+    monkeypatch.setattr(Request, "get_data", keeps_nothing)
+    reading._reads_body_plainly.cache_clear()
+    keeps_read_data.cache_clear()
+    try:
+        request = _served(b'{"s": "hello"}', "application/json")
+        assert FlaskBody(request).data() == b'{"s": "hello"}'
+        assert "stream" in request.__dict__  # werkzeug's own read
+    finally:
+        monkeypatch.undo()
+        reading._reads_body_plainly.cache_clear()
+        keeps_read_data.cache_clear()
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_routes_request_headers_are_read_once(monkeypatch, hook):
+    made: List[Any] = []
+    real = FlaskBody.__init__
+
+    def counted(self: FlaskBody, req: Request) -> None:
+        made.append(req)
+        real(self, req)
+
+    monkeypatch.setattr(FlaskBody, "__init__", counted)
+    app = Flask(__name__)
+    parse = (lambda req: request_item("s")) if hook else None
+    FlaskStreamer(app).add_batched_route("/describe", "describe", describe, field="s", parse=parse)
+    try:
+        answer = app.test_client().post("/describe", json={"s": "hello"})
+        assert answer.get_json() == {"type": "str", "value": "hello"}, answer.get_data(as_text=True)
+        assert len(made) == 1
     finally:
         close_streamers(app)
