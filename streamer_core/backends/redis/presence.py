@@ -139,9 +139,9 @@ class Presence:
 
     def run(self) -> None:
         """Keep the requests in hand from looking abandoned while the model
-        runs; unless the model has hung (see :meth:`hung`)."""
+        runs; unless the model has hung (see :meth:`hung`). The first beat
+        is the worker's own, before its reader starts (:meth:`beat`)."""
         conn = connect(self._address)
-        self.beat(conn)
         while not self._stopping.wait(min(BEAT_S, self._claim_after / 3, (self._hang_timeout or BEAT_S) / 4)):
             if self.hung():
                 continue  # neither alive to the web side nor keeping its requests: others take them over

@@ -260,6 +260,9 @@ class RedisWorker:
             self._refuse,
             self._stopping,
         )
+        # Live to the web side before the first request is read: a worker
+        # that answered a call is counted (metrics, readiness) from then on.
+        presence.beat(self._conn)
         threads = {
             name: background(target, f"streamer-redis-{name}")
             for name, target in (("heartbeat", presence.run), ("reader", reader.run), ("writer", writer.run))
