@@ -172,7 +172,11 @@ def _reads_plainly(kind: type) -> bool:
     environment, through its header mapping), so that :class:`FlaskBody`
     may read them from the environment directly. A class that overrides
     one of them is read through its properties."""
-    names = ("mimetype", "content_length", "_parse_content_type")
+    return _keeps_flasks(kind, ("mimetype", "content_length", "_parse_content_type"))
+
+
+def _keeps_flasks(kind: type, names: Tuple[str, ...]) -> bool:
+    """Whether request class ``kind`` has Flask's own ``names``: overrides none of them."""
     return all(getattr(kind, name, None) is getattr(Request, name, None) for name in names)
 
 
@@ -193,10 +197,7 @@ def _reads_body_plainly(kind: type) -> bool:
     :meth:`FlaskBody._read_directly` puts it (checked once, on a request
     of werkzeug's making): a class that overrides how the body is read (a
     ``get_data`` that decompresses, say) is read through it."""
-    names = ("get_data", "stream", "_get_stream_for_parsing")
-    if not all(getattr(kind, name, None) is getattr(Request, name, None) for name in names):
-        return False
-    return keeps_read_data(Request)
+    return _keeps_flasks(kind, ("get_data", "stream", "_get_stream_for_parsing")) and keeps_read_data(Request)
 
 
 @functools.cache
