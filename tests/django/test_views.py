@@ -133,14 +133,20 @@ def test_a_full_queue_is_503_with_retry_after_1(client, streamer_settings, tmp_p
             }
         }
     )
-    first = get_streamer("hold").submit([1])
+    streamer = get_streamer("hold")
+    first = streamer.submit([1])
     assert wait_for(lambda: list(tmp_path.glob("inside-*")), 10)
-    second = get_streamer("hold").submit([2])  # queued behind the held batch: the queue is full
-    response = post(client, "/hold", {"x": 3})
+    # A full batch (one input) is handed ahead to the busy model thread, out
+    # of the queue: wait for that, then fill the queue's one place.
+    second = streamer.submit([2])
+    assert wait_for(lambda: streamer.queued() == 0, 10)
+    third = streamer.submit([3])
+    assert streamer.queued() == 1
+    response = post(client, "/hold", {"x": 4})
     (tmp_path / "hold").unlink()
     assert response.status_code == 503 and response["Retry-After"] == "1"
     assert response.json()["error"]["type"] == "QueueFullError"
-    assert first.result(10) == [2] and second.result(10) == [4]
+    assert first.result(10) == [2] and second.result(10) == [4] and third.result(10) == [6]
 
 
 def test_other_methods_are_405(client):
