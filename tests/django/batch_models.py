@@ -107,3 +107,14 @@ def describe_upload(batch: List[Any]) -> List[Any]:
     return [
         {"type": type(x).__name__, "length": len(x), "head": x[:8].hex() if isinstance(x, bytes) else x} for x in batch
     ]
+
+
+class SlowLoading(ManagedModel):
+    """Takes ``seconds`` to load (as a real model does), then gives each
+    input's length: a first request that loads it must not block the loop."""
+
+    def init_model(self, seconds: float = 0.6) -> None:
+        time.sleep(seconds)
+
+    def predict(self, batch: List[Any]) -> List[Any]:
+        return [len(x) for x in batch]

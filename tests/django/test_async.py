@@ -119,3 +119,57 @@ def test_under_uvicorn_concurrent_requests_share_model_calls(commands):
     assert [x for _, (x, _) in answers] == list(range(12))
     assert max(size for _, (_, size) in answers) > 1, f"no two requests shared a model call: {answers}"
     assert _post(f"{base}/adouble", {"x": "boom"})[0] == 500
+
+
+def test_an_async_view_refuses_while_its_process_drains(monkeypatch):
+    from django_streamer import registry
+
+    monkeypatch.setattr(registry, "_draining", True)
+
+    async def main() -> List[Any]:
+        client = AsyncClient()
+        return [
+            await client.post("/adouble", {"x": 1}, content_type="application/json"),
+            await client.post("/sizes-cbv", {"x": "ab"}, content_type="application/json"),
+        ]
+
+    for response in asyncio.run(main()):
+        assert response.status_code == 503 and response["Retry-After"], response.content
+        assert response.json()["error"]["type"] == "StreamerClosedError"
+
+
+def test_a_traced_async_views_parse_failure_is_on_its_span(streamer_settings):
+    pytest.importorskip("opentelemetry.sdk")
+    from tests.spans import finished, in_memory, named
+
+    streamer_settings(TRACING=True)
+    exporter = in_memory()
+    response = asyncio.run(AsyncClient().post("/adouble", "{bad", content_type="application/json"))
+    assert response.status_code == 400
+    [request] = named(finished(exporter), "POST /adouble")
+    assert request.attributes["http.response.status_code"] == 400
+    assert request.attributes["error.type"] == "InvalidInput"
+
+
+def test_an_async_class_views_first_request_loads_its_model_off_the_loop(streamer_settings):
+    streamer_settings({"sizes": {"MODEL": "tests.django.batch_models.SlowLoading", "INIT_KWARGS": {"seconds": 1.0}}})
+
+    async def main() -> Tuple[Any, float]:
+        beats: List[float] = []
+
+        async def heartbeat() -> None:  # runs only while the loop is free
+            while True:
+                beats.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(heartbeat())
+        await asyncio.sleep(0.03)
+        try:
+            response = await AsyncClient().post("/sizes-cbv", {"x": "abc"}, content_type="application/json")
+        finally:
+            ticker.cancel()
+        return response, max(later - earlier for earlier, later in zip(beats, beats[1:]))
+
+    response, longest_gap = asyncio.run(main())
+    assert response.status_code == 200 and response.json() == 3, response.content
+    assert longest_gap < 0.5, f"the event loop stood still for {longest_gap:.2f} s while the model loaded"
