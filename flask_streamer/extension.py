@@ -25,6 +25,7 @@ from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
+from .dispatch import install as install_dispatch
 from .reading import body_of, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
 from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name, written_as
@@ -132,6 +133,7 @@ class FlaskStreamer:
             app.cli.add_command(streamer_cli)
         with self._lock:
             self._apps.append(weakref.ref(app))
+        install_dispatch(app, lambda: [route.view for route in state.handles])
 
     def batched_route(self, rule: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorate a batch function ``f(batch: list) -> list`` to serve it at

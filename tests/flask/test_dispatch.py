@@ -1,0 +1,341 @@
+"""A batched route's requests dispatched without werkzeug's matching and
+Flask's empty steps (flask_streamer.dispatch): werkzeug binds its URL map
+for them only at the first request; every answer is the one Flask's own
+dispatch gives; every hook, signal, session and middleware an app sets up
+still acts; and Flask's own dispatch wherever the host counts or the app's
+class overrides it."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import flask
+import pytest
+from flask import Blueprint, Flask, after_this_request, request, session, url_for
+from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.routing import Map
+
+from flask_streamer import FlaskStreamer
+from tests.flask.apps import double
+
+
+class CountingMap(Map):
+    """werkzeug's URL map, counting the requests it is bound to."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bound = 0
+
+    def bind_to_environ(self, *args: Any, **kwargs: Any) -> Any:
+        self.bound += 1
+        return super().bind_to_environ(*args, **kwargs)
+
+
+class CountingFlask(Flask):
+    url_map_class = CountingMap
+
+
+class FlasksOwnDispatch(CountingFlask):
+    """An app whose class overrides one of the methods the fast dispatch
+    leans on (doing nothing else): its every request is Flask's."""
+
+    def make_response(self, rv: Any) -> Any:
+        return super().make_response(rv)
+
+
+def made(closing_app, cls: type = CountingFlask, config: Optional[Dict[str, Any]] = None, **route: Any):
+    """An app of ``cls`` with ``/double`` (``route``'s keywords) and an
+    ordinary ``/plain`` route, ``init_app`` called on it."""
+    app = closing_app(cls(f"dispatch_{cls.__name__.lower()}"))
+    app.config.update(config or {})
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/double", model=double, **route)
+
+    @app.post("/plain")
+    def plain() -> Any:
+        return {"plain": True}
+
+    streamer.init_app(app)
+    return app, streamer
+
+
+def bound(app: Flask) -> int:
+    return app.url_map.bound  # type: ignore[attr-defined,no-any-return]
+
+
+def test_after_the_first_request_a_batched_route_is_not_matched_by_werkzeug(closing_app):
+    app, _ = made(closing_app)
+    client = app.test_client()
+    assert client.post("/double", json=1).get_json() == 2
+    first = bound(app)
+    for i in range(5):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert bound(app) == first, "werkzeug bound its map for a batched route's request"
+    assert client.post("/plain").get_json() == {"plain": True}
+    assert bound(app) == first + 1, "an ordinary route is Flask's to match"
+
+
+def test_an_app_class_that_overrides_flasks_dispatch_keeps_it(closing_app):
+    seen: List[str] = []
+
+    class Overriding(CountingFlask):
+        def full_dispatch_request(self) -> Any:
+            seen.append(request.path)
+            return super().full_dispatch_request()
+
+    app, _ = made(closing_app, Overriding)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert seen == ["/double"] * 3
+    assert bound(app) == 3
+
+
+REQUESTS: List[Tuple[str, str, Dict[str, Any]]] = [
+    ("POST", "/double", {"json": 21}),
+    ("POST", "/double", {"data": b"{not json", "content_type": "application/json"}),
+    ("POST", "/double", {"data": b"21", "content_type": "text/plain"}),
+    ("POST", "/double", {"data": b""}),
+    ("POST", "/double", {"json": "x" * 100}),  # over max_body_bytes: 413
+    ("GET", "/double", {}),
+    ("PUT", "/double", {"json": 1}),
+    ("HEAD", "/double", {}),
+    ("OPTIONS", "/double", {}),
+    ("POST", "/double/", {"json": 1}),
+    ("POST", "//double", {"json": 1}),
+    ("POST", "/double", {"json": 2, "headers": {"Upgrade": "websocket", "Connection": "Upgrade"}}),
+    ("POST", "/double", {"json": 2, "headers": {"X-Priority": "1"}}),
+    ("POST", "/plain", {}),
+    ("POST", "/nowhere", {}),
+]
+
+
+#: The requests above that the fast dispatch takes: POST to the batched
+#: route's own path, not asking for a websocket.
+FAST = [m == "POST" and p == "/double" and "Upgrade" not in k.get("headers", {}) for m, p, k in REQUESTS]
+
+
+@pytest.mark.parametrize("json_errors", [False, True])
+def test_every_answer_is_the_one_flasks_own_dispatch_gives(closing_app, json_errors):
+    """The same requests, to an app with the fast dispatch and to one whose
+    class keeps Flask's: the same status, headers and body, byte for byte;
+    werkzeug's map bound as often, but for the requests the fast dispatch takes."""
+    answers, binds = [], []
+    for cls in (CountingFlask, FlasksOwnDispatch):
+        app, _ = made(closing_app, cls, {"STREAMER_JSON_ERRORS": json_errors}, max_body_bytes=64)
+        client = app.test_client()
+        assert client.post("/double", json=0).status_code == 200  # the first request: Flask's, in both
+        got, counts = [], []
+        for method, path, kwargs in REQUESTS:
+            start = bound(app)
+            response = client.open(path, method=method, **kwargs)
+            got.append((method, path, response.status, sorted(response.headers.items()), response.get_data()))
+            counts.append(bound(app) - start)
+        answers.append(got)
+        binds.append(counts)
+    for ours, flasks in zip(*answers):
+        assert ours == flasks
+    assert all(count >= 1 for count in binds[1])
+    assert binds[0] == [0 if fast else count for fast, count in zip(FAST, binds[1])]
+
+
+def test_the_apps_and_the_blueprints_hooks_run_as_under_flasks_dispatch(closing_app):
+    calls: List[str] = []
+    app = closing_app(CountingFlask("dispatch_hooks"))
+    streamer = FlaskStreamer()
+    bp = Blueprint("api", __name__, url_prefix="/api")
+    streamer.add_batched_route("/double", model=double, blueprint=bp)
+    streamer.add_batched_route("/twice", "twice", double)
+    streamer.init_app(app)
+
+    @app.url_value_preprocessor
+    def values(endpoint: Optional[str], view_args: Any) -> None:
+        calls.append(f"values {endpoint}")
+
+    @app.before_request
+    def before() -> Any:
+        calls.append(f"before {request.endpoint}")
+        return ("refused", 401) if request.headers.get("X-Refuse") else None
+
+    @bp.before_request
+    def bp_before() -> None:
+        calls.append(f"bp before {request.blueprint}")
+
+    @app.after_request
+    def after(response: Any) -> Any:
+        calls.append("after")
+        response.headers["X-After"] = "yes"
+        return response
+
+    @app.teardown_request
+    def teardown(exc: Optional[BaseException]) -> None:
+        calls.append("teardown")
+
+    app.register_blueprint(bp)
+    client = app.test_client()
+    for _ in range(2):  # the first request, then the ones after it
+        calls.clear()
+        response = client.post("/api/double", json=3)
+        assert (response.get_json(), response.headers["X-After"]) == (6, "yes")
+        assert calls == ["values api.double", "before api.double", "bp before api", "after", "teardown"]
+        calls.clear()
+        response = client.post("/twice", json=3, headers={"X-Refuse": "1"})
+        assert (response.status_code, response.get_data(), response.headers["X-After"]) == (401, b"refused", "yes")
+        assert calls == ["values twice", "before twice", "after", "teardown"]
+
+
+@pytest.mark.parametrize("hook", ["before_request", "after_request", "url_value_preprocessor"])
+def test_a_hook_of_the_routes_blueprint_alone_is_run(closing_app, hook):
+    calls: List[str] = []
+    app = closing_app(CountingFlask(f"dispatch_bp_{hook}"))
+    streamer = FlaskStreamer()
+    bp = Blueprint("api", __name__, url_prefix="/api")
+    streamer.add_batched_route("/double", model=double, blueprint=bp)
+    streamer.init_app(app)
+    functions = {
+        "before_request": lambda: calls.append("before"),
+        "after_request": lambda response: calls.append("after") or response,
+        "url_value_preprocessor": lambda endpoint, values: calls.append("values"),
+    }
+    getattr(bp, hook)(functions[hook])
+    app.register_blueprint(bp)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/api/double", json=i).get_json() == 2 * i
+    assert len(calls) == 3
+
+
+def test_request_signals_connected_after_the_first_request_are_sent(closing_app):
+    app, _ = made(closing_app)
+    client = app.test_client()
+    assert client.post("/double", json=1).get_json() == 2
+    for signal in (flask.request_started, flask.request_finished):
+        sent: List[Any] = []
+
+        def receiver(sender: Any, sent: List[Any] = sent, **extra: Any) -> None:
+            sent.append((sender, request.path))
+
+        signal.connect(receiver, app)
+        try:
+            assert client.post("/double", json=2).get_json() == 4
+        finally:
+            signal.disconnect(receiver, app)
+        assert sent == [(app, "/double")], signal.name
+
+
+def test_hooks_of_a_request_its_session_and_url_for_act_on_a_batched_route(closing_app):
+    """A parse hook that asks for ``after_this_request``, writes the
+    session and builds URLs: each works as in any view."""
+    seen: List[Any] = []
+
+    def parse(req: Any) -> Any:
+        @after_this_request
+        def tag(response: Any) -> Any:
+            response.headers["X-This-Request"] = "yes"
+            return response
+
+        session["count"] = session.get("count", 0) + 1
+        seen.append((url_for("double"), url_for("plain", _external=True), req.url_rule.rule, req.endpoint))
+        seen.append(req.view_args)
+        return req.get_json()
+
+    app, _ = made(closing_app, config={"SECRET_KEY": "not a secret"}, parse=parse)
+    client = app.test_client()
+    for count in (1, 2, 3):
+        seen.clear()
+        response = client.post("/double", json=count)
+        assert response.get_json() == 2 * count
+        assert response.headers["X-This-Request"] == "yes"
+        assert "session=" in response.headers["Set-Cookie"]
+        assert seen == [("/double", "http://localhost/plain", "/double", "double"), {}]
+        with client.session_transaction() as kept:
+            assert kept["count"] == count
+    assert bound(app) == 1 + 2 * 3, "url_for binds the map where it is used (twice a request), and only there"
+
+
+def test_a_middleware_set_before_init_app_still_sees_every_request(closing_app):
+    seen: List[str] = []
+
+    def parse(req: Any) -> Any:
+        seen.append(req.remote_addr)
+        return req.get_json()
+
+    app = closing_app(CountingFlask("dispatch_proxied"))
+    app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1)  # type: ignore[method-assign]
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/double", model=double, parse=parse)
+    streamer.init_app(app)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/double", json=i, headers={"X-Forwarded-For": f"10.0.0.{i}"}).get_json() == 2 * i
+    assert seen == ["10.0.0.0", "10.0.0.1", "10.0.0.2"]
+    assert bound(app) == 1
+
+
+def test_a_view_replaced_after_the_first_request_is_the_one_called(closing_app):
+    app, _ = made(closing_app)
+    client = app.test_client()
+    assert client.post("/double", json=1).get_json() == 2
+    original = app.view_functions["double"]
+    app.view_functions["double"] = lambda: {"wrapped": original().get_json()}
+    assert client.post("/double", json=4).get_json() == {"wrapped": 8}
+
+
+def test_an_app_trusting_some_hosts_refuses_the_others_on_a_batched_route(closing_app):
+    if "TRUSTED_HOSTS" not in Flask.default_config:
+        pytest.skip("this Flask has no TRUSTED_HOSTS (Flask 3.1 added it)")
+    app, _ = made(closing_app, config={"TRUSTED_HOSTS": ["good.test"]})
+    client = app.test_client()
+    for _ in range(2):
+        assert client.post("/double", json=1, headers={"Host": "good.test"}).get_json() == 2
+        assert client.post("/double", json=1, headers={"Host": "evil.test"}).status_code == 400
+
+
+def test_routes_under_subdomain_matching_are_matched_by_werkzeug(closing_app):
+    """With ``subdomain_matching``, a route of no subdomain is the bare
+    host's, and one of a blueprint's subdomain is that subdomain's."""
+    app = closing_app(CountingFlask("dispatch_subdomains", subdomain_matching=True))
+    app.config["SERVER_NAME"] = "example.test"
+    streamer = FlaskStreamer()
+    bp = Blueprint("api", __name__, subdomain="api")
+    streamer.add_batched_route("/double", model=double, blueprint=bp)
+    streamer.add_batched_route("/twice", "twice", double)
+    streamer.init_app(app)
+    app.register_blueprint(bp)
+    client = app.test_client()
+    for _ in range(2):
+        assert client.post("/double", json=2, base_url="http://api.example.test").get_json() == 4
+        assert client.post("/double", json=2, base_url="http://www.example.test").status_code == 404
+        assert client.post("/twice", json=2, base_url="http://example.test").get_json() == 4
+        assert client.post("/twice", json=2, base_url="http://api.example.test").status_code == 404
+    assert bound(app) == 8
+
+
+def test_a_path_that_only_reads_as_the_route_in_latin_1_is_flasks_to_match(closing_app):
+    """A server gives a request's path bytes as Latin-1 (PEP 3333), and
+    werkzeug reads them as UTF-8: the byte E4 is not the route ``/zählen``."""
+    app = closing_app(CountingFlask("dispatch_latin_1"))
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/zählen", "count", double)
+    streamer.init_app(app)
+    client = app.test_client()
+    for _ in range(2):
+        assert client.post("/zählen", json=2).get_json() == 4
+        assert client.post("/", json=2, environ_overrides={"PATH_INFO": "/z\xe4hlen"}).status_code == 404
+
+
+def test_a_flask_whose_request_context_is_laid_out_otherwise_keeps_its_own_dispatch(closing_app, monkeypatch):
+    """A Flask whose request context sets an attribute the fast one does not
+    (as a later Flask might): every request is Flask's to dispatch."""
+    flasks_init = flask.ctx.RequestContext.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        flasks_init(self, *args, **kwargs)
+        self.added_by_a_later_flask = True
+
+    monkeypatch.setattr(flask.ctx.RequestContext, "__init__", init)
+    app, _ = made(closing_app)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert bound(app) == 1 + 3, "once to compare the two contexts' layouts, then once a request"
