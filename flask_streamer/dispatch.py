@@ -117,6 +117,11 @@ class RouteContext(RequestContext):
         self.request.url_rule = self._route.rule
         self.request.view_args = {}
 
+    def copy(self) -> RequestContext:
+        """Flask's own copy (``copy_current_request_context``): a request
+        context of Flask's class, of the same request and session."""
+        return RequestContext(self.app, self.request.environ, request=self.request, session=getattr(self, _SESSION))
+
 
 class _Route:
     """One batched route's rule as werkzeug matched it, its view, and the

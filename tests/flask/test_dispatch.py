@@ -339,3 +339,25 @@ def test_a_flask_whose_request_context_is_laid_out_otherwise_keeps_its_own_dispa
     for i in range(3):
         assert client.post("/double", json=i).get_json() == 2 * i
     assert bound(app) == 1 + 3, "once to compare the two contexts' layouts, then once a request"
+
+
+def test_a_hook_may_copy_the_request_context_of_a_batched_route(closing_app):
+    """``copy_current_request_context`` (to finish work in another greenlet
+    or thread) copies the request's context, its session included."""
+    seen: List[Any] = []
+
+    def parse(req: Any) -> Any:
+        session["n"] = req.get_json()
+
+        @flask.copy_current_request_context
+        def elsewhere() -> Any:
+            return (request.path, request.endpoint, session["n"], url_for("plain"))
+
+        seen.append(elsewhere())
+        return req.get_json()
+
+    app, _ = made(closing_app, config={"SECRET_KEY": "not a secret"}, parse=parse)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert seen == [("/double", "double", i, "/plain") for i in range(3)]
