@@ -172,6 +172,7 @@ def install(app: Flask, views: Callable[[], Iterable[Callable[..., Any]]]) -> bo
                 return flasks_dispatch()
         if app.view_functions.get(route.rule.endpoint) is not route.view:
             return flasks_dispatch()  # the view was replaced (wrapped) since
+        app._got_first_request = True  # as Flask's: setting the app up is over (its setup methods refuse)
         rv: Any
         try:
             rv = route.view()

@@ -361,3 +361,10 @@ def test_a_hook_may_copy_the_request_context_of_a_batched_route(closing_app):
     for i in range(3):
         assert client.post("/double", json=i).get_json() == 2 * i
     assert seen == [("/double", "double", i, "/plain") for i in range(3)]
+
+
+def test_setting_the_app_up_after_its_first_request_is_refused_as_by_flask(closing_app):
+    app, _ = made(closing_app)
+    assert app.test_client().post("/double", json=1).get_json() == 2
+    with pytest.raises(AssertionError, match="can no longer be called"):
+        app.before_request(lambda: None)
