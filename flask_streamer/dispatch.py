@@ -194,9 +194,8 @@ def _matched_routes(
     """The batched routes' keys whose match werkzeug gives without looking at
     the host: each rule without variables (and in ASCII, as ``PATH_INFO``
     gives it), each method but ``HEAD`` and ``OPTIONS``, matched by werkzeug
-    to that rule. None where the host
-    counts, or where this Flask's request context is not laid out as
-    :class:`RouteContext` expects."""
+    to that rule. None where the host counts, or where this Flask's request
+    context is not laid out as :class:`RouteContext` expects."""
     if app.config.get("TRUSTED_HOSTS") is not None or app.url_map.host_matching or app.subdomain_matching:
         return {}
     adapter = app.url_map.bind("localhost", subdomain=app.url_map.default_subdomain or "")
