@@ -25,7 +25,7 @@ from gunicorn.workers.ggevent import GeventPyWSGIWorker, PyWSGIHandler  # noqa: 
 from gunicorn.workers.gthread import ThreadWorker  # noqa: E402
 
 from streamer_core.web.gunicorn import read_headers_quickly  # noqa: E402
-from streamer_core.web.headers import read_headers  # noqa: E402
+from streamer_core.web.headers import quick_header_reading, quick_request_reading, read_headers  # noqa: E402
 from tests.helpers import gunicorn_worker, wait_for  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -107,6 +107,119 @@ def test_a_gevent_handler_reads_headers_quickly_and_others_keep_their_own() -> N
     assert not hasattr(threads, "wsgi_handler")  # gthread: no gevent handler
 
 
+# -- the request line and the environ (quick_request_reading) --------------
+
+#: The handler's socket, as the environ and the body's reader hold it.
+SOCKET = object()
+
+
+def quick_handler(handler: Any) -> Any:
+    """``handler`` as the examples' gunicorn hooks leave it: headers read
+    by read_headers, requests and environs by quick_request_reading."""
+    reading = type(handler.__name__, (handler,), {"MessageClass": quick_header_reading(handler)})
+    attributes = quick_request_reading(reading)
+    assert attributes is not None
+    return type(handler.__name__, (reading,), attributes)
+
+
+def served_state(handler_class: Any, heads: List[bytes]) -> List[Any]:
+    """What a handler of ``handler_class`` makes of ``heads``, sent one after
+    another on one connection, step by step as gevent's
+    ``handle_one_request`` takes them: for each, the handler's fields, the
+    message of headers, the environ (its body reader by what it reads),
+    or the error its reading raised; and how far it read."""
+    server = pywsgi.WSGIServer(("127.0.0.1", 0), application=None, log=None, error_log=None)
+    server.environ.update({"SERVER_NAME": "localhost", "SERVER_PORT": "8000"})
+    rfile = io.BufferedReader(io.BytesIO(b"".join(heads)))  # type: ignore[arg-type]
+    handler = handler_class(SOCKET, ("127.0.0.1", 5555), server, rfile=rfile)
+    states: List[Any] = []
+    for _ in heads:
+        line = handler.read_requestline()
+        if not line:
+            break
+        try:
+            handler.read_request(line)
+            environ = handler.get_environ()
+        except Exception as exc:  # the same error, either way
+            states.append(("error", type(exc), str(exc), rfile.tell()))
+            break
+        fields = {name: getattr(handler, name) for name in ("requestline", "command", "path", "request_version")}
+        fields.update(length=handler.content_length, close=handler.close_connection, read=rfile.tell())
+        message = dict(vars(handler.headers))
+        message["defects"] = [(type(d), str(d)) for d in message.pop("defects")]
+        body = environ.pop("wsgi.input")
+        if body is rfile:
+            body = "rfile"
+        else:
+            assert body is handler.wsgi_input
+            body = (body.content_length, body.chunked_input, body.socket is SOCKET)
+        environ["body"] = body
+        environ["wsgi.errors"] = type(environ["wsgi.errors"])  # each state's own server's
+        if "gunicorn.sock" in environ:
+            environ["gunicorn.sock"] = environ["gunicorn.sock"] is SOCKET
+        states.append((fields, message, environ))
+    return states
+
+
+REQUEST_LINE = st.one_of(
+    st.builds(
+        lambda method, path, version: f"{method} {path} {version}",
+        st.sampled_from(["GET", "POST", "HEAD", "PUT"]),
+        st.sampled_from(["/a", "/a%20b?x=1&y", "/\xe9t\xe9", "/p%C3%A9?q=%41", "/?", "*", "/a?b?c"]),
+        st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/0.9", "HTTP/2.0", "HTTP/1.x", "http/1.1", "HTTP/1.1.1"]),
+    ),
+    st.sampled_from(["GET /old", "POST /old", "GET", "GET / HTTP/1.1 extra", "  GET   /spaced   HTTP/1.1  "]),
+)
+# Headers the handler looks at, with values that change what it does, and
+# the odd lines of LINE above.
+LOOKED_AT = ["Content-Length", "content-length", "Transfer-Encoding", "Connection", "Upgrade", "Expect"]
+LOOKED_AT += ["Content-Type", "Cookie", "X-Dup", "X_Under", "Host"]
+TELLING = ["0", "5", "-1", " 7 ", "1_0", "x", "chunked", "Chunked", "close", "keep-alive", "Keep-Alive"]
+TELLING += ["upgrade", "websocket", "100-continue", "a=1", "text/plain", ""]
+HEADER = st.one_of(
+    st.builds(lambda name, value: f"{name}: {value}\r\n", st.sampled_from(LOOKED_AT), st.sampled_from(TELLING)),
+    LINE,
+)
+HEAD = st.builds(
+    lambda line, end, headers: (line + end + "".join(headers) + "\r\n").encode("latin-1"),
+    REQUEST_LINE,
+    st.sampled_from(["\r\n", "\n"]),
+    st.lists(HEADER, max_size=6),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(HEAD, min_size=1, max_size=3))
+@example([b"POST /s HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\n"])
+@example([b"POST /s HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"])
+@example([b"GET /a HTTP/1.1\r\nCookie: a=1\r\nCookie: b=2\r\nX-Dup: 1\r\nx-dup: 2\r\n\r\n", b"GET /b\r\n"])
+@example([b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"])
+@example([b"PUT /e HTTP/1.0\r\nExpect: 100-continue\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\n"])
+@example([b"HEAD /h HTTP/1.1\r\nContent-Length: 4\r\n\r\n"])
+@example([b"GET /%C3%A9?q HTTP/1.1\r\nX-Fold: a\r\n  b\r\n\r\n"])
+def test_any_request_reads_and_makes_the_environ_gevent_and_gunicorn_make(heads: List[bytes]) -> None:
+    assert served_state(quick_handler(PyWSGIHandler), heads) == served_state(PyWSGIHandler, heads)
+    assert served_state(quick_handler(pywsgi.WSGIHandler), heads) == served_state(pywsgi.WSGIHandler, heads)
+
+
+def test_a_handler_reading_requests_its_own_way_keeps_it() -> None:
+    assert quick_request_reading(pywsgi.WSGIHandler) is not None
+    assert quick_request_reading(PyWSGIHandler) is not None
+    for name in ("read_request", "get_environ", "_headers", "_check_http_version", "_connection_upgrade_requested"):
+        own = type("Own", (PyWSGIHandler,), {name: lambda self, *args: None})
+        assert quick_request_reading(own) is None, name
+    own_message = type("Own", (PyWSGIHandler,), {"MessageClass": lambda self, *args: None})
+    assert quick_request_reading(own_message) is None  # headers read into another kind of message
+    assert quick_request_reading(object) is None
+    assert quick_request_reading(None) is None
+
+    worker = gunicorn_worker(GeventPyWSGIWorker)
+    read_headers_quickly(worker)
+    handler = worker.wsgi_handler
+    assert handler.read_request.__module__ == "streamer_core.web.headers"
+    assert handler.get_environ.__module__ == "streamer_core.web.headers"
+
+
 # A request with headers of every kind the environ shows: repeated, folded,
 # with an underscore (dropped), with padding; and a body after them.
 RAW = (
@@ -155,9 +268,12 @@ def test_an_app_behind_the_examples_gunicorn_sees_the_environ_gevent_gives(tmp_p
     plain = served_environ([], tmp_path, "plain")
     assert ours["reader"] == "streamer_core.web.headers"
     assert plain["reader"] == "gevent.pywsgi"
+    assert (ours["request_reader"], plain["request_reader"]) == ("streamer_core.web.headers", "gevent.pywsgi")
     assert ours["environ"] == plain["environ"]
     seen = ours["environ"]
     assert seen["HTTP_X_DUP"] == "a,b" and seen["HTTP_COOKIE"] == "a=1; b=2"
     assert seen["HTTP_X_FOLD"].startswith("first") and seen["HTTP_X_FOLD"].endswith("second")
     assert "HTTP_X_UNDER" not in seen and seen["HTTP_X_PAD"] == "padded"
     assert (seen["CONTENT_TYPE"], seen["CONTENT_LENGTH"], seen["body"]) == ("text/plain", "5", "hello")
+    assert (seen["PATH_INFO"], seen["QUERY_STRING"], seen["RAW_URI"]) == ("/headers", "q=1", "/headers?q=1")
+    assert seen["gunicorn.sock"] and seen["wsgi.input_terminated"] is True

@@ -41,7 +41,7 @@ import tempfile
 from typing import Any, Dict, Iterable, Optional
 
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
-from .headers import quick_header_reading
+from .headers import quick_header_reading, quick_request_reading
 from .settling import GC_THRESHOLD, freeze_after_loading
 from .writing import one_send_writing
 
@@ -166,6 +166,9 @@ def read_headers_quickly(worker: Any) -> None:
     reading = quick_header_reading(handler)
     if reading is not None:
         _handle_with(worker, {"MessageClass": reading})
+    request = quick_request_reading(getattr(worker, "wsgi_handler", None))
+    if request is not None:
+        _handle_with(worker, request)
 
 
 def write_in_one_send(worker: Any) -> None:

@@ -61,14 +61,18 @@ def create_app() -> Flask:
 
     @app.post("/headers")
     def headers() -> Any:
-        """What the server made of the request's headers: the module of its
-        handler's header reading, the environ's header keys, and the body."""
+        """What the server made of the request's headers: the modules of its
+        handler's header and request reading, the environ's header keys and
+        others, and the body."""
         handler = _serving_handler()
         reader = None if handler is None else handler.MessageClass.__module__
+        request_reader = None if handler is None else handler.read_request.__module__
         keys = [key for key in request.environ if key.startswith("HTTP_")]
-        keys += ["CONTENT_TYPE", "CONTENT_LENGTH", "QUERY_STRING", "PATH_INFO", "REQUEST_METHOD"]
+        keys += ["CONTENT_TYPE", "CONTENT_LENGTH", "QUERY_STRING", "PATH_INFO", "REQUEST_METHOD", "SCRIPT_NAME"]
+        keys += ["SERVER_PROTOCOL", "REMOTE_ADDR", "RAW_URI", "wsgi.input_terminated"]
         environ = {key: request.environ.get(key) for key in keys}
+        environ["gunicorn.sock"] = request.environ.get("gunicorn.sock") is not None
         environ["body"] = request.get_data(as_text=True)
-        return {"reader": reader, "environ": environ}
+        return {"reader": reader, "request_reader": request_reader, "environ": environ}
 
     return app
