@@ -10,7 +10,7 @@ CPU: as much as the batching itself. A batched route's path is one fixed
 string, so werkzeug's answer for it can be asked once and kept, and what an
 app registers for it can be looked at, not called.
 
-:func:`install` gives the app two callables in place of its methods of the
+:func:`install` gives the app three callables in place of its methods of the
 same name, as a subclass would override them:
 
 - ``request_context(environ)``: for a request whose path and method are one
@@ -25,13 +25,18 @@ same name, as a subclass would override them:
   route's blueprints, calls the route's view, then Flask's
   ``handle_user_exception``, ``make_response`` and (for ``after_this_request``
   functions and a session that is not the null one) ``process_response``
-  as Flask would; anything else goes through Flask's own.
+  as Flask would; anything else goes through Flask's own;
+- ``do_teardown_request(exc)``, for any request: Flask's, where a
+  ``teardown_request`` function of the app or any blueprint, or a receiver of
+  the ``request_tearing_down`` signal, is set; where none is, nothing (Flask's
+  would walk the request's blueprints to find none, and send a signal no one
+  receives).
 
 Everything else is Flask's: its ``wsgi_app``, the contexts' push and pop
-(the session opened, teardown functions and their signals), its error
-handling. Nothing is installed where the app's class overrides one of the
-methods this leans on, and nothing is taken over where the app trusts only
-some hosts (``TRUSTED_HOSTS``, checked when the URL adapter is bound), matches
+(the session opened, the app context's teardown), its error handling.
+Nothing is installed where the app's class overrides one of the methods
+this leans on, and nothing is taken over where the app trusts only some
+hosts (``TRUSTED_HOSTS``, checked when the URL adapter is bound), matches
 hosts or subdomains, or where this Flask's request context is not laid out
 as :class:`RouteContext` expects (checked once, against one Flask makes).
 """
@@ -41,7 +46,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
-from flask import Flask, request_finished, request_started
+from flask import Flask, request_finished, request_started, request_tearing_down
 from flask.ctx import RequestContext
 from flask.globals import request_ctx
 from werkzeug.exceptions import HTTPException
@@ -63,6 +68,7 @@ FLASK_METHODS = (
     "finalize_request",
     "make_response",
     "process_response",
+    "do_teardown_request",
 )
 
 #: Where this Flask's request context keeps its session: ``_session`` behind
@@ -183,8 +189,18 @@ def install(app: Flask, views: Callable[[], Iterable[Callable[..., Any]]]) -> bo
             response = app.process_response(response)
         return response
 
+    flasks_teardown = app.do_teardown_request
+
+    def do_teardown_request(*args: Any, **kwargs: Any) -> None:
+        # Flask's walks the request's blueprints for teardown functions and
+        # sends request_tearing_down, for every request: both, where there is
+        # something to call.
+        if request_tearing_down.receivers or any(app.teardown_request_funcs.values()):
+            flasks_teardown(*args, **kwargs)
+
     app.request_context = request_context  # type: ignore[method-assign]
     app.full_dispatch_request = full_dispatch_request  # type: ignore[method-assign]
+    app.do_teardown_request = do_teardown_request  # type: ignore[method-assign]
     return True
 
 

@@ -219,7 +219,7 @@ def test_request_signals_connected_after_the_first_request_are_sent(closing_app)
         try:
             assert client.post("/double", json=2).get_json() == 4
         finally:
-            signal.disconnect(receiver, app)
+            signal.disconnect(receiver)  # from every sender: no receiver left for later tests
         assert sent == [(app, "/double")], signal.name
 
 
@@ -368,3 +368,63 @@ def test_setting_the_app_up_after_its_first_request_is_refused_as_by_flask(closi
     assert app.test_client().post("/double", json=1).get_json() == 2
     with pytest.raises(AssertionError, match="can no longer be called"):
         app.before_request(lambda: None)
+
+
+def boom() -> Any:
+    """An ordinary view that fails: Flask's 500, its exception handed to the teardown."""
+    raise RuntimeError("boom")
+
+
+def test_teardown_functions_are_run_with_the_requests_exception(closing_app):
+    calls: List[Any] = []
+    app = closing_app(CountingFlask("dispatch_teardown"))
+    streamer = FlaskStreamer()
+    bp = Blueprint("api", __name__, url_prefix="/api")
+    streamer.add_batched_route("/double", model=double, blueprint=bp)
+    bp.add_url_rule("/boom", view_func=boom, methods=["POST"])
+    streamer.init_app(app)
+
+    @bp.teardown_request
+    def bp_teardown(exc: Optional[BaseException]) -> None:  # a blueprint's alone
+        calls.append((request.blueprint, repr(exc)))
+
+    app.register_blueprint(bp)
+    client = app.test_client()
+    assert client.post("/api/double", json=1).get_json() == 2
+    assert client.post("/api/double", json=2).get_json() == 4
+    assert client.post("/api/boom").status_code == 500
+    assert calls == [("api", "None"), ("api", "None"), ("api", "RuntimeError('boom')")]
+
+
+def test_the_teardown_signal_connected_after_the_first_request_is_sent(closing_app):
+    app, _ = made(closing_app)  # no teardown function
+    app.add_url_rule("/boom", view_func=boom, methods=["POST"])
+    client = app.test_client()
+    assert client.post("/double", json=1).get_json() == 2
+    sent: List[Any] = []
+
+    def receiver(sender: Any, exc: Optional[BaseException] = None, **extra: Any) -> None:
+        sent.append((sender, request.path, repr(exc)))
+
+    flask.request_tearing_down.connect(receiver, app)
+    try:
+        assert client.post("/double", json=2).get_json() == 4
+        assert client.post("/boom").status_code == 500
+    finally:
+        flask.request_tearing_down.disconnect(receiver)  # from every sender: no receiver left for later tests
+    assert sent == [(app, "/double", "None"), (app, "/boom", "RuntimeError('boom')")]
+
+
+def test_an_app_class_that_overrides_the_teardown_keeps_it(closing_app):
+    seen: List[Optional[str]] = []
+
+    class Overriding(CountingFlask):
+        def do_teardown_request(self, *args: Any, **kwargs: Any) -> None:
+            seen.append(request.endpoint)
+            super().do_teardown_request(*args, **kwargs)
+
+    app, _ = made(closing_app, Overriding)
+    client = app.test_client()
+    for i in range(2):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert seen == ["double"] * 2
