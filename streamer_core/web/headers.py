@@ -14,6 +14,12 @@ message class as the parser would (``set_raw``, the value as the parser
 cuts it); any other block (a folded line, a line that is not a header, a
 lone carriage return inside one) goes to the parser itself. Either way
 the handler gets the same object, field for field, for every block.
+
+gevent then asks that object for a header by name seven times a request,
+each ask a walk over every header, and writes the headers out as text to
+split them again into the environ's names. :func:`quick_request_reading`
+gives a handler that walks them once, for a request of HTTP/1.1 or 1.0,
+into the same handler fields and environ.
 """
 
 from __future__ import annotations
