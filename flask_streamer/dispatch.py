@@ -208,17 +208,18 @@ def _matched_routes(
     app: Flask, views: set[Callable[..., Any]], flasks_context: Callable[[Dict[str, Any]], RequestContext]
 ) -> Dict[Key, _Route]:
     """The batched routes' keys whose match werkzeug gives without looking at
-    the host: each rule without variables (and in ASCII, as ``PATH_INFO``
-    gives it), each method but ``HEAD`` and ``OPTIONS``, matched by werkzeug
-    to that rule. None where the host counts, or where this Flask's request
-    context is not laid out as :class:`RouteContext` expects."""
+    the host: each rule (in ASCII, as ``PATH_INFO`` gives it), each method
+    but ``HEAD`` and ``OPTIONS``, that werkzeug matches to that rule with no
+    variables (a rule with variables matches its own text with some). None
+    where the host counts, or where this Flask's request context is not laid
+    out as :class:`RouteContext` expects."""
     if app.config.get("TRUSTED_HOSTS") is not None or app.url_map.host_matching or app.subdomain_matching:
         return {}
     adapter = app.url_map.bind("localhost", subdomain=app.url_map.default_subdomain or "")
     found: Dict[Key, _Route] = {}
     for rule in app.url_map.iter_rules():
         view = app.view_functions.get(rule.endpoint)
-        if view not in views or rule.arguments or rule.websocket or not rule.rule.isascii():
+        if view not in views or rule.websocket or not rule.rule.isascii():
             continue
         for method in sorted(rule.methods or ()):
             if method in ("HEAD", "OPTIONS"):

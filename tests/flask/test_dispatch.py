@@ -428,3 +428,93 @@ def test_an_app_class_that_overrides_the_teardown_keeps_it(closing_app):
     for i in range(2):
         assert client.post("/double", json=i).get_json() == 2 * i
     assert seen == ["double"] * 2
+
+
+def test_hooks_of_an_outer_blueprint_run_for_a_route_of_a_nested_one(closing_app):
+    calls: List[str] = []
+    app = closing_app(CountingFlask("dispatch_nested"))
+    streamer = FlaskStreamer()
+    outer = Blueprint("outer", __name__, url_prefix="/outer")
+    inner = Blueprint("inner", __name__, url_prefix="/inner")
+    streamer.add_batched_route("/double", model=double, blueprint=inner)
+    streamer.init_app(app)
+    outer.before_request(lambda: calls.append(f"outer {request.blueprint}"))
+    outer.register_blueprint(inner)
+    app.register_blueprint(outer)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/outer/inner/double", json=i).get_json() == 2 * i
+    assert calls == ["outer outer.inner"] * 3
+
+
+def test_a_route_of_the_app_matched_before_the_batched_one_is_the_one_served(closing_app):
+    app = closing_app(CountingFlask("dispatch_shadowed"))
+    app.add_url_rule("/double", "mine", lambda: {"mine": True}, methods=["POST"])  # first: werkzeug's choice
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/double", model=double)
+    streamer.init_app(app)
+    client = app.test_client()
+    for _ in range(3):
+        assert client.post("/double", json=1).get_json() == {"mine": True}
+
+
+def test_a_session_written_in_a_parse_hook_is_saved(closing_app):
+    def parse(req: Any) -> Any:
+        assert req.json_module is flask.current_app.json  # as Flask's request context sets it
+        session["seen"] = session.get("seen", 0) + 1
+        return req.get_json()
+
+    app, _ = made(closing_app, config={"SECRET_KEY": "not a secret"}, parse=parse)
+    client = app.test_client()
+    for count in (1, 2, 3):
+        response = client.post("/double", json=count)
+        assert response.get_json() == 2 * count
+        assert "session=" in response.headers.get("Set-Cookie", "")
+        with client.session_transaction() as kept:
+            assert kept["seen"] == count
+
+
+class Teapot(Exception):
+    """An error an app has its own handler for."""
+
+
+def test_an_error_the_view_raises_goes_to_the_apps_handler_for_it(closing_app, monkeypatch):
+    app, streamer = made(closing_app)
+    app.register_error_handler(Teapot, lambda exc: ({"teapot": str(exc)}, 418))
+    client = app.test_client()
+    assert client.post("/double", json=1).get_json() == 2  # the first request: the routes matched
+
+    def raising(route: Any) -> Any:
+        raise Teapot("short and stout")
+
+    monkeypatch.setattr(streamer, "_handle", raising)
+    response = client.post("/double", json=1)
+    assert (response.status_code, response.get_json()) == (418, {"teapot": "short and stout"})
+
+
+def test_an_app_mounted_under_a_prefix_is_matched_once_there_too(closing_app):
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    app, _ = made(closing_app)
+    app.wsgi_app = DispatcherMiddleware(lambda environ, start: [], {"/api": app.wsgi_app})  # type: ignore[method-assign]
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/api/double", json=i).get_json() == 2 * i
+    assert bound(app) == 1, "PATH_INFO under the mount is the route's: werkzeug matched it at the first request only"
+
+
+def test_a_route_with_variables_gets_them_from_werkzeug_even_for_its_own_text(closing_app):
+    seen: List[Any] = []
+
+    def parse(req: Any) -> Any:
+        seen.append(req.view_args)
+        return req.get_json()
+
+    app = closing_app(CountingFlask("dispatch_variables"))
+    streamer = FlaskStreamer()
+    streamer.add_batched_route("/embed/<kind>", "embed", double, parse=parse)
+    streamer.init_app(app)
+    client = app.test_client()
+    for path in ("/embed/<kind>", "/embed/text", "/embed/<kind>"):
+        assert client.post(path, json=1).get_json() == 2
+    assert seen == [{"kind": "<kind>"}, {"kind": "text"}, {"kind": "<kind>"}]
