@@ -108,9 +108,15 @@ def green_waiter() -> Tuple[Callable[[], None], Any, object]:
 def wait_green(waiter: Any, timeout: float) -> None:
     """Yield to the hub until ``waiter`` is woken or ``timeout`` seconds
     pass; other greenlets run meanwhile. A wake that comes after the
-    timeout only stores a value in a waiter nobody waits on: harmless."""
+    timeout only stores a value in a waiter nobody waits on: harmless.
+
+    The timer counts from now, not from the loop's clock: gevent's loop reads
+    the time when it runs, and a timer started from that clock after the
+    thread kept the loop from running (a model loading, a long computation,
+    a busy greenlet) fired that much early, at once after a pause longer
+    than the timeout (gevent's own ``Timeout`` updates the clock too)."""
     timer = waiter.hub.loop.timer(timeout)
-    timer.start(waiter.switch, None)
+    timer.start(waiter.switch, None, update=True)
     try:
         waiter.get()
     finally:

@@ -119,6 +119,16 @@ def test_a_call_completed_as_its_greenlet_starts_to_wait_is_not_missed():
     assert out["elapsed"] < 1.0, f"the greenlet slept {out['elapsed']:.2f}s with its result in"
 
 
+def test_a_wait_after_the_hub_sat_idle_lasts_its_whole_timeout():
+    """gevent's loop keeps its own clock, read when the loop runs. After the
+    thread held it for a while (a model loaded, a long computation), a timer
+    started from that stale clock fired at once: ``result(timeout=1)`` gave
+    the call up straight away as timed out, with the answer 0.2 s off."""
+    out = run_scenario("stale")
+    assert out["result"] == [10], out
+    assert MODEL_SECONDS * 0.8 <= out["elapsed"] < 1.0, out
+
+
 def test_control_a_blocking_wait_is_caught_by_these_checks():
     """With the greenlet-aware wait turned off, every wait blocks the only
     OS thread: calls run one at a time and the ticker stalls. If this test
@@ -364,6 +374,30 @@ def _scenario_race() -> Dict[str, Any]:
     return {"result": caller.value, "elapsed": time.monotonic() - start}
 
 
+def _scenario_stale() -> Dict[str, Any]:
+    """A call from the main greenlet after the OS thread held the hub's loop
+    from running for longer than the call's timeout."""
+    import gevent
+
+    from streamer_core import ThreadedStreamer
+
+    def model(batch: List[int]) -> List[int]:
+        time.sleep(MODEL_SECONDS)
+        return [x * 10 for x in batch]
+
+    streamer = ThreadedStreamer(model, batch_size=8, max_latency=0.01)
+    gevent.sleep(0.01)  # the loop runs, and reads its clock
+    time.sleep(1.5)  # the thread busy elsewhere (time is not patched): the loop's clock 1.5 s behind
+    start = time.monotonic()
+    try:
+        result: Any = streamer.submit([1]).result(1.0)
+    except Exception as exc:  # the outcome, reported
+        result = f"{type(exc).__name__}: {exc}"
+    elapsed = time.monotonic() - start
+    streamer.close()
+    return {"result": result, "elapsed": elapsed}
+
+
 def _main(argv: List[str]) -> None:
     blocking, monkey_imported = "--blocking" in argv, "--monkey-imported" in argv
     args = [a for a in argv if a not in ("--blocking", "--monkey-imported")]
@@ -379,6 +413,8 @@ def _main(argv: List[str]) -> None:
         out = _scenario_idle()
     elif args[0] == "race":
         out = _scenario_race()
+    elif args[0] == "stale":
+        out = _scenario_stale()
     else:
         raise SystemExit(f"unknown scenario {args[0]!r}")
     print(json.dumps(out))
