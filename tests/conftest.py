@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 from typing import Any, Callable, Iterator, List
 
@@ -46,6 +47,17 @@ class Gate:
 
     def seen(self) -> List[Any]:
         return [x for batch in self.batches for x in batch]
+
+
+@pytest.fixture(autouse=True)
+def no_gevent_hub_left() -> Iterator[None]:
+    """No test leaves a gevent hub in the pytest process: with one, every
+    later wait of the process would go through it, and the tests that wait
+    under gevent run in subprocesses of their own for that reason."""
+    yield
+    local = sys.modules.get("gevent._hub_local")
+    if local is not None:
+        assert local.get_hub_if_exists() is None, "this test started a gevent hub in the pytest process"
 
 
 @pytest.fixture

@@ -122,14 +122,30 @@ def quick_handler(handler: Any) -> Any:
     return type(handler.__name__, (reading,), attributes)
 
 
+class ServersEnviron:
+    """What gevent's ``WSGIServer`` gives its handlers, its environ, by the
+    server's own methods, without making a server: that would start a gevent
+    hub in the pytest process, and every later wait of this process would
+    go through it (tests/core/test_gevent_wait.py runs such waits apart)."""
+
+    base_env = pywsgi.WSGIServer.base_env
+    environ_class = dict
+    ssl_enabled = False
+    error_log = sys.stderr
+    set_environ = pywsgi.WSGIServer.set_environ
+    get_environ = pywsgi.WSGIServer.get_environ
+
+    def __init__(self) -> None:
+        self.set_environ({"SERVER_NAME": "localhost", "SERVER_PORT": "8000"})
+
+
 def served_state(handler_class: Any, heads: List[bytes]) -> List[Any]:
     """What a handler of ``handler_class`` makes of ``heads``, sent one after
     another on one connection, step by step as gevent's
     ``handle_one_request`` takes them: for each, the handler's fields, the
     message of headers, the environ (its body reader by what it reads),
     or the error its reading raised; and how far it read."""
-    server = pywsgi.WSGIServer(("127.0.0.1", 0), application=None, log=None, error_log=None)
-    server.environ.update({"SERVER_NAME": "localhost", "SERVER_PORT": "8000"})
+    server = ServersEnviron()
     rfile = io.BufferedReader(io.BytesIO(b"".join(heads)))  # type: ignore[arg-type]
     handler = handler_class(SOCKET, ("127.0.0.1", 5555), server, rfile=rfile)
     states: List[Any] = []
@@ -196,6 +212,9 @@ HEAD = st.builds(
 @example([b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"])
 @example([b"PUT /e HTTP/1.0\r\nExpect: 100-continue\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\n"])
 @example([b"HEAD /h HTTP/1.1\r\nContent-Length: 4\r\n\r\n"])
+@example([b"HEAD /h HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"GET /next HTTP/1.1\r\n\r\n"])
+@example([b"GET /c HTTP/1.1\r\nConnection: close\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"])
+@example([b"POST /c HTTP/1.0\r\nConnection: keep-alive\r\nconnection: close\r\nContent-Length: 0\r\n\r\n"])
 @example([b"GET /%C3%A9?q HTTP/1.1\r\nX-Fold: a\r\n  b\r\n\r\n"])
 def test_any_request_reads_and_makes_the_environ_gevent_and_gunicorn_make(heads: List[bytes]) -> None:
     assert served_state(quick_handler(PyWSGIHandler), heads) == served_state(PyWSGIHandler, heads)
