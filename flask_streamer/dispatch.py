@@ -240,10 +240,14 @@ def _lays_out_as_flask(
     app: Flask, item: Tuple[Key, _Route], flasks_context: Callable[[Dict[str, Any]], RequestContext]
 ) -> bool:
     """Whether a :class:`RouteContext` has the attributes Flask's own request
-    context has, for one request to a batched route: a Flask that changes
-    its context's layout keeps its own dispatch."""
+    context has, for one request to a batched route, with the same values
+    but the request and its URL adapter (their own objects either way): a
+    Flask that changes its context's layout keeps its own dispatch."""
     (path, method), route = item
     environ = EnvironBuilder(path=path, method=method).get_environ()
     flasks = flasks_context(environ)
     ours = RouteContext(app, environ, route)
-    return type(flasks) is RequestContext and set(vars(flasks)) == set(vars(ours)) - {"_route"}
+    own = ("request", "url_adapter")
+    theirs = {name: value for name, value in vars(flasks).items() if name not in own}
+    mine = {name: value for name, value in vars(ours).items() if name not in own and name != "_route"}
+    return type(flasks) is RequestContext and theirs == mine

@@ -447,6 +447,23 @@ def test_hooks_of_an_outer_blueprint_run_for_a_route_of_a_nested_one(closing_app
     assert calls == ["outer outer.inner"] * 3
 
 
+def test_hooks_of_a_nested_blueprint_run_for_its_route(closing_app):
+    calls: List[str] = []
+    app = closing_app(CountingFlask("dispatch_nested_inner"))
+    streamer = FlaskStreamer()
+    outer = Blueprint("outer", __name__, url_prefix="/outer")
+    inner = Blueprint("inner", __name__, url_prefix="/inner")
+    streamer.add_batched_route("/double", model=double, blueprint=inner)
+    streamer.init_app(app)
+    inner.after_request(lambda response: calls.append(f"inner {request.blueprint}") or response)
+    outer.register_blueprint(inner)
+    app.register_blueprint(outer)
+    client = app.test_client()
+    for i in range(3):
+        assert client.post("/outer/inner/double", json=i).get_json() == 2 * i
+    assert calls == ["inner outer.inner"] * 3
+
+
 def test_a_route_of_the_app_matched_before_the_batched_one_is_the_one_served(closing_app):
     app = closing_app(CountingFlask("dispatch_shadowed"))
     app.add_url_rule("/double", "mine", lambda: {"mine": True}, methods=["POST"])  # first: werkzeug's choice
@@ -518,3 +535,19 @@ def test_a_route_with_variables_gets_them_from_werkzeug_even_for_its_own_text(cl
     for path in ("/embed/<kind>", "/embed/text", "/embed/<kind>"):
         assert client.post(path, json=1).get_json() == 2
     assert seen == [{"kind": "<kind>"}, {"kind": "text"}, {"kind": "<kind>"}]
+
+
+def test_after_this_request_acts_without_a_session(closing_app):
+    def parse(req: Any) -> Any:
+        @after_this_request
+        def tag(response: Any) -> Any:
+            response.headers["X-This-Request"] = str(req.get_json())
+            return response
+
+        return req.get_json()
+
+    app, _ = made(closing_app, parse=parse)  # no SECRET_KEY: the null session
+    client = app.test_client()
+    for i in range(3):
+        response = client.post("/double", json=i)
+        assert (response.get_json(), response.headers.get("X-This-Request")) == (2 * i, str(i))
