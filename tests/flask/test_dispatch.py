@@ -430,38 +430,23 @@ def test_an_app_class_that_overrides_the_teardown_keeps_it(closing_app):
     assert seen == ["double"] * 2
 
 
-def test_hooks_of_an_outer_blueprint_run_for_a_route_of_a_nested_one(closing_app):
+@pytest.mark.parametrize("hooked", ["outer", "inner"])
+def test_hooks_of_each_blueprint_run_for_a_route_of_a_nested_one(closing_app, hooked):
+    """The route's blueprint and every one it is nested in: each one's hooks
+    alone keep the route on Flask's dispatch."""
     calls: List[str] = []
-    app = closing_app(CountingFlask("dispatch_nested"))
+    app = closing_app(CountingFlask(f"dispatch_nested_{hooked}"))
     streamer = FlaskStreamer()
-    outer = Blueprint("outer", __name__, url_prefix="/outer")
-    inner = Blueprint("inner", __name__, url_prefix="/inner")
-    streamer.add_batched_route("/double", model=double, blueprint=inner)
+    blueprints = {name: Blueprint(name, __name__, url_prefix=f"/{name}") for name in ("outer", "inner")}
+    streamer.add_batched_route("/double", model=double, blueprint=blueprints["inner"])
     streamer.init_app(app)
-    outer.before_request(lambda: calls.append(f"outer {request.blueprint}"))
-    outer.register_blueprint(inner)
-    app.register_blueprint(outer)
+    blueprints[hooked].after_request(lambda response: calls.append(f"{hooked} {request.blueprint}") or response)
+    blueprints["outer"].register_blueprint(blueprints["inner"])
+    app.register_blueprint(blueprints["outer"])
     client = app.test_client()
     for i in range(3):
         assert client.post("/outer/inner/double", json=i).get_json() == 2 * i
-    assert calls == ["outer outer.inner"] * 3
-
-
-def test_hooks_of_a_nested_blueprint_run_for_its_route(closing_app):
-    calls: List[str] = []
-    app = closing_app(CountingFlask("dispatch_nested_inner"))
-    streamer = FlaskStreamer()
-    outer = Blueprint("outer", __name__, url_prefix="/outer")
-    inner = Blueprint("inner", __name__, url_prefix="/inner")
-    streamer.add_batched_route("/double", model=double, blueprint=inner)
-    streamer.init_app(app)
-    inner.after_request(lambda response: calls.append(f"inner {request.blueprint}") or response)
-    outer.register_blueprint(inner)
-    app.register_blueprint(outer)
-    client = app.test_client()
-    for i in range(3):
-        assert client.post("/outer/inner/double", json=i).get_json() == 2 * i
-    assert calls == ["inner outer.inner"] * 3
+    assert calls == [f"{hooked} outer.inner"] * 3
 
 
 def test_a_route_of_the_app_matched_before_the_batched_one_is_the_one_served(closing_app):
