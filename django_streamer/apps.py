@@ -7,6 +7,7 @@ a worker; the streamers start on first use
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from django.apps import AppConfig
@@ -25,6 +26,23 @@ class DjangoStreamerConfig(AppConfig):
         checks.register(check_view_models, "django_streamer", checks.Tags.urls)
         if not _run_by_a_management_command():
             refuse_wrong_settings()
+        say_which_shortcuts()
+
+
+#: The shortcuts (:mod:`streamer_core.shortcuts`) a project's batched views may take.
+SHORTCUTS = ("django-body", "gevent-reading", "gevent-writing", "gunicorn-access-log", "otel-spans", "redis-packing")
+
+
+def say_which_shortcuts() -> None:
+    """Log the line that says which shortcuts through other packages'
+    workings this project's views take, and why any is off."""
+    from streamer_core import shortcuts
+
+    from .conf import setting_path
+    from .conf import shortcuts as setting
+
+    level, line = shortcuts.summary(SHORTCUTS, setting(), setting_path("SHORTCUTS"))
+    logging.getLogger("django_streamer").log(level, "%s", line)
 
 
 def refuse_wrong_settings() -> None:

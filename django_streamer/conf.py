@@ -23,7 +23,10 @@ model's entry, for that model only. ``MAX_BODY_BYTES`` (default 10 MiB,
 ``None`` for no limit) is the largest request body a batched view reads: a
 larger one is answered 413 before it is read. ``MAX_INPUTS`` (default 2048)
 is the most inputs one request to a view that takes many (``many=True``)
-carries: more is answered 413 before anything is queued.
+carries: more is answered 413 before anything is queued. ``SHORTCUTS``
+(default ``True``) is the project's switch of the shortcuts through
+Django's, gevent's and gunicorn's private workings
+(:mod:`streamer_core.shortcuts`): ``False`` takes their public paths.
 ``MODEL``, ``INIT_ARGS`` and ``INIT_KWARGS`` belong to a model's entry.
 
 Reading the settings never imports anything but the models named by
@@ -75,7 +78,7 @@ MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 
 #: Every key of ``STREAMER`` itself.
 #: The keys of the views' requests, top level only.
-REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS")
+REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "SHORTCUTS")
 TOP_LEVEL_KEYS = ("MODELS", "PREFIX", *REQUEST_KEYS) + tuple(DEFAULTS)
 
 
@@ -174,6 +177,19 @@ def max_inputs() -> int:
     except (TypeError, ValueError):
         most = option.default  # a wrong one is a system check error
     return most
+
+
+def shortcuts() -> bool:
+    """``STREAMER["SHORTCUTS"]``: whether the project's shortcuts through
+    other packages' workings may be taken (checked by :func:`read_settings`)."""
+    streamer = getattr(settings, "STREAMER", None)
+    option = OPTIONS["shortcuts"]
+    value = streamer.get("SHORTCUTS", option.default) if isinstance(streamer, Mapping) else option.default
+    try:
+        on: bool = option.checked(value)
+    except (TypeError, ValueError):
+        on = option.default  # a wrong one is a system check error
+    return on
 
 
 def max_body_bytes() -> Optional[int]:

@@ -22,7 +22,8 @@ def post_worker_init(worker: Any) -> None:
     (:func:`~django_streamer.start_streamers`), then settle it
     (:func:`streamer_core.web.gunicorn.settle`). Django is imported here,
     in the worker, once the project's wsgi.py has named its settings."""
+    from .conf import shortcuts
     from .registry import all_handles, start_streamers
 
     start_streamers()
-    settle(worker, (handle.spec.backend for handle in all_handles().values()))
+    settle(worker, (handle.spec.backend for handle in all_handles().values()), shortcuts())

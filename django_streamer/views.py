@@ -47,6 +47,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
+from streamer_core import shortcuts
 from streamer_core.errors import ClientDisconnected, InvalidInput, MethodNotAllowed, PayloadTooLarge
 from streamer_core.web.body import FormLimits, check_many, default_input, json_of, limit_body, upload_of
 from streamer_core.web.cycle import Cycle, Traced
@@ -103,6 +104,11 @@ def _whole_body(request: HttpRequest) -> bytes:
     one over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, 2.5 MB by default: that one
     holds only where the project set it (as it does for form fields, which
     Django's parser reads, on every path)."""
+    if not _keeps_bodies():  # Django's own reading, public: request.body
+        length = _body_length(request, max_body_bytes())
+        body = request.body
+        check_whole_body(len(body), length)
+        return body
     length = None
     if not hasattr(request, "_body"):
         length = _body_length(request, max_body_bytes())  # refused past the limit; a body in chunks is read here
@@ -208,7 +214,7 @@ def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
     a server that does not decode chunks (``runserver``) gets a 411."""
     raw = request.META.get("CONTENT_LENGTH")
     chunked = not raw and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if chunked and isinstance(request, WSGIRequest):
+    if chunked and isinstance(request, WSGIRequest) and _keeps_bodies():
         environ = request.environ
 
         def read_chunks(limit: Optional[int]) -> int:
@@ -229,6 +235,15 @@ def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
         length = None
     limit_body(_DjangoBody(request, length), True, lambda _: 0, limit)
     return length
+
+
+def _keeps_bodies() -> bool:
+    """Whether a body is read by the shortcut through Django's request
+    (``django-body`` of :mod:`streamer_core.shortcuts`): read once and kept
+    where Django keeps what ``request.body`` read, a body sent in chunks
+    read too. Otherwise Django's ``request.body`` reads it, and a body in
+    chunks, which Django's WSGI request does not read, is a 411."""
+    return shortcuts.allowed("django-body", conf.shortcuts())
 
 
 def json_error(exc: BaseException, model: Optional[str] = None) -> JsonResponse:

@@ -12,6 +12,7 @@ from flask import Blueprint, Flask, Request, Response, current_app, jsonify, req
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
+from streamer_core import shortcuts
 from streamer_core.config import OPTIONS
 from streamer_core.errors import ConfigurationError, MethodNotAllowed
 from streamer_core.metrics import exposition
@@ -45,6 +46,17 @@ logger = logging.getLogger("flask_streamer")
 
 EXTENSION_KEY = "streamer"
 
+#: The shortcuts (:mod:`streamer_core.shortcuts`) an app's batched routes may take, as its boot line lists them.
+SHORTCUTS = (
+    "flask-dispatch",
+    "flask-answer",
+    "gevent-reading",
+    "gevent-writing",
+    "gunicorn-access-log",
+    "otel-spans",
+    "redis-packing",
+)
+
 
 class _AppState:
     """What the extension keeps in ``app.extensions["streamer"]``: the app's
@@ -60,6 +72,11 @@ class _AppState:
         self.max_inputs: int = app.config.get(setting_name("max_inputs"), BODY_DEFAULTS["max_inputs"])
         #: ``STREAMER_JSON_ERRORS``: every HTTP error of the app as JSON.
         self.json_errors: bool = app.config.get(setting_name("json_errors"), OPTIONS["json_errors"].default)
+        #: ``STREAMER_SHORTCUTS``: the app's own switch of :mod:`streamer_core.shortcuts`.
+        self.shortcuts: bool = app.config.get(setting_name("shortcuts"), OPTIONS["shortcuts"].default)
+        self.shortcuts_name = written_as(setting_name("shortcuts"), app.config)
+        #: Whether a batched route's default JSON answer is sent as :class:`JsonAnswer`.
+        self.quick_answer = shortcuts.allowed("flask-answer", self.shortcuts)
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
@@ -133,7 +150,10 @@ class FlaskStreamer:
             app.cli.add_command(streamer_cli)
         with self._lock:
             self._apps.append(weakref.ref(app))
-        install_dispatch(app, lambda: [route.view for route in state.handles])
+        if shortcuts.allowed("flask-dispatch", state.shortcuts):
+            install_dispatch(app, lambda: [route.view for route in state.handles])
+        level, line = shortcuts.summary(SHORTCUTS, state.shortcuts, state.shortcuts_name)
+        logger.log(level, "%s: %s", app.name, line)
 
     def batched_route(self, rule: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorate a batch function ``f(batch: list) -> list`` to serve it at
@@ -421,8 +441,10 @@ def _respond(app: Flask, output: Any) -> Any:
     else by the app's provider. An output with no JSON form is a
     :class:`~streamer_core.errors.SerializationError` (500)."""
     if FAST_JSON and type(app.json) is DefaultJSONProvider:
-        # Flask's own response class, sent more cheaply (JsonAnswer); an app's own is kept.
-        kind = JsonAnswer if app.response_class is Response else app.response_class
+        # Flask's own response class, sent more cheaply (JsonAnswer) where that shortcut is on; an app's own is kept.
+        kind = app.response_class
+        if kind is Response and app.extensions[EXTENSION_KEY].quick_answer:
+            kind = JsonAnswer
         return kind(json_answer(output), mimetype="application/json")
     return json_answer(output, lambda value: app.json.response(to_jsonable(value)))
 

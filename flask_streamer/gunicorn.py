@@ -23,4 +23,5 @@ def post_worker_init(worker: Any) -> None:
     (:func:`streamer_core.web.gunicorn.settle`)."""
     app = worker.wsgi
     start_streamers(app)
-    settle(worker, (handle.spec.backend for handle in _state(app).handles.values()))
+    state = _state(app)
+    settle(worker, (handle.spec.backend for handle in state.handles.values()), state.shortcuts)

@@ -6,6 +6,7 @@ reading a body as the project's error of its status."""
 from __future__ import annotations
 
 import functools
+import io
 from typing import Any, Callable, Optional, Tuple, cast
 
 import werkzeug.exceptions
@@ -16,7 +17,7 @@ from werkzeug.sansio.utils import get_content_length
 
 from streamer_core.errors import ClientDisconnected, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from streamer_core.web.body import FormLimits, limit_body
-from streamer_core.web.http import FAST_JSON, check_whole_body, loads_json, unreadable_chunks
+from streamer_core.web.http import FAST_JSON, check_whole_body, loads_json, read_chunked_body, unreadable_chunks
 
 __all__ = ["FlaskBody", "body_of", "limit_request_body", "loads_of", "read_error"]
 
@@ -29,12 +30,9 @@ class FlaskBody:
     def __init__(self, req: Request) -> None:
         self._req = req
         kind: type = type(req)
-        #: The body may be read from the server's stream directly (see :meth:`data`).
-        self._direct = _reads_body_plainly(kind) and "wsgi.input_terminated" in req.environ and not req.shallow
         if _reads_plainly(kind):
             # What werkzeug's properties give, read from the environment: they
-            # would first build the request's header mapping, a tenth of
-            # the batched route's own time (bench/README.md).
+            # would first build the request's header mapping.
             environ = req.environ
             self.media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip(" \t").lower()
             encoding = environ.get("HTTP_TRANSFER_ENCODING")
@@ -46,36 +44,18 @@ class FlaskBody:
         self.chunked = self.content_length is None and "chunked" in (encoding or "").lower()
 
     def data(self) -> bytes:
-        req, length = self._req, self.content_length
-        if self._direct and length is not None and "stream" not in req.__dict__ and _kept(req) is None:
-            data = self._read_directly(req, length)
-        else:
-            data = req.get_data(cache=True, parse_form_data=False)
+        """The body, read by werkzeug's ``get_data`` and kept by it (a later
+        ``request.get_data()``, ``json`` or ``form`` reads it back). Where
+        the server ends the stream at the body's end (gunicorn, gevent,
+        ``wsgi.input_terminated``), werkzeug reads the server's stream
+        unwrapped, and what that read raises is the client leaving, as
+        werkzeug's own wrapper would say."""
+        try:
+            data = self._req.get_data(cache=True, parse_form_data=False)
+        except (OSError, ValueError) as exc:
+            raise ClientDisconnected("the connection failed before the whole body arrived") from exc
         if not self.chunked:
             check_whole_body(len(data), self.content_length)  # cut short: the client left
-        return data
-
-    @staticmethod
-    def _read_directly(req: Request, length: int) -> bytes:
-        """What ``req.get_data(cache=True)`` reads and keeps, read from the
-        server's stream: werkzeug would first wrap it in a Python stream
-        that reads it in pieces (a twentieth of a stubbed request's CPU,
-        bench/README.md). Only for a server that ends the stream at the
-        body's end (``wsgi.input_terminated``: gunicorn, gevent), where
-        werkzeug reads it unwrapped or under ``max_content_length`` alone,
-        and for a body of a known length no longer than that limit
-        (werkzeug refuses a longer one itself). The bytes are kept where
-        werkzeug keeps what it read (``get_data``, ``form`` and ``json``
-        read them there), and ``request.stream`` is left as werkzeug's
-        read leaves it: the server's stream, read to its end."""
-        limit = req.max_content_length
-        if limit is not None and length > limit:
-            return req.get_data(cache=True, parse_form_data=False)  # werkzeug's 413
-        try:
-            data: bytes = req.environ["wsgi.input"].read(length)
-        except (OSError, ValueError) as exc:  # as werkzeug's stream takes a server's error: the client left
-            raise werkzeug.exceptions.ClientDisconnected() from exc
-        setattr(req, _KEPT, data)
         return data
 
     def boundary(self) -> str:
@@ -139,18 +119,23 @@ def limit_request_body(req: Request, app: Flask, max_bytes: Optional[int]) -> Op
     app_limit = app.config.get("MAX_CONTENT_LENGTH")
     limit = app_limit if max_bytes is None else max_bytes if app_limit is None else min(max_bytes, app_limit)
     req.environ[_LIMIT_KEY] = limit
-    req.max_content_length = limit
 
     def read_chunks(limit: Optional[int]) -> int:
-        # One byte past the limit tells a body over it; werkzeug caches what
-        # it read, and parses the form from that.
-        req.max_content_length = None if limit is None else limit + 1
+        # One byte past the limit tells a body over it. werkzeug's stream is
+        # the server's (which decoded the chunks), under the app's own
+        # MAX_CONTENT_LENGTH where it is set; werkzeug reads the body back
+        # from where it is put here (get_data, json, form).
         try:
-            return len(req.get_data(cache=True))
-        except HTTPException:
-            raise  # werkzeug's own: read_error answers it (past the limit: 413; cut short: 499)
-        except Exception as exc:  # the server's decoder: a malformed chunk is the client's, not a 500
-            raise unreadable_chunks(exc) from exc
+            data = read_chunked_body(req.stream, limit)
+        except InvalidInput as problem:
+            if isinstance(problem.__cause__, HTTPException):
+                raise problem.__cause__ from None  # werkzeug's own: read_error answers it (the app's limit: 413)
+            raise
+        if data:
+            req.stream = io.BytesIO(data)
+        else:
+            data = req.get_data(cache=True)  # read already (a hook's get_data): werkzeug kept it
+        return len(data)
 
     body = FlaskBody(req)
     req.environ[_BODY_KEY] = body
@@ -178,37 +163,3 @@ def _reads_plainly(kind: type) -> bool:
 def _keeps_flasks(kind: type, names: Tuple[str, ...]) -> bool:
     """Whether request class ``kind`` has Flask's own ``names``: overrides none of them."""
     return all(getattr(kind, name, None) is getattr(Request, name, None) for name in names)
-
-
-#: Where werkzeug's request keeps the body ``get_data`` read.
-_KEPT = "_cached_data"
-
-
-def _kept(req: Request) -> Optional[bytes]:
-    """The body werkzeug kept for ``req``, where it has read it."""
-    kept: Optional[bytes] = getattr(req, _KEPT, None)
-    return kept
-
-
-@functools.cache  # one answer per request class
-def _reads_body_plainly(kind: type) -> bool:
-    """Whether a request of class ``kind`` reads its body as Flask's own
-    request does, and werkzeug keeps what ``get_data`` read where
-    :meth:`FlaskBody._read_directly` puts it (checked once, on a request
-    of werkzeug's making): a class that overrides how the body is read (a
-    ``get_data`` that decompresses, say) is read through it."""
-    return _keeps_flasks(kind, ("get_data", "stream", "_get_stream_for_parsing")) and keeps_read_data(Request)
-
-
-@functools.cache
-def keeps_read_data(kind: type[Request]) -> bool:
-    """Whether a request of class ``kind`` reads its body back from where
-    werkzeug's has kept it since 0.9 (``_cached_data``: ``get_data``,
-    ``json``): a later werkzeug that keeps it elsewhere is read through
-    ``get_data``."""
-    try:
-        req = kind.from_values(method="POST", data=b'{"a": 1}', content_type="application/json")
-        setattr(req, _KEPT, b'{"b": 2}')
-        return bool(req.get_data() == b'{"b": 2}' and req.get_json() == {"b": 2})
-    except Exception:  # an attribute this werkzeug refuses, or reads otherwise
-        return False

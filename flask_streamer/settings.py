@@ -29,6 +29,7 @@ setting                            default         meaning
 ``STREAMER_MAX_BODY_BYTES``        ``10485760``    the largest body a batched route reads (10 MiB); then 413
 ``STREAMER_MAX_INPUTS``            ``2048``        the most inputs of one request to a ``many=True`` route; then 413
 ``STREAMER_JSON_ERRORS``           ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
+``STREAMER_SHORTCUTS``             ``True``        shortcuts through Flask's, gevent's... workings (tested releases)
 =================================  ==============  ==============================================
 
 Every route may override any of them but the three routes by the keyword of
@@ -79,7 +80,7 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 #: keyword of the same name overrides it).
 BODY_DEFAULTS: Dict[str, Any] = {name: OPTIONS[name].default for name in ("max_body_bytes", "max_inputs")}
 #: The app-wide options checked by the option table: how requests are read and errors answered.
-APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors")
+APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors", "shortcuts")
 
 
 def setting_name(field: str) -> str:

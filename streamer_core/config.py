@@ -357,6 +357,14 @@ _TABLE = (
         "answer every HTTP error of the app (404, 405, 413, ...) as JSON, as the batched routes answer theirs",
     ),
     Option(
+        "shortcuts",
+        True,
+        flag,
+        "option",
+        "serve with less where an installed Flask, werkzeug, gevent, gunicorn or Django is a release the project "
+        "tests its shortcuts through their private workings on; False: their public paths only",
+    ),
+    Option(
         "max_body_bytes",
         10 * 1024 * 1024,
         _body_bytes,

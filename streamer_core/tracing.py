@@ -43,6 +43,8 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
+from . import shortcuts
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
@@ -171,7 +173,7 @@ def recorder() -> Optional[Recorder]:
         import sys
 
         found = None
-        if "opentelemetry.sdk.trace" in sys.modules:
+        if "opentelemetry.sdk.trace" in sys.modules and shortcuts.allowed("otel-spans"):
             from .span_recorder import recorder_for
 
             found = recorder_for(provider, _version())

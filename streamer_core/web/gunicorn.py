@@ -40,6 +40,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterable, Optional
 
+from .. import shortcuts
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .headers import quick_header_reading, quick_request_reading
 from .settling import GC_THRESHOLD, freeze_after_loading
@@ -114,20 +115,26 @@ def pre_fork(server: Any, worker: Any) -> None:
     worker.core_index = free_core_index(getattr(other, "core_index", None) for other in server.WORKERS.values())
 
 
-def settle(worker: Any, backends: Iterable[str]) -> None:
+def settle(worker: Any, backends: Iterable[str], shortcuts_setting: bool = True) -> None:
     """After the process has loaded its models, served by ``backends``: pin
     it to its core where that takes nothing from a model computing here
     (the process backend's workers, spawned already, keep every core; a
     quarter less CPU per request than a process the scheduler moves about),
     and freeze what loading made (:func:`~streamer_core.web.settling.freeze_after_loading`).
-    Together about 50 microseconds of CPU a request (bench/README.md)."""
+    Together about 50 microseconds of CPU a request (bench/README.md).
+    The handler's shortcuts through gevent's and gunicorn's workings are
+    taken where :mod:`streamer_core.shortcuts` allows them
+    (``shortcuts_setting``: the app's own switch)."""
     computes_here = any(model_computes_here(backend) for backend in backends)
     if pin_wanted(worker.cfg.workers, computes_here):
         pin_to_core(getattr(worker, "core_index", 0))
     freeze_after_loading()
-    read_headers_quickly(worker)
-    write_in_one_send(worker)
-    skip_unlogged_access(worker)
+    if shortcuts.allowed("gevent-reading", shortcuts_setting):
+        read_headers_quickly(worker)
+    if shortcuts.allowed("gevent-writing", shortcuts_setting):
+        write_in_one_send(worker)
+    if shortcuts.allowed("gunicorn-access-log", shortcuts_setting):
+        skip_unlogged_access(worker)
     quit_once(worker)
 
 

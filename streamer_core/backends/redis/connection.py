@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
+from ... import shortcuts
 from ...redis_address import AddressLike, RedisAddress
 
 __all__ = [
@@ -54,7 +55,7 @@ def connect(address: RedisAddress, asking: bool = False) -> Any:
         "health_check_interval": 15,
         "retry": Retry(NoBackoff(), 0 if asking else 1),
     }
-    packer = _large_value_packer()
+    packer = _large_value_packer() if shortcuts.allowed("redis-packing") else None
     if packer is not None:
         options["command_packer"] = packer
     if address.is_sentinel:
