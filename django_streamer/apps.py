@@ -7,7 +7,6 @@ a worker; the streamers start on first use
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from django.apps import AppConfig
@@ -41,8 +40,7 @@ def say_which_shortcuts() -> None:
     from .conf import setting_path
     from .conf import shortcuts as setting
 
-    level, line = shortcuts.summary(SHORTCUTS, setting(), setting_path("SHORTCUTS"))
-    logging.getLogger("django_streamer").log(level, "%s", line)
+    shortcuts.say_which(SHORTCUTS, setting(), setting_path("SHORTCUTS"))
 
 
 def refuse_wrong_settings() -> None:

@@ -48,7 +48,7 @@ from django.utils.decorators import classonlymethod
 from django.views import View
 
 from streamer_core import shortcuts
-from streamer_core.errors import ClientDisconnected, InvalidInput, MethodNotAllowed, PayloadTooLarge
+from streamer_core.errors import ClientDisconnected, InvalidInput, LengthRequired, MethodNotAllowed, PayloadTooLarge
 from streamer_core.web.body import FormLimits, check_many, default_input, json_of, limit_body, upload_of
 from streamer_core.web.cycle import Cycle, Traced
 from streamer_core.web.http import (
@@ -214,7 +214,12 @@ def _body_length(request: HttpRequest, limit: Optional[int]) -> Optional[int]:
     a server that does not decode chunks (``runserver``) gets a 411."""
     raw = request.META.get("CONTENT_LENGTH")
     chunked = not raw and "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if chunked and isinstance(request, WSGIRequest) and _keeps_bodies():
+    if chunked and isinstance(request, WSGIRequest) and not _keeps_bodies():
+        raise LengthRequired(
+            "a body sent in chunks is read only through the django-body shortcut, which is off here "
+            "(streamer_core.shortcuts): send it with a Content-Length"
+        )
+    if chunked and isinstance(request, WSGIRequest):
         environ = request.environ
 
         def read_chunks(limit: Optional[int]) -> int:

@@ -152,8 +152,7 @@ class FlaskStreamer:
             self._apps.append(weakref.ref(app))
         if shortcuts.allowed("flask-dispatch", state.shortcuts):
             install_dispatch(app, lambda: [route.view for route in state.handles])
-        level, line = shortcuts.summary(SHORTCUTS, state.shortcuts, state.shortcuts_name)
-        logger.log(level, "%s: %s", app.name, line)
+        shortcuts.say_which(SHORTCUTS, state.shortcuts, state.shortcuts_name, app.name)
 
     def batched_route(self, rule: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorate a batch function ``f(batch: list) -> list`` to serve it at

@@ -17,8 +17,9 @@ else, and wherever the switch is off, the package's public path is taken:
   ``STREAMER["SHORTCUTS"] = False`` in Django's settings: none in that
   app's requests and its gunicorn worker's handler.
 
-The web layers log one line as an app is set up (:func:`summary`) saying
-which are on, and why any is off.
+The web layers log one line as an app is set up (:func:`say_which`, on
+this module's logger, ``streamer_core.shortcuts``) saying which are on,
+and why any is off.
 """
 
 from __future__ import annotations
@@ -30,7 +31,19 @@ import re
 from importlib import metadata
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-__all__ = ["ENVIRONMENT_VARIABLE", "SHORTCUTS", "Shortcut", "allowed", "problem", "switched_off", "summary"]
+__all__ = [
+    "ENVIRONMENT_VARIABLE",
+    "SHORTCUTS",
+    "Shortcut",
+    "allowed",
+    "problem",
+    "release_problem",
+    "switched_off",
+    "summary",
+    "say_which",
+]
+
+logger = logging.getLogger(__name__)
 
 #: The environment variable that turns every shortcut off in a process.
 ENVIRONMENT_VARIABLE = "STREAMER_SHORTCUTS"
@@ -170,6 +183,13 @@ def problem(name: str, setting: bool = True, setting_name: str = "") -> Optional
         return off
     if not setting and shortcut.scope == "app":
         return f"{setting_name or 'the setting'} is False"
+    return release_problem(name)
+
+
+def release_problem(name: str) -> Optional[str]:
+    """Why the installed release of the shortcut ``name``'s package rules it
+    out (not installed, older or newer than its range), or ``None``."""
+    shortcut = SHORTCUTS[name]
     version = installed(shortcut.distribution)
     if version is None:
         return f"{shortcut.distribution} is not installed"
@@ -212,3 +232,9 @@ def summary(names: Iterable[str], setting: bool = True, setting_name: str = "") 
     if off:
         line += "; off, their public paths taken: " + "; ".join(f"{', '.join(n)} ({why})" for why, n in off.items())
     return level, line
+
+
+def say_which(names: Iterable[str], setting: bool = True, setting_name: str = "", who: str = "") -> None:
+    """Log :func:`summary`'s line for ``who`` (an app's name, say)."""
+    level, line = summary(names, setting, setting_name)
+    logger.log(level, "%s%s", f"{who}: " if who else "", line)

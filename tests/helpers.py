@@ -12,6 +12,28 @@ from typing import Any, Callable, Dict, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def shortcut_on(name: str) -> bool:
+    """Whether the shortcut ``name`` is taken in this test run
+    (:mod:`streamer_core.shortcuts`: ``STREAMER_SHORTCUTS=0`` runs the
+    suite on the public paths; a package's release outside its range too)."""
+    from streamer_core import shortcuts
+
+    return shortcuts.allowed(name)
+
+
+def needs_shortcut(name: str, switch: bool = True) -> Any:
+    """Mark a test of what the shortcut ``name`` does: skipped, with the
+    reason, where it is off. ``switch=False``: a test that takes the
+    shortcut's code by hand, whatever the switch says, skipped only where
+    the installed release is not one it is tested on."""
+    import pytest
+
+    from streamer_core import shortcuts
+
+    why = shortcuts.problem(name) if switch else shortcuts.release_problem(name)
+    return pytest.mark.skipif(why is not None, reason=f"the {name} shortcut is off: {why}")
+
+
 def wait_for(predicate: Callable[[], Any], seconds: float, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it is truthy or ``seconds`` pass; return its last value."""
     deadline = time.monotonic() + seconds

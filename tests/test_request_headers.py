@@ -26,7 +26,7 @@ from gunicorn.workers.gthread import ThreadWorker  # noqa: E402
 
 from streamer_core.web.gunicorn import read_headers_quickly  # noqa: E402
 from streamer_core.web.headers import quick_header_reading, quick_request_reading, read_headers  # noqa: E402
-from tests.helpers import gunicorn_worker, wait_for  # noqa: E402
+from tests.helpers import gunicorn_worker, needs_shortcut, wait_for  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,6 +282,7 @@ def served_environ(conf: List[str], tmp_path: Path, name: str) -> Dict[str, Any]
         server.wait(10)
 
 
+@needs_shortcut("gevent-reading")
 def test_an_app_behind_the_examples_gunicorn_sees_the_environ_gevent_gives(tmp_path: Path) -> None:
     ours = served_environ(["-c", "example_flask/gunicorn.conf.py"], tmp_path, "ours")
     plain = served_environ([], tmp_path, "plain")

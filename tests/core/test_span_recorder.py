@@ -36,6 +36,9 @@ from opentelemetry.sdk.trace.sampling import (  # noqa: E402
 
 from streamer_core import span_processors, span_recorder  # noqa: E402
 from streamer_core.span_recorder import Recorder, recorder_for  # noqa: E402
+from tests.helpers import needs_shortcut  # noqa: E402
+
+pytestmark = needs_shortcut("otel-spans", switch=False)
 
 
 def provider_with(exporter: InMemorySpanExporter, **options: Any) -> TracerProvider:

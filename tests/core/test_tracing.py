@@ -6,6 +6,7 @@ layers' request spans: tests/flask and tests/django.)"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from opentelemetry import trace  # noqa: E402
 from streamer_core import Streamer, ThreadedStreamer  # noqa: E402
 from streamer_core.tracing import from_traceparent  # noqa: E402
 from tests.core.models import TracedDouble, double  # noqa: E402
+from tests.helpers import needs_shortcut  # noqa: E402
 from tests.spans import finished, in_memory, named, read_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,6 +202,7 @@ class OwnSpan(trace.NonRecordingSpan):
     recorder makes)."""
 
 
+@needs_shortcut("otel-spans")
 def test_a_call_captures_the_current_span_whichever_kind_it_is():
     """What a call carries to its batch is the context of the span current
     when it is submitted: the recorder's, the SDK tracer's, a non-recording
@@ -345,3 +348,34 @@ def test_a_web_layers_redis_workers_trace_when_its_settings_say_so(closing):
     )
     assert spec.worker_group().options["tracing"] is True
     assert closing(spec.build()).config.tracing is True  # its web side sends each call's context
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_with_the_otel_spans_shortcut_off_spans_are_made_by_the_sdks_tracer(switch):
+    """``STREAMER_SHORTCUTS=0`` (or an SDK outside the releases the span
+    recorder is tested on): the streamer makes its spans with the
+    provider's own tracer, and they are recorded all the same."""
+    code = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+        "from streamer_core import ThreadedStreamer, shortcuts, tracing\n"
+        "memory = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(memory))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "s = ThreadedStreamer(lambda b: b, batch_size=4, tracing=True)\n"
+        "with tracing.request_span('POST', '/echo', 'echo'):\n"
+        "    assert s.predict([1]) == [1]\n"
+        "s.close()\n"
+        "print(tracing.recorder() is not None, sorted({span.name for span in memory.get_finished_spans()}))\n"
+    )
+    env = {**os.environ, "STREAMER_SHORTCUTS": switch}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    recorded, names = out.stdout.strip().split(" ", 1)
+    from streamer_core import shortcuts
+
+    assert recorded == str(switch == "1" and shortcuts.release_problem("otel-spans") is None)
+    assert "POST /echo" in names and "batch" in names, names

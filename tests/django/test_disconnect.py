@@ -19,7 +19,7 @@ import pytest
 
 from tests.core.models import ran_inputs
 from tests.flask.live import in_background
-from tests.helpers import CUT_BODIES, post_and_leave, post_raw, wait_for
+from tests.helpers import CUT_BODIES, post_and_leave, post_raw, shortcut_on, wait_for
 from tests.servers import free_port
 
 
@@ -108,16 +108,17 @@ def test_a_client_that_leaves_mid_body_is_cancelled_not_an_invalid_input(
 
     assert wait_for(lambda: _up(port), 30, interval=0.1), commands.log(process)
     gunicorn = server.startswith("gunicorn")
-    cuts = list(CUT_BODIES.values()) if gunicorn else [CUT_BODIES["content-length"]]
+    chunks = gunicorn and shortcut_on("django-body")  # Django's own reading refuses chunks: 411
+    cuts = list(CUT_BODIES.values()) if chunks else [CUT_BODIES["content-length"]]
     for n, (head, body) in enumerate(cuts, 1):
         post_raw(port, "/gate", head, body, leave=True)
         assert wait_for(lambda n=n: outcomes()["cancelled"] == n, 5), (outcomes(), commands.log(process))
-    if gunicorn:
+    if chunks:
         # A malformed chunk size, the client waiting for its answer: a 400 that says why.
         answer = post_raw(port, "/gate", "Transfer-Encoding: chunked\r\n", b'zz\r\n{"s": "x"}\r\n0\r\n\r\n')
         assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
         assert b"the body sent in chunks could not be read" in answer, answer
     found = outcomes()
-    assert (found["cancelled"], found["invalid"], found["model_error"]) == (len(cuts), int(gunicorn), 0), found
+    assert (found["cancelled"], found["invalid"], found["model_error"]) == (len(cuts), int(chunks), 0), found
     assert ran_inputs(tmp_path) == []
     assert "Traceback" not in commands.log(process)

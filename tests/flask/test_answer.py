@@ -15,6 +15,7 @@ from werkzeug.test import EnvironBuilder
 from flask_streamer import FlaskStreamer
 from flask_streamer.answer import JsonAnswer
 from tests.flask.conftest import close_streamers
+from tests.helpers import needs_shortcut
 
 
 def _sent(response: Response, method: str) -> Tuple[str, List[Tuple[str, str]], bytes]:
@@ -108,6 +109,7 @@ def app() -> Iterator[Flask]:
     close_streamers(app)
 
 
+@needs_shortcut("flask-answer")
 def test_the_route_answers_with_it_and_hooks_see_flasks_response(app):
     seen: List[Any] = []
 

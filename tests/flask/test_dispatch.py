@@ -7,6 +7,7 @@ class overrides it."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 import flask
@@ -17,6 +18,7 @@ from werkzeug.routing import Map
 
 from flask_streamer import FlaskStreamer
 from tests.flask.apps import double
+from tests.helpers import needs_shortcut
 
 
 class CountingMap(Map):
@@ -63,6 +65,7 @@ def bound(app: Flask) -> int:
     return app.url_map.bound  # type: ignore[attr-defined,no-any-return]
 
 
+@needs_shortcut("flask-dispatch")
 def test_after_the_first_request_a_batched_route_is_not_matched_by_werkzeug(closing_app):
     app, _ = made(closing_app)
     client = app.test_client()
@@ -116,6 +119,7 @@ FAST = [m == "POST" and p == "/double" and "Upgrade" not in k.get("headers", {})
 
 
 @pytest.mark.parametrize("json_errors", [False, True])
+@needs_shortcut("flask-dispatch")
 def test_every_answer_is_the_one_flasks_own_dispatch_gives(closing_app, json_errors):
     """The same requests, to an app with the fast dispatch and to one whose
     class keeps Flask's: the same status, headers and body, byte for byte;
@@ -223,6 +227,7 @@ def test_request_signals_connected_after_the_first_request_are_sent(closing_app)
         assert sent == [(app, "/double")], signal.name
 
 
+@needs_shortcut("flask-dispatch")
 def test_hooks_of_a_request_its_session_and_url_for_act_on_a_batched_route(closing_app):
     """A parse hook that asks for ``after_this_request``, writes the
     session and builds URLs: each works as in any view."""
@@ -253,6 +258,7 @@ def test_hooks_of_a_request_its_session_and_url_for_act_on_a_batched_route(closi
     assert bound(app) == 1 + 2 * 3, "url_for binds the map where it is used (twice a request), and only there"
 
 
+@needs_shortcut("flask-dispatch")
 def test_a_middleware_set_before_init_app_still_sees_every_request(closing_app):
     seen: List[str] = []
 
@@ -324,6 +330,7 @@ def test_a_path_that_only_reads_as_the_route_in_latin_1_is_flasks_to_match(closi
         assert client.post("/", json=2, environ_overrides={"PATH_INFO": "/z\xe4hlen"}).status_code == 404
 
 
+@needs_shortcut("flask-dispatch")
 def test_a_flask_whose_request_context_is_laid_out_otherwise_keeps_its_own_dispatch(closing_app, monkeypatch):
     """A Flask whose request context sets an attribute the fast one does not
     (as a later Flask might): every request is Flask's to dispatch."""
@@ -494,6 +501,7 @@ def test_an_error_the_view_raises_goes_to_the_apps_handler_for_it(closing_app, m
     assert (response.status_code, response.get_json()) == (418, {"teapot": "short and stout"})
 
 
+@needs_shortcut("flask-dispatch")
 def test_an_app_mounted_under_a_prefix_is_matched_once_there_too(closing_app):
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
@@ -536,3 +544,34 @@ def test_after_this_request_acts_without_a_session(closing_app):
     for i in range(3):
         response = client.post("/double", json=i)
         assert (response.get_json(), response.headers.get("X-This-Request")) == (2 * i, str(i))
+
+
+@pytest.mark.parametrize("off", ["setting", "release"])
+def test_with_its_shortcut_off_every_request_is_dispatched_and_answered_by_flask(closing_app, monkeypatch, caplog, off):
+    """``STREAMER_SHORTCUTS = False``, or a Flask and a werkzeug outside the
+    releases the shortcuts are tested on: werkzeug matches every request
+    and Flask's own response class answers; the app's line says why."""
+    from streamer_core import shortcuts
+
+    monkeypatch.delenv("STREAMER_SHORTCUTS", raising=False)
+    config = {}
+    if off == "setting":
+        config["STREAMER_SHORTCUTS"] = False
+    else:
+        for name in ("flask-dispatch", "flask-answer"):
+            monkeypatch.setitem(shortcuts.SHORTCUTS, name, shortcuts.SHORTCUTS[name]._replace(below=(1,)))
+    with caplog.at_level(logging.INFO, "streamer_core.shortcuts"):
+        app, _ = made(closing_app, config=config)
+    kinds: List[type] = []
+    app.after_request(lambda response: kinds.append(type(response)) or response)
+    client = app.test_client()
+    first = bound(app)
+    for i in range(3):
+        assert client.post("/double", json=i).get_json() == 2 * i
+    assert bound(app) == first + 3, "werkzeug matches each request"
+    assert kinds == [flask.Response] * 3
+    (record,) = [r for r in caplog.records if r.name == "streamer_core.shortcuts"]
+    why = "(STREAMER_SHORTCUTS is False)" if off == "setting" else " is newer than the 3.0 to 0.x it is tested on"
+    assert record.getMessage().startswith(f"{app.name}: shortcuts through other packages' private workings: on: ")
+    assert "flask-dispatch" in record.getMessage().split("; off, ")[1] and why in record.getMessage()
+    assert record.levelno == (logging.INFO if off == "setting" else logging.WARNING)

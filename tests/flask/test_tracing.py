@@ -14,6 +14,7 @@ from opentelemetry import trace  # noqa: E402
 from streamer_core import tracing  # noqa: E402
 from streamer_core.errors import ConfigurationError  # noqa: E402
 from tests.flask.apps import double, fail_on_boom  # noqa: E402
+from tests.helpers import needs_shortcut  # noqa: E402
 from tests.spans import finished, in_memory, named, shape  # noqa: E402
 
 
@@ -80,6 +81,7 @@ def test_tracing_must_be_a_flag(make_app):
         make_app({"STREAMER_TRACING": "on"})
 
 
+@needs_shortcut("otel-spans")
 def test_the_spans_recorded_are_those_the_sdks_tracer_makes(make_app, monkeypatch):
     """The streamer makes its spans with a recorder of its own where the
     provider is the SDK's (streamer_core.span_recorder): an answered

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamer_core import BatchLengthError, RemoteError, RemoteTraceback, SerializationError, StreamerTimeoutError
+from tests.helpers import needs_shortcut
 from tests.redis import models
 from tests.redis.conftest import wait_for
 
@@ -285,16 +286,33 @@ def test_an_array_is_copied_once_to_encode_and_once_to_decode():
         np.testing.assert_array_equal(value["image"], image)
 
 
-def test_redis_py_sends_a_large_value_without_copying_it():
-    """With hiredis, redis-py would pack each argument into one buffer per
-    command; our connections hand a large value to the socket as it is."""
+def _our_packer() -> Any:
+    """The command packer our connections are given where the redis-packing
+    shortcut is on (taken by hand here: the tests of what it packs)."""
+    from streamer_core.backends.redis.connection import _large_value_packer
+
+    packer = _large_value_packer()
+    if packer is None:
+        pytest.skip("this redis-py packs with its own Python packer, which passes large values through")
+    return packer
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_connection_packs_with_ours_only_where_the_shortcut_is_on(monkeypatch, switch):
+    from streamer_core import shortcuts
     from streamer_core.backends.redis.connection import connect
     from streamer_core.redis_address import RedisAddress
 
-    conn = connect(RedisAddress.parse("127.0.0.1:6379"))
-    packer = conn.connection_pool.connection_kwargs.get("command_packer")
-    if packer is None:
-        pytest.skip("this redis-py packs with its own Python packer, which passes large values through")
+    monkeypatch.setenv("STREAMER_SHORTCUTS", switch)
+    packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")
+    assert (packer is not None) is (switch == "1" and shortcuts.release_problem("redis-packing") is None)
+
+
+@needs_shortcut("redis-packing", switch=False)
+def test_redis_py_sends_a_large_value_without_copying_it():
+    """With hiredis, redis-py would pack each argument into one buffer per
+    command; our connections hand a large value to the socket as it is."""
+    packer = _our_packer()
     payload = b"x" * (1 << 20)
     assert any(chunk is payload for chunk in packer.pack("XADD", "k", "*", "p", payload))
     small = packer.pack("XADD", "k", "*", "p", b"small")
@@ -314,6 +332,7 @@ _ARGUMENTS = st.lists(
 )
 
 
+@needs_shortcut("redis-packing", switch=False)
 @settings(max_examples=300, deadline=None)
 @given(name=st.sampled_from(["XADD", "SCRIPT LOAD", b"EVALSHA", b"CLIENT SETNAME"]), arguments=_ARGUMENTS)
 def test_our_packer_writes_what_redis_py_writes(name: Any, arguments: List[Any]) -> None:
@@ -321,27 +340,16 @@ def test_our_packer_writes_what_redis_py_writes(name: Any, arguments: List[Any])
     redis-py's own; the bytes on the wire are the same."""
     import redis.connection
 
-    from streamer_core.backends.redis.connection import connect
-    from streamer_core.redis_address import RedisAddress
-
-    packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")
-    if packer is None:
-        pytest.skip("this redis-py packs with its own Python packer")
     theirs = redis.connection.HiredisRespSerializer()
-    assert b"".join(packer.pack(name, *arguments)) == b"".join(theirs.pack(name, *arguments))
+    assert b"".join(_our_packer().pack(name, *arguments)) == b"".join(theirs.pack(name, *arguments))
 
 
+@needs_shortcut("redis-packing", switch=False)
 def test_our_packer_refuses_what_redis_py_refuses():
     import redis
 
-    from streamer_core.backends.redis.connection import connect
-    from streamer_core.redis_address import RedisAddress
-
-    packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")
-    if packer is None:
-        pytest.skip("this redis-py packs with its own Python packer")
     with pytest.raises(redis.DataError):
-        packer.pack("SET", "k", None)
+        _our_packer().pack("SET", "k", None)
 
 
 # The codec on its own, without a broker: what each value becomes, and what a
