@@ -376,3 +376,33 @@ def test_prometheus_client_imported_before_the_fork_sets_nothing_and_says_so(sta
     server.call(framework.call, 1)
     with urllib.request.urlopen(server.url(framework.metrics), timeout=10) as response:
         assert "process_cpu_seconds_total" in response.read().decode()  # each worker's own registry
+
+
+_MASTER = """
+import os, sys
+from types import SimpleNamespace
+from streamer_core.web import gunicorn
+if sys.argv[1] != "-":
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
+server = SimpleNamespace(cfg=SimpleNamespace(workers=int(sys.argv[2])))
+gunicorn.on_starting(server)
+print("prometheus_client.multiprocess" in sys.modules)
+gunicorn.on_exit(server)
+"""
+
+
+@pytest.mark.parametrize(("directory", "workers", "imported"), [("-", 4, True), ("mine", 4, True), ("-", 1, False)])
+def test_the_master_imports_the_multiprocess_module_before_a_worker_can_exit(
+    tmp_path: Path, directory: str, workers: int, imported: bool
+) -> None:
+    """With a multiprocess directory (set by the hook, or the user's), the
+    master imports prometheus_client's multiprocess module as it starts:
+    gunicorn before 26 calls ``child_exit`` from its SIGCHLD handler, where
+    an import is re-entered by the next worker's exit and fails half done.
+    With one worker and no directory, it imports nothing."""
+    argument = str(tmp_path) if directory == "mine" else "-"
+    done = subprocess.run(
+        [sys.executable, "-c", _MASTER, argument, str(workers)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(imported)]

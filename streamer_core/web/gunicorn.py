@@ -80,9 +80,13 @@ def on_starting(server: Any) -> None:
     already is the user's: used as it is, never removed. prometheus_client
     reads the variable when it is first imported, so it must not be
     imported in the master yet (``--preload`` of an app that imports it):
-    then nothing is set, and a warning says why."""
+    then nothing is set, and a warning says why. Once the directory is
+    set, its multiprocess module is imported here, for :func:`child_exit`."""
     global _own_dir, _own_pid
-    if server.cfg.workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _import_multiprocess()
+        return
+    if server.cfg.workers <= 1:
         return
     if "prometheus_client" in sys.modules:
         logger.warning(
@@ -94,6 +98,20 @@ def on_starting(server: Any) -> None:
     _own_dir = tempfile.mkdtemp(prefix="streamer-prometheus-")
     _own_pid = os.getpid()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _own_dir  # the workers inherit it
+    _import_multiprocess()
+
+
+def _import_multiprocess() -> None:
+    """Import prometheus_client's multiprocess module in the master now,
+    with ``PROMETHEUS_MULTIPROC_DIR`` set, for :func:`child_exit`: gunicorn
+    before 26 calls that hook from its SIGCHLD handler, and an import begun
+    there is re-entered when the next worker's exit interrupts it (a
+    partly imported ``prometheus_client``: the master dies with an
+    ``ImportError`` as it stops)."""
+    try:
+        import prometheus_client.multiprocess  # noqa: F401
+    except ImportError:
+        pass  # not installed: no metrics, nothing to mark dead
 
 
 def on_exit(server: Any) -> None:
@@ -228,6 +246,8 @@ def child_exit(server: Any, worker: Any) -> None:
     """Under prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``
     set, several processes): drop a dead process's gauges."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        multiprocess: Any = sys.modules.get("prometheus_client.multiprocess")
+        if multiprocess is None:  # the directory was set after on_starting ran
+            import prometheus_client.multiprocess as multiprocess
 
-        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+        multiprocess.mark_process_dead(worker.pid)
