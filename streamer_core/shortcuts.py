@@ -134,7 +134,7 @@ SHORTCUTS: Dict[str, Shortcut] = {
         Shortcut(
             "redis-packing",
             "redis",
-            (7, 1),
+            (8, 0),
             (8, 3),
             "Redis commands packed by hiredis in one pass over their arguments",
             "process",

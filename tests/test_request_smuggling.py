@@ -88,7 +88,7 @@ def _exchange(port: int, data: bytes) -> bytes:
         try:
             for piece in iter(lambda: sock.recv(65536), b""):
                 got += piece
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
     got = re.sub(rb"(?im)^date: [^\r\n]*\r\n", b"", got)
     return re.sub(rb"(?im)^(allow: )([^\r\n]*)", lambda m: m[1] + b", ".join(sorted(m[2].split(b", "))), got)
