@@ -25,6 +25,7 @@ from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
+from .decorators import ViewDecorator, checked, explained, view_decorator_of
 from .dispatch import install as install_dispatch
 from .reading import body_of, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
@@ -63,7 +64,7 @@ class _AppState:
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
-        self.cycle: Cycle[Any] = Cycle(_reply, app.logger, "the batched route", _debug, read_error)
+        self.cycle: Cycle[Any] = _FlaskCycle(_reply, app.logger, "the batched route", _debug, read_error)
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -73,6 +74,17 @@ class _AppState:
                 "call init_app(app) on the FlaskStreamer that declared it"
             )
         return handle
+
+
+class _FlaskCycle(Cycle[Any]):
+    """The request cycle, with Flask's error for a model that needs a
+    request told as what it is: a view decorator on the batch function
+    (:func:`~flask_streamer.decorators.explained`)."""
+
+    def error(
+        self, name: str, exc: BaseException, failed_input: Optional[int] = None, span: Optional[Any] = None
+    ) -> Any:
+        return super().error(name, explained(exc, f"{self.noun} {name}"), failed_input, span)
 
 
 class FlaskStreamer:
@@ -94,9 +106,14 @@ class FlaskStreamer:
     own streamer, started in each web process on its first request (or by
     :meth:`start`), never at import: importing the app in a worker process
     or a CLI command starts nothing.
+
+    ``decorators``: the view decorators of every batched route declared on
+    it that gives no ``decorators=`` of its own (see :meth:`batched_route`),
+    as a base class's ``View.decorators`` are its subclasses'.
     """
 
-    def __init__(self, app: Optional[Flask] = None) -> None:
+    def __init__(self, app: Optional[Flask] = None, *, decorators: Sequence[ViewDecorator] = ()) -> None:
+        self.decorators = checked(decorators, "FlaskStreamer")
         self._routes: List[BatchedRoute] = []
         self._apps: List[weakref.ref[Flask]] = []
         self._lock = threading.Lock()
@@ -166,6 +183,22 @@ class FlaskStreamer:
         (``True`` for ``X-Priority``, or a header's name): let a request
         choose its own by it (:mod:`streamer_core.web.priority`).
 
+        ``decorators``: view decorators for the route's view, as Flask's
+        ``View.decorators``: login (flask-httpauth's
+        ``auth.login_required``, flask-login's ``login_required``), rate
+        limits (flask-limiter's ``limiter.limit("10/minute")``, counted per
+        route), CORS (flask-cors's ``cross_origin()``). Applied in Flask's
+        order: each wraps the ones before it, so the first in the list is
+        the innermost, the last the outermost. The request reaches the
+        route only through them: a decorator's own answer (a 401, a 429, a
+        redirect) is given before the body is read or anything is queued.
+        Default: the :class:`FlaskStreamer`'s ``decorators``; ``[]``: none.
+        A view decorator goes here, never on the batch function, which runs
+        in a batch, apart from every request: under ``@batched_route`` it
+        would fail every call (a Flask extension's is refused here, with
+        ``TypeError``), above it it would wrap the function and leave the
+        route unprotected.
+
         The function is returned unchanged, so the ``process`` and ``redis``
         backends' workers can import it by name.
         """
@@ -194,6 +227,7 @@ class FlaskStreamer:
         max_inputs: Any = _UNSET,
         priority: Optional[int] = None,
         priority_header: Any = False,
+        decorators: Optional[Sequence[ViewDecorator]] = None,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -206,7 +240,7 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority and priority_header"
+                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority, priority_header and decorators"
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
@@ -219,6 +253,8 @@ class FlaskStreamer:
             )
         if isinstance(model, str):
             _check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
+        _check_batch_function(rule, model)
+        decorators = self.decorators if decorators is None else checked(decorators, f"the batched route {rule!r}")
         for name, hook in (("parse", parse), ("respond", respond)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} of the batched route {rule!r} must be callable, got {hook!r}")
@@ -244,6 +280,7 @@ class FlaskStreamer:
             many,
             max_inputs,
             levels,
+            decorators,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
@@ -353,6 +390,19 @@ def _check_sharing(
         raise TypeError(
             f"the batched route {rule!r} serves another route's model, whose settings it shares: set "
             f"{', '.join(given)} on that route instead"
+        )
+
+
+def _check_batch_function(rule: str, model: Any) -> None:
+    """Refuse a batch function wrapped by a view decorator that can be told
+    (:func:`~flask_streamer.decorators.view_decorator_of`): it would need a
+    request in every batch, where there is none."""
+    decorator = view_decorator_of(model)
+    if decorator is not None:
+        raise TypeError(
+            f"the batch function of the batched route {rule!r} is wrapped by a view decorator ({decorator}), which "
+            "needs a request, but a batch function runs in a batch, apart from every request: take the decorator "
+            "off the function and give it to the route, decorators=[...]"
         )
 
 
