@@ -201,36 +201,33 @@ def limiter() -> Limiter:
 
 
 def test_flask_limiters_limit_is_counted_per_route_then_429(make_app, limiter):
-    """Three routes, each limited to two requests a minute: the app's
-    ``double``, a blueprint's ``double`` (the same endpoint name) and one
-    serving the first's model; each answers 429 on its third request
-    only, before anything is read or queued."""
+    """Three routes, each with a limit of its own: the app's ``double``, a
+    blueprint's ``double`` (the same endpoint name) and one serving the
+    first's model; each answers 429 once past its own limit, and only
+    then, before anything is read or queued."""
     app, streamer = make_app()
     model = Counted()
     bp = Blueprint("v1", __name__, url_prefix="/v1")
-    for path, endpoint, blueprint, served in [
-        ("/double", "double", None, model),
-        ("/double", "double", bp, model),
-        ("/shared", "shared", None, "double"),
-    ]:
+    routes = [
+        ("/double", "double", None, model, 1),
+        ("/v1/double", "double", bp, model, 2),
+        ("/shared", "shared", None, "double", 3),
+    ]
+    for path, endpoint, blueprint, served, most in routes:
+        rule = path[len("/v1") :] if blueprint is not None else path
         streamer.add_batched_route(
-            path,
-            endpoint,
-            served,
-            blueprint=blueprint,
-            parse=model.parse,
-            decorators=[limiter.limit("2/minute")],
+            rule, endpoint, served, blueprint=blueprint, parse=model.parse, decorators=[limiter.limit(f"{most}/minute")]
         )
     app.register_blueprint(bp)
     limiter.init_app(app)
     client = app.test_client()
-    for path, name in [("/double", "double"), ("/v1/double", "v1.double"), ("/shared", "double")]:
-        parsed, batches = model.parsed, len(model.batches)
-        assert [client.post(path, json=1).status_code for _ in range(2)] == [200, 200], path
-        assert (model.parsed, len(model.batches)) == (parsed + 2, batches + 2)
+    for path, _, blueprint, _, most in routes:
+        name = "v1.double" if blueprint is not None else "double"
+        assert [client.post(path, json=1).status_code for _ in range(most)] == [200] * most, path
+        assert (model.parsed, len(model.batches)) == (most, most)
         model.parsed, model.batches = 0, []
         response = refused_untouched(app, model, name, lambda path=path: client.post(path, json=1), 429)
-        assert "2 per 1 minute" in response.get_data(as_text=True)
+        assert f"{most} per 1 minute" in response.get_data(as_text=True)
 
 
 def test_decorators_apply_in_flasks_order_the_last_outermost(make_app, limiter):
