@@ -367,6 +367,22 @@ def test_decorators_that_are_no_list_of_view_decorators_are_refused(make_app, de
     assert "double" not in app.view_functions
 
 
+def test_a_decorator_above_batched_route_wraps_the_function_and_leaves_the_route_open(make_app):
+    """The README's rule: above ``@batched_route`` a view decorator wraps
+    the batch function that it returns, not the route."""
+    app, streamer = make_app()
+    auth = token_auth()
+
+    @auth.login_required
+    @streamer.batched_route("/double")
+    def doubled(batch: List[Any]) -> List[Any]:
+        return [x * 2 for x in batch]
+
+    assert app.test_client().post("/double", json=2).get_json() == 4, "the route is served without a token"
+    [route] = app.extensions["streamer"].handles
+    assert doubled.__wrapped__ is route.model
+
+
 # -- a view decorator on the batch function ------------------------------------
 
 
