@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Tuple
 
-__all__ = ["ViewDecorator", "apply", "checked", "explained", "view_decorator_of"]
+__all__ = ["ViewDecorator", "apply", "check_batch_function", "checked", "explained", "view_decorator_of"]
 
 #: A view decorator: a view in, the view to register out.
 ViewDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -74,6 +74,19 @@ def apply(view: Callable[..., Any], decorators: Sequence[ViewDecorator], where: 
         for name in ("__name__", "__qualname__", "__module__", "__doc__"):
             setattr(decorated, name, getattr(view, name))
     return decorated
+
+
+def check_batch_function(model: Any, where: str) -> None:
+    """Refuse a batch function (the model of ``where``) wrapped by a view
+    decorator that can be told (:func:`view_decorator_of`), with
+    ``TypeError``: it would need a request in every batch, where there is none."""
+    decorator = view_decorator_of(model)
+    if decorator is not None:
+        raise TypeError(
+            f"the batch function of {where} is wrapped by a view decorator ({decorator}), which needs a request, "
+            "but a batch function runs in a batch, apart from every request: take the decorator off the function "
+            "and give it to the route, decorators=[...]"
+        )
 
 
 def view_decorator_of(function: Any) -> Optional[str]:

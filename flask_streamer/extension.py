@@ -25,7 +25,7 @@ from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
-from .decorators import ViewDecorator, checked, explained, view_decorator_of
+from .decorators import ViewDecorator, check_batch_function, checked, explained
 from .dispatch import install as install_dispatch
 from .reading import body_of, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
@@ -253,7 +253,7 @@ class FlaskStreamer:
             )
         if isinstance(model, str):
             _check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
-        _check_batch_function(rule, model)
+        check_batch_function(model, f"the batched route {rule!r}")
         decorators = self.decorators if decorators is None else checked(decorators, f"the batched route {rule!r}")
         for name, hook in (("parse", parse), ("respond", respond)):
             if hook is not None and not callable(hook):
@@ -390,19 +390,6 @@ def _check_sharing(
         raise TypeError(
             f"the batched route {rule!r} serves another route's model, whose settings it shares: set "
             f"{', '.join(given)} on that route instead"
-        )
-
-
-def _check_batch_function(rule: str, model: Any) -> None:
-    """Refuse a batch function wrapped by a view decorator that can be told
-    (:func:`~flask_streamer.decorators.view_decorator_of`): it would need a
-    request in every batch, where there is none."""
-    decorator = view_decorator_of(model)
-    if decorator is not None:
-        raise TypeError(
-            f"the batch function of the batched route {rule!r} is wrapped by a view decorator ({decorator}), which "
-            "needs a request, but a batch function runs in a batch, apart from every request: take the decorator "
-            "off the function and give it to the route, decorators=[...]"
         )
 
 
