@@ -22,10 +22,11 @@ same name, as a subclass would override them:
 - ``full_dispatch_request()``: for such a request, with no receiver of the
   ``request_started`` or ``request_finished`` signals and no ``before_request``,
   ``after_request`` or URL value preprocessor function of the app or the
-  route's blueprints, calls the route's view, then Flask's
-  ``handle_user_exception``, ``make_response`` and (for ``after_this_request``
-  functions and a session that is not the null one) ``process_response``
-  as Flask would; anything else goes through Flask's own;
+  route's blueprints, calls the route's view (the one the app registered,
+  its ``decorators=`` applied), then Flask's ``handle_user_exception``,
+  ``make_response`` and (for ``after_this_request`` functions and a session
+  that is not the null one) ``process_response`` as Flask would; anything
+  else goes through Flask's own;
 - ``do_teardown_request(exc)``, for any request: Flask's, where a
   ``teardown_request`` function of the app or any blueprint, or a receiver of
   the ``request_tearing_down`` signal, is set; where none is, nothing (Flask's

@@ -26,6 +26,7 @@ from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
+from .decorators import ViewDecorator, check_batch_function, checked, explained
 from .dispatch import install as install_dispatch
 from .reading import body_of, limit_request_body, loads_of, read_error
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
@@ -80,7 +81,7 @@ class _AppState:
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
-        self.cycle: Cycle[Any] = Cycle(_reply, app.logger, "the batched route", _debug, read_error)
+        self.cycle: Cycle[Any] = _FlaskCycle(_reply, app.logger, "the batched route", _debug, read_error)
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -90,6 +91,17 @@ class _AppState:
                 "call init_app(app) on the FlaskStreamer that declared it"
             )
         return handle
+
+
+class _FlaskCycle(Cycle[Any]):
+    """The request cycle, with Flask's error for a model that needs a
+    request told as what it is: a view decorator on the batch function
+    (:func:`~flask_streamer.decorators.explained`)."""
+
+    def error(
+        self, name: str, exc: BaseException, failed_input: Optional[int] = None, span: Optional[Any] = None
+    ) -> Any:
+        return super().error(name, explained(exc, f"{self.noun} {name}"), failed_input, span)
 
 
 class FlaskStreamer:
@@ -111,9 +123,14 @@ class FlaskStreamer:
     own streamer, started in each web process on its first request (or by
     :meth:`start`), never at import: importing the app in a worker process
     or a CLI command starts nothing.
+
+    ``decorators``: the view decorators of every batched route declared on
+    it that gives no ``decorators=`` of its own (see :meth:`batched_route`),
+    as a base class's ``View.decorators`` are its subclasses'.
     """
 
-    def __init__(self, app: Optional[Flask] = None) -> None:
+    def __init__(self, app: Optional[Flask] = None, *, decorators: Sequence[ViewDecorator] = ()) -> None:
+        self.decorators = checked(decorators, "FlaskStreamer")
         self._routes: List[BatchedRoute] = []
         self._apps: List[weakref.ref[Flask]] = []
         self._lock = threading.Lock()
@@ -185,6 +202,22 @@ class FlaskStreamer:
         (``True`` for ``X-Priority``, or a header's name): let a request
         choose its own by it (:mod:`streamer_core.web.priority`).
 
+        ``decorators``: view decorators for the route's view, as Flask's
+        ``View.decorators``: login (flask-httpauth's
+        ``auth.login_required``, flask-login's ``login_required``), rate
+        limits (flask-limiter's ``limiter.limit("10/minute")``, counted per
+        route), CORS (flask-cors's ``cross_origin()``). Applied in Flask's
+        order: each wraps the ones before it, so the first in the list is
+        the innermost, the last the outermost. The request reaches the
+        route only through them: a decorator's own answer (a 401, a 429, a
+        redirect) is given before the body is read or anything is queued.
+        Default: the :class:`FlaskStreamer`'s ``decorators``; ``[]``: none.
+        A view decorator goes here, never on the batch function, which runs
+        in a batch, apart from every request: under ``@batched_route`` it
+        would fail every call (a Flask extension's is refused here, with
+        ``TypeError``), above it it would wrap the function and leave the
+        route unprotected.
+
         The function is returned unchanged, so the ``process`` and ``redis``
         backends' workers can import it by name.
         """
@@ -213,6 +246,7 @@ class FlaskStreamer:
         max_inputs: Any = _UNSET,
         priority: Optional[int] = None,
         priority_header: Any = False,
+        decorators: Optional[Sequence[ViewDecorator]] = None,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -225,7 +259,7 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority and priority_header"
+                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority, priority_header and decorators"
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
@@ -238,6 +272,8 @@ class FlaskStreamer:
             )
         if isinstance(model, str):
             _check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
+        check_batch_function(model, f"the batched route {rule!r}")
+        decorators = self.decorators if decorators is None else checked(decorators, f"the batched route {rule!r}")
         for name, hook in (("parse", parse), ("respond", respond)):
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} of the batched route {rule!r} must be callable, got {hook!r}")
@@ -263,6 +299,7 @@ class FlaskStreamer:
             many,
             max_inputs,
             levels,
+            decorators,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]

@@ -12,6 +12,7 @@ from streamer_core.errors import ConfigurationError
 from streamer_core.web.priority import EndpointPriority
 from streamer_core.web.spec import LazyStreamer, ModelSpec
 
+from .decorators import ViewDecorator, apply
 from .settings import setting_name
 
 __all__ = ["BatchedRoute", "ParseHook", "RespondHook"]
@@ -50,6 +51,7 @@ class BatchedRoute:
         many: bool = False,
         max_inputs: Any = _UNSET,
         priority: EndpointPriority = EndpointPriority(None, None),  # noqa: B008  (an immutable tuple)
+        decorators: Sequence[ViewDecorator] = (),
     ) -> None:
         self.extension = extension
         self.rule = rule
@@ -70,6 +72,9 @@ class BatchedRoute:
         self.max_inputs = max_inputs
         #: The level of the route's requests, and the header it lets them choose one by.
         self.priority = priority
+        #: The view decorators, applied as Flask's ``View.decorators`` (the first innermost).
+        self.decorators = tuple(decorators)
+        #: What the app calls for a request: the route's view, its decorators applied.
         self.view = self._make_view()
 
     @property
@@ -129,9 +134,16 @@ class BatchedRoute:
         def view(**_url_values: Any) -> Any:
             return route.extension._handle(route)
 
+        # Named as the route (its blueprint's too), not as this closure: flask-limiter,
+        # say, keys a limit by the name of the view it decorates, one per route.
         view.__name__ = self.endpoint
-        view.__doc__ = None if self.serves is not None else getattr(self.model, "__doc__", None)
-        return view
+        view.__qualname__ = self.name
+        if self.serves is None:
+            view.__module__ = getattr(self.model, "__module__", None) or view.__module__
+            view.__doc__ = getattr(self.model, "__doc__", None)
+        else:
+            view.__doc__ = None
+        return apply(view, self.decorators, f"the batched route {self.rule!r}")
 
     def __repr__(self) -> str:
         return f"<BatchedRoute {self.name} {self.rule!r}>"
