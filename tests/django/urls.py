@@ -34,4 +34,5 @@ urlpatterns = [
     path("ranked-bulk", views.ranked_bulk),
     path("ranked-named-header", views.ranked_named_header),
     path("ops/", include("django_streamer.urls")),
+    path("idioms/", include("tests.django.idiom_views")),
 ]
