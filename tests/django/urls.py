@@ -35,4 +35,5 @@ urlpatterns = [
     path("ranked-named-header", views.ranked_named_header),
     path("ops/", include("django_streamer.urls")),
     path("idioms/", include("tests.django.idiom_views")),
+    path("rest/", include("tests.django.rest_views")),
 ]
