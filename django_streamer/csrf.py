@@ -7,7 +7,7 @@ authenticated (the session cookie sent, ``SessionMiddleware`` and
 ``AuthenticationMiddleware`` giving an authenticated ``request.user``) is
 checked even on an exempt view, as Django REST framework's
 ``SessionAuthentication`` checks it: without a valid token it is a JSON 403,
-before its body is read or anything is queued. A request with no session's
+before the view parses its body or queues anything. A request with no session's
 user (an API token a middleware read, an anonymous one) stays exempt.
 
 Django's ``csrf_exempt`` and ``csrf_protect`` on a batched function view (or

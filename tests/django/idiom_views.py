@@ -59,3 +59,8 @@ urlpatterns += [
     path("exempt-over-protect", csrf_exempt(csrf_protect(batched_view("double")(parse)))),
     path("protect-over-exempt", csrf_protect(csrf_exempt(batched_view("double", csrf_exempt=False)(parse)))),
 ]
+# On as_view(), as on a function.
+urlpatterns += [
+    path("protect-as-view", csrf_protect(AsyncBatchedView.as_view(model="double", field="x"))),
+    path("exempt-as-view", csrf_exempt(BatchedView.as_view(model="double", field="x", csrf_exempt=False))),
+]

@@ -119,6 +119,13 @@ def test_of_csrf_exempt_and_csrf_protect_on_one_view_the_one_nearest_it_decides(
     assert response.status_code == 200 and response.json() == 2, response.content
 
 
+def test_csrf_exempt_and_csrf_protect_on_as_view_decide_as_on_a_function(make_client):
+    client = make_client(enforce_csrf_checks=True)
+    assert error_of(post(client, "/idioms/protect-as-view", {"x": 1}), 403)["type"] == "CsrfFailure"
+    response = post(client, "/idioms/exempt-as-view", {"x": 1})
+    assert response.status_code == 200 and response.json() == 2, response.content
+
+
 @pytest.mark.parametrize("decorator", ["none", "csrf_exempt", "login_required"])
 @pytest.mark.parametrize("form", FORMS)
 def test_a_logged_in_session_is_csrf_checked_on_an_exempt_view(form, decorator, user, make_client):
