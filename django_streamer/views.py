@@ -28,10 +28,10 @@ routes are. A request whose user Django's session logged in is checked all
 the same, since a browser sends the session's cookie on a cross-site
 request too (:mod:`django_streamer.csrf`). Django's view decorators work on
 every form (``login_required``, ``cache_control``; ``method_decorator`` on
-a class's ``dispatch``). Sync views block their thread while they wait; under an ASGI
-server use the async forms, which await without blocking the event loop
-(Django runs every sync view of an ASGI server on one thread, so sync views
-there are served one at a time and never batched together).
+a class's ``dispatch``). Sync views block their thread while they wait;
+under an ASGI server use the async forms, which await without blocking the
+event loop (Django runs every sync view of an ASGI server on one thread, so
+sync views there are served one at a time and never batched together).
 """
 
 from __future__ import annotations
