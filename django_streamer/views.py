@@ -24,10 +24,14 @@ body is JSON, with the traceback only under ``DEBUG``.
 
 The views are exempt from CSRF checks by default (``csrf_exempt=False`` to
 keep them): they are JSON APIs called by programs, as the Flask extension's
-routes are. Sync views block their thread while they wait; under an ASGI
-server use the async forms, which await without blocking the event loop
-(Django runs every sync view of an ASGI server on one thread, so sync views
-there are served one at a time and never batched together).
+routes are. A request whose user Django's session logged in is checked all
+the same, since a browser sends the session's cookie on a cross-site
+request too (:mod:`django_streamer.csrf`). Django's view decorators work on
+every form (``login_required``, ``cache_control``; ``method_decorator`` on
+a class's ``dispatch``). Sync views block their thread while they wait;
+under an ASGI server use the async forms, which await without blocking the
+event loop (Django runs every sync view of an ASGI server on one thread, so
+sync views there are served one at a time and never batched together).
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
-from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.decorators import classonlymethod
 from django.views import View
 
@@ -64,7 +67,7 @@ from streamer_core.web.http import (
 from streamer_core.web.peer import client_socket
 from streamer_core.web.priority import EndpointPriority
 
-from . import conf
+from . import conf, csrf
 from .conf import max_body_bytes
 from .registry import aget_streamer, draining, get_spec, get_streamer
 
@@ -337,26 +340,20 @@ def _default_respond(output: Any) -> HttpResponse:
     return HttpResponse(json_answer(output, dumps_json), content_type="application/json")
 
 
-class _JsonCsrfCheck(CsrfViewMiddleware):
-    """Django's CSRF check, answering a failure with the project's JSON 403
-    rather than Django's HTML page."""
-
-    def _reject(self, request: HttpRequest, reason: str) -> HttpResponse:
-        return JsonResponse(error_body(403, "CsrfFailure", f"CSRF verification failed: {reason}"), status=403)
-
-
-def _refusal(request: HttpRequest, allowed: Sequence[str], model: str, check_csrf: bool) -> Optional[HttpResponse]:
+def _refusal(request: HttpRequest, allowed: Sequence[str], model: str, exempt: bool) -> Optional[HttpResponse]:
     """The answer to a request the view does not serve (a method it does not
-    take: 405; with ``check_csrf``, a failed CSRF check: 403), or ``None``."""
+    take: 405; a failed CSRF check it needs: 403), or ``None``. ``exempt``:
+    the view's own option, which Django's CSRF decorators on it override."""
     if request.method not in allowed:
         return json_error(MethodNotAllowed(str(request.method), allowed), model)
-    if check_csrf:
-        check = _JsonCsrfCheck(lambda _request: HttpResponse())
-        if "CSRF_COOKIE" not in request.META:  # the middleware is not installed: read the cookie here
-            check.process_request(request)
-        rejection: Optional[HttpResponse] = check.process_view(request, None, (), {})  # type: ignore[arg-type]
-        return rejection
-    return None
+    return csrf.refusal(request, csrf.exempt_for(request, exempt))
+
+
+async def _arefusal(request: HttpRequest, allowed: Sequence[str], model: str, exempt: bool) -> Optional[HttpResponse]:
+    """:func:`_refusal` for an async view."""
+    if request.method not in allowed:
+        return json_error(MethodNotAllowed(str(request.method), allowed), model)
+    return await csrf.arefusal(request, csrf.exempt_for(request, exempt))
 
 
 def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str]) -> Sequence[str]:
@@ -440,7 +437,7 @@ def batched_view(
 
             @functools.wraps(parse)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-                refusal = _refusal(request, allowed, model, not csrf_exempt)
+                refusal = await _arefusal(request, allowed, model, csrf_exempt)
                 if refusal is not None:
                     return refusal
                 return await _CYCLE.aserve(
@@ -459,7 +456,7 @@ def batched_view(
 
             @functools.wraps(parse)
             def sync_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-                refusal = _refusal(request, allowed, model, not csrf_exempt)
+                refusal = _refusal(request, allowed, model, csrf_exempt)
                 if refusal is not None:
                     return refusal
                 return _CYCLE.serve(
@@ -518,16 +515,22 @@ class BatchedView(View):
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         assert self.model is not None  # as_view checked it
-        refusal = _refusal(request, ["POST"], self.model, not self.csrf_exempt)
-        if refusal is None:
-            return super().dispatch(request, *args, **kwargs)
-        if self.view_is_async:  # Django awaits what an async view's dispatch returns
+        if self.view_is_async:  # an async post of a subclass's: Django awaits what dispatch returns
+            return self._adispatch(request, *args, **kwargs)
+        refusal = _refusal(request, ["POST"], self.model, self._exempt())
+        return refusal if refusal is not None else super().dispatch(request, *args, **kwargs)
 
-            async def refuse() -> HttpResponse:
-                return refusal
+    async def _adispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        assert self.model is not None  # as_view checked it
+        refusal = await _arefusal(request, ["POST"], self.model, self._exempt())
+        if refusal is not None:
+            return refusal
+        return await cast(Awaitable[HttpResponse], super().dispatch(request, *args, **kwargs))
 
-            return refuse()
-        return refusal
+    def _exempt(self) -> bool:
+        """The view's own CSRF option: ``csrf_exempt``, or Django's
+        ``csrf_exempt`` on ``dispatch`` (by ``method_decorator``)."""
+        return self.csrf_exempt or bool(getattr(type(self).dispatch, "csrf_exempt", False))
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         model = self.model
@@ -571,6 +574,11 @@ class AsyncBatchedView(BatchedView):
     """:class:`BatchedView` as an async view, for ASGI servers: it awaits the
     result without blocking the event loop. :meth:`parse` and :meth:`respond`
     may be plain or ``async`` methods."""
+
+    async def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:  # type: ignore[override]
+        """Async, so that Django's decorators on it (``method_decorator(login_required,
+        name="dispatch")``) take their async form, which awaits the view."""
+        return await self._adispatch(request, *args, **kwargs)
 
     async def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:  # type: ignore[override]
         model = self.model

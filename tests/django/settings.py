@@ -13,7 +13,12 @@ import tempfile
 SECRET_KEY = "django-streamer-tests-only"
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
-INSTALLED_APPS = ["django_streamer"]
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",  # auth's users and permissions: tests/django/test_idioms.py
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django_streamer",
+]
 MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

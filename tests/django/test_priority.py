@@ -83,11 +83,12 @@ def test_a_header_that_is_not_a_level_is_a_400_before_anything_is_queued(streame
 def test_e011_a_views_level_that_its_model_does_not_have(streamer_settings):
     streamer_settings(models={"ranked": dict(RANKED, PRIORITY_LEVELS=1, INIT_KWARGS={"folder": "/tmp"})})
     found = sorted(m.msg for m in checks.run_checks() if m.id == "django_streamer.E011")
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     assert "view at 'ranked-bulk' is 2, but its model has 1 priority level" in found[0]
     assert "STREAMER['MODELS']['ranked']['PRIORITY_LEVELS'] is 1" in found[0]
     assert "'aranked-header' lets requests choose their level by the X-Priority header" in found[1]
     assert "'ranked-named-header' lets requests choose their level by the X-Request-Priority header" in found[2]
+    assert "'rest/ranked' lets requests choose their level by the X-Priority header" in found[3], "a DRF view's too"
     streamer_settings(models={"ranked": dict(RANKED, INIT_KWARGS={"folder": "/tmp"})})
     assert [m for m in checks.run_checks() if m.id == "django_streamer.E011"] == []
 

@@ -34,4 +34,6 @@ urlpatterns = [
     path("ranked-bulk", views.ranked_bulk),
     path("ranked-named-header", views.ranked_named_header),
     path("ops/", include("django_streamer.urls")),
+    path("idioms/", include("tests.django.idiom_views")),
+    path("rest/", include("tests.django.rest_views")),
 ]
