@@ -23,7 +23,10 @@ model's entry, for that model only. ``MAX_BODY_BYTES`` (default 10 MiB,
 ``None`` for no limit) is the largest request body a batched view reads: a
 larger one is answered 413 before it is read. ``MAX_INPUTS`` (default 2048)
 is the most inputs one request to a view that takes many (``many=True``)
-carries: more is answered 413 before anything is queued. ``SHORTCUTS``
+carries: more is answered 413 before anything is queued.
+``ERROR_DETAILS`` (default ``None``: as ``DEBUG``) says whether a 500
+tells the client its exception's type and message, or only ``internal
+error`` and the id its log line carries. ``SHORTCUTS``
 (default ``True``) is the project's switch of the shortcuts through
 Django's, gevent's and gunicorn's private workings
 (:mod:`streamer_core.shortcuts`): ``False`` takes their public paths.
@@ -78,7 +81,7 @@ MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 
 #: Every key of ``STREAMER`` itself.
 #: The keys of the views' requests, top level only.
-REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "SHORTCUTS")
+REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "ERROR_DETAILS", "SHORTCUTS")
 TOP_LEVEL_KEYS = ("MODELS", "PREFIX", *REQUEST_KEYS) + tuple(DEFAULTS)
 
 
@@ -177,6 +180,19 @@ def max_inputs() -> int:
     except (TypeError, ValueError):
         most = option.default  # a wrong one is a system check error
     return most
+
+
+def error_details() -> Optional[bool]:
+    """``STREAMER["ERROR_DETAILS"]``: whether a 500 says its exception's type
+    and message; ``None`` (the default): as ``DEBUG`` says."""
+    streamer = getattr(settings, "STREAMER", None)
+    option = OPTIONS["error_details"]
+    value = streamer.get("ERROR_DETAILS", option.default) if isinstance(streamer, Mapping) else option.default
+    try:
+        details: Optional[bool] = option.checked(value)
+    except (TypeError, ValueError):
+        details = False  # a wrong one is a system check error; say nothing meanwhile
+    return details
 
 
 def shortcuts() -> bool:

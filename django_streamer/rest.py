@@ -67,10 +67,14 @@ class StreamerAPIError(exceptions.APIException):
     """An error of the request cycle (the streamer's failure, a body over
     ``MAX_BODY_BYTES``) as a DRF exception: its status, ``{"detail":
     message}``, the project's error type as its code, and ``Retry-After``
-    on a 503 (DRF's handler sends ``wait`` so)."""
+    on a 503 (DRF's handler sends ``wait`` so). A 500 carries its error
+    id beside the detail (``{"detail": "internal error", "id": ...}``)."""
 
-    def __init__(self, status: int, kind: str, message: str, headers: Dict[str, str]) -> None:
-        super().__init__(detail=message, code=kind)
+    def __init__(
+        self, status: int, kind: str, message: str, headers: Dict[str, str], error_id: Optional[str] = None
+    ) -> None:
+        detail: Any = message if error_id is None else {"detail": message, "id": error_id}
+        super().__init__(detail=detail, code=kind)
         self.status_code = status
         retry = headers.get("Retry-After")
         self.wait = int(retry) if retry is not None else None
@@ -78,7 +82,7 @@ class StreamerAPIError(exceptions.APIException):
 
 def _reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> StreamerAPIError:
     error = body["error"]
-    return StreamerAPIError(status, error["type"], error["message"], headers)
+    return StreamerAPIError(status, error["type"], error["message"], headers, error.get("id"))
 
 
 Answer = Union[Response, exceptions.APIException]
@@ -102,7 +106,7 @@ class _RestCycle(Cycle[Answer]):
         return exc
 
 
-_CYCLE = _RestCycle(_reply, logger, "the batched API view of", _debug, _read_error)
+_CYCLE = _RestCycle(_reply, logger, "the batched API view of", _debug, _read_error, conf.error_details)
 
 
 def _value(value: Any) -> Any:

@@ -331,7 +331,7 @@ def _traced(request: HttpRequest, model: str) -> Optional[Traced]:
     return request.method or "POST", route
 
 
-_CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", _debug, _read_error)
+_CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", _debug, _read_error, conf.error_details)
 
 
 def _default_respond(output: Any) -> HttpResponse:

@@ -118,7 +118,8 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
         if request.method != "POST":
             return answer(*method_not_allowed(request.method, ["POST"]))
-        return answer(*serve_embeddings(request_item, lambda: streamer.get_streamer("stream"), served, app.logger))
+        embed = lambda: streamer.get_streamer("stream")  # noqa: E731
+        return answer(*serve_embeddings(request_item, embed, served, app.logger, app.debug))
 
     @app.route("/v1/models", methods=METHODS)
     def models() -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 
 from streamer_core import BaseStreamer, BatchFuture
 from streamer_core.errors import MethodNotAllowed
-from streamer_core.web.http import error_headers, status_for
+from streamer_core.web.http import INTERNAL_MESSAGE, error_headers, error_id, status_for
 
 __all__ = [
     "ApiError",
@@ -53,22 +53,28 @@ Reply = Tuple[int, Dict[str, Any], Dict[str, str]]
 
 
 def serve_embeddings(
-    body: Callable[[], Any], streamer: Callable[[], BaseStreamer], served: List[str], log: logging.Logger
+    body: Callable[[], Any],
+    streamer: Callable[[], BaseStreamer],
+    served: List[str],
+    log: logging.Logger,
+    details: bool = False,
 ) -> Reply:
     """Serve one ``POST /v1/embeddings``: ``body()`` reads the request's JSON
     (the framework layer's reader: its body limit, media types), its inputs
     run through ``streamer()`` with other requests', and every failure is
-    an error in OpenAI's shape, a 5xx logged to ``log``.
-    ``(status, body, headers)``."""
+    an error in OpenAI's shape, a 5xx logged to ``log``; a 500 says what
+    failed only with ``details`` (the app's debug mode), else ``internal
+    error`` and the id its log line carries. ``(status, body, headers)``."""
     future: Optional[BatchFuture] = None
     try:
         request = EmbeddingsRequest.parse(body(), served)
         future = streamer().submit(request.inputs)
         return 200, embeddings_reply(future.result(), request), {}
     except Exception as exc:
-        reply = error_reply(exc, future.failed_input if future is not None else None)
+        made = error_id() if _status(exc) == 500 else None
+        reply = error_reply(exc, future.failed_input if future is not None else None, details, made)
         if reply[0] == 500:
-            log.error("POST /v1/embeddings failed", exc_info=exc)
+            log.error("POST /v1/embeddings failed (error id %s)", made, exc_info=exc)
         elif reply[0] > 500:
             log.warning("POST /v1/embeddings: %s", exc)
         return reply
@@ -171,22 +177,33 @@ def models_reply(model: str) -> Dict[str, Any]:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": _CREATED, "owned_by": "local"}]}
 
 
-def error_reply(exc: BaseException, failed_input: Optional[int] = None) -> Reply:
+def error_reply(
+    exc: BaseException, failed_input: Optional[int] = None, details: bool = False, made: Optional[str] = None
+) -> Reply:
     """``(status, body, headers)`` of an error in OpenAI's shape: an
     :class:`ApiError` as it is; anything else by the project's statuses and
     headers (a 503 with ``Retry-After``, a 405 with ``Allow``);
     ``failed_input``: the input it is the error of, named in the message
-    and the ``param``."""
+    and the ``param``. A 500's message is the exception's only with
+    ``details``; ``made``: its error id, given as ``"id"``."""
+    status = _status(exc)
     if isinstance(exc, ApiError):
-        status, param, code, headers = exc.status, exc.param, exc.code, {}
+        param, code, headers = exc.param, exc.code, {}
     else:
-        status, param, code = status_for(exc), None, None
-        headers = error_headers(exc, status)
-    message = str(exc)
+        param, code, headers = None, None, error_headers(exc, status)
+    message = str(exc) if status != 500 or details else INTERNAL_MESSAGE
     if failed_input is not None:
         message, param = f"input {failed_input}: {message}", f"input[{failed_input}]"
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}, headers
+    error: Dict[str, Any] = {"message": message, "type": kind, "param": param, "code": code}
+    if made is not None:
+        error["id"] = made
+    return status, {"error": error}, headers
+
+
+def _status(exc: BaseException) -> int:
+    """The status of an error of the API: an :class:`ApiError`'s own, else the project's."""
+    return exc.status if isinstance(exc, ApiError) else status_for(exc)
 
 
 def method_not_allowed(method: str, allowed: List[str]) -> Reply:

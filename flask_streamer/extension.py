@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from streamer_core import shortcuts
 from streamer_core.config import OPTIONS
-from streamer_core.errors import ConfigurationError, MethodNotAllowed
+from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
 from streamer_core.web.body import check_many, default_input, json_of, upload_of
@@ -29,8 +29,16 @@ from .answer import JsonAnswer
 from .decorators import ViewDecorator, check_batch_function, checked, explained
 from .dispatch import install as install_dispatch
 from .reading import body_of, limit_request_body, loads_of, read_error
-from .route import _UNSET, BatchedRoute, ParseHook, RespondHook
-from .settings import BODY_DEFAULTS, ROUTE_OPTIONS, app_routes, read_settings, setting_name, written_as
+from .route import _UNSET, BatchedRoute, ParseHook, RespondHook, check_sharing
+from .settings import (
+    BODY_DEFAULTS,
+    ROUTE_OPTIONS,
+    app_routes,
+    check_ops_routes,
+    read_settings,
+    setting_name,
+    written_as,
+)
 
 __all__ = [
     "FlaskStreamer",
@@ -81,7 +89,9 @@ class _AppState:
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
-        self.cycle: Cycle[Any] = _FlaskCycle(_reply, app.logger, "the batched route", _debug, read_error)
+        #: ``STREAMER_ERROR_DETAILS``: a 500 says its exception (None: in debug mode).
+        self.error_details: Optional[bool] = app.config.get(setting_name("error_details"))
+        self.cycle: Cycle[Any] = _FlaskCycle(_reply, app.logger, "the batched route", _debug, read_error, _details)
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)
@@ -150,7 +160,7 @@ class FlaskStreamer:
             )
         settings = read_settings(app.config, app.name)
         ops_routes = {field: rule for field, rule in app_routes(app.config).items() if rule is not None}
-        _check_ops_routes(app, ops_routes)
+        check_ops_routes(app, ops_routes)
         state = _AppState(self, app, settings)
         for route in self._routes:
             self._attach(app, state, route)
@@ -271,7 +281,7 @@ class FlaskStreamer:
                 "endpoint of another batched route whose model it serves"
             )
         if isinstance(model, str):
-            _check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
+            check_sharing(rule, endpoint, overrides, init_args, init_kwargs)
         check_batch_function(model, f"the batched route {rule!r}")
         decorators = self.decorators if decorators is None else checked(decorators, f"the batched route {rule!r}")
         for name, hook in (("parse", parse), ("respond", respond)):
@@ -397,21 +407,6 @@ class FlaskStreamer:
         )
 
 
-def _check_sharing(
-    rule: str, endpoint: Optional[str], overrides: Dict[str, Any], init_args: Sequence[Any], init_kwargs: Any
-) -> None:
-    """A route serving another batched route's model (``model="embed"``)
-    takes that route's settings: it has its own endpoint, and none of them."""
-    if endpoint is None:
-        raise TypeError(f"give the batched route {rule!r} an endpoint name of its own (endpoint='...')")
-    given = sorted(overrides) + (["init_args"] if init_args else []) + (["init_kwargs"] if init_kwargs else [])
-    if given:
-        raise TypeError(
-            f"the batched route {rule!r} serves another route's model, whose settings it shares: set "
-            f"{', '.join(given)} on that route instead"
-        )
-
-
 def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> None:
     """Load the models of ``app``'s batched routes in this process now, not
     on their first request: a server's worker calls it as it boots, e.g. in
@@ -423,25 +418,6 @@ def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> No
 
     See :meth:`FlaskStreamer.start`."""
     _state(app).extension.start(app, wait, timeout)
-
-
-def _check_ops_routes(app: Flask, routes: Dict[str, str]) -> None:
-    """Refuse operations routes (``STREAMER_METRICS_ROUTE`` and the probes')
-    that share a path, or take one the app serves already to GET: either
-    would hide one of the two without a word (werkzeug serves the first)."""
-    problems: List[str] = []
-    taken: Dict[str, str] = {}
-    for field, rule in routes.items():
-        name = written_as(setting_name(field), app.config)
-        if rule in taken:
-            problems.append(f"{name} and {taken[rule]} are both {rule!r}: give each a path of its own")
-            continue
-        taken[rule] = name
-        served = [r.endpoint for r in app.url_map.iter_rules() if r.rule == rule and "GET" in (r.methods or ())]
-        if served:
-            problems.append(f"{name} is {rule!r}, which the app serves already ({served[0]!r}): choose another path")
-    if problems:
-        raise ConfigurationError("bad streamer settings:\n  " + "\n  ".join(problems), problems)
 
 
 def _metrics_view() -> Any:
@@ -607,3 +583,9 @@ def _reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:
 
 def _debug() -> bool:
     return bool(current_app.debug)
+
+
+def _details() -> Optional[bool]:
+    """``STREAMER_ERROR_DETAILS`` of the current app (``None``: as its debug mode)."""
+    details: Optional[bool] = current_app.extensions[EXTENSION_KEY].error_details
+    return details

@@ -15,7 +15,7 @@ from streamer_core.web.spec import LazyStreamer, ModelSpec
 from .decorators import ViewDecorator, apply
 from .settings import setting_name
 
-__all__ = ["BatchedRoute", "ParseHook", "RespondHook"]
+__all__ = ["BatchedRoute", "ParseHook", "RespondHook", "check_sharing"]
 
 _UNSET: Any = object()  # a route keyword not given
 
@@ -147,3 +147,18 @@ class BatchedRoute:
 
     def __repr__(self) -> str:
         return f"<BatchedRoute {self.name} {self.rule!r}>"
+
+
+def check_sharing(
+    rule: str, endpoint: Optional[str], overrides: Dict[str, Any], init_args: Sequence[Any], init_kwargs: Any
+) -> None:
+    """A route serving another batched route's model (``model="embed"``)
+    takes that route's settings: it has its own endpoint, and none of them."""
+    if endpoint is None:
+        raise TypeError(f"give the batched route {rule!r} an endpoint name of its own (endpoint='...')")
+    given = sorted(overrides) + (["init_args"] if init_args else []) + (["init_kwargs"] if init_kwargs else [])
+    if given:
+        raise TypeError(
+            f"the batched route {rule!r} serves another route's model, whose settings it shares: set "
+            f"{', '.join(given)} on that route instead"
+        )

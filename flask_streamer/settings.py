@@ -29,6 +29,7 @@ setting                            default         meaning
 ``STREAMER_MAX_BODY_BYTES``        ``10485760``    the largest body a batched route reads (10 MiB); then 413
 ``STREAMER_MAX_INPUTS``            ``2048``        the most inputs of one request to a ``many=True`` route; then 413
 ``STREAMER_JSON_ERRORS``           ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
+``STREAMER_ERROR_DETAILS``         ``None``        a 500 says its exception; None: only when ``app.debug``
 ``STREAMER_SHORTCUTS``             ``True``        shortcuts through Flask's, gevent's... workings (tested releases)
 =================================  ==============  ==============================================
 
@@ -45,12 +46,15 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from streamer_core.config import OPTIONS
 from streamer_core.errors import ConfigurationError
 from streamer_core.metrics import available as metrics_available
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 __all__ = [
     "DEFAULTS",
@@ -61,6 +65,7 @@ __all__ = [
     "read_settings",
     "app_routes",
     "setting_name",
+    "check_ops_routes",
 ]
 
 #: Each setting's default, by option (:data:`streamer_core.config.OPTIONS`,
@@ -80,7 +85,7 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 #: keyword of the same name overrides it).
 BODY_DEFAULTS: Dict[str, Any] = {name: OPTIONS[name].default for name in ("max_body_bytes", "max_inputs")}
 #: The app-wide options checked by the option table: how requests are read and errors answered.
-APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors", "shortcuts")
+APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors", "error_details", "shortcuts")
 
 
 def setting_name(field: str) -> str:
@@ -168,3 +173,22 @@ def _from_environment(key: str, config: Mapping[str, Any]) -> bool:
 
 def _placeholder(batch: Any) -> Any:  # stands for the route's model while checking app-wide settings
     return batch
+
+
+def check_ops_routes(app: Flask, routes: Dict[str, str]) -> None:
+    """Refuse operations routes (``STREAMER_METRICS_ROUTE`` and the probes')
+    that share a path, or take one the app serves already to GET: either
+    would hide one of the two without a word (werkzeug serves the first)."""
+    problems: List[str] = []
+    taken: Dict[str, str] = {}
+    for field, rule in routes.items():
+        name = written_as(setting_name(field), app.config)
+        if rule in taken:
+            problems.append(f"{name} and {taken[rule]} are both {rule!r}: give each a path of its own")
+            continue
+        taken[rule] = name
+        served = [r.endpoint for r in app.url_map.iter_rules() if r.rule == rule and "GET" in (r.methods or ())]
+        if served:
+            problems.append(f"{name} is {rule!r}, which the app serves already ({served[0]!r}): choose another path")
+    if problems:
+        raise ConfigurationError("bad streamer settings:\n  " + "\n  ".join(problems), problems)

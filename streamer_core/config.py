@@ -100,6 +100,11 @@ def _tracing(value: Any) -> bool:
     return on
 
 
+def _optional_flag(value: Any) -> Optional[bool]:
+    """None, or a flag (:func:`~streamer_core.checks.flag`)."""
+    return None if value is None else flag(value)
+
+
 def _backend(value: Any) -> str:
     if value not in BACKENDS:
         raise ValueError(f"is {value!r}; use one of {', '.join(map(repr, BACKENDS))}")
@@ -355,6 +360,14 @@ _TABLE = (
         flag,
         "option",
         "answer every HTTP error of the app (404, 405, 413, ...) as JSON, as the batched routes answer theirs",
+    ),
+    Option(
+        "error_details",
+        None,
+        _optional_flag,
+        "option",
+        "say a 500's exception type and message to the client; None: only in debug mode (Flask's app.debug, "
+        "Django's DEBUG); otherwise the client gets 'internal error' and an id the log line carries",
     ),
     Option(
         "shortcuts",

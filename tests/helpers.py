@@ -12,6 +12,21 @@ from typing import Any, Callable, Dict, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def failure_behind(error: Dict[str, Any], records: Any) -> BaseException:
+    """The exception behind a 500 answered as the project answers one by
+    default (``error``: its JSON error, ``internal error`` and an id, the
+    index of the input where a request has many): the one logged, with its
+    traceback, on the record that names the same id (``records``: pytest's
+    ``caplog.records``)."""
+    assert error["status"] == 500 and error["type"] == "internal_error", error
+    assert error["message"].endswith("internal error") and "traceback" not in error, error
+    assert len(error["id"]) == 16, error
+    logged = [record for record in records if error["id"] in record.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info, [record.getMessage() for record in records]
+    failure: BaseException = logged[0].exc_info[1]
+    return failure
+
+
 def shortcut_on(name: str) -> bool:
     """Whether the shortcut ``name`` is taken in this test run
     (:mod:`streamer_core.shortcuts`: ``STREAMER_SHORTCUTS=0`` runs the

@@ -264,3 +264,31 @@ def test_a_model_that_is_not_a_string_is_told_so_not_that_it_is_missing() -> Non
     with pytest.raises(ApiError, match="'model' must be a string, the name of the model to use, not 5") as wrong:
         EmbeddingsRequest.parse({"model": 5, "input": "a"}, [MODEL])
     assert wrong.value.status == 400 and wrong.value.param == "model"
+
+
+@pytest.mark.parametrize("details", [False, True])
+def test_a_500_says_internal_error_and_an_id_unless_the_app_is_in_debug_mode(
+    closing: Any, caplog: Any, details: bool
+) -> None:
+    """A model that fails: OpenAI's shape of a server error, ``internal
+    error`` and the id of the log line that carries the traceback; the
+    exception itself only in the app's debug mode."""
+    import logging
+
+    from example_flask.openai_api import serve_embeddings
+    from streamer_core import ThreadedStreamer
+
+    def broken(batch: List[Any]) -> List[Any]:
+        raise RuntimeError("the weights at /secret/path are gone")
+
+    streamer = closing(ThreadedStreamer(broken, batch_size=8, max_latency=0.01))
+    log = logging.getLogger("tests.openai")
+    request = {"model": MODEL, "input": ["one", "two"]}
+    with caplog.at_level(logging.ERROR, "tests.openai"):
+        status, answer, _ = serve_embeddings(lambda: request, lambda: streamer, [MODEL], log, details)
+    error = answer["error"]
+    assert status == 500 and error["type"] == "server_error" and len(error["id"]) == 16
+    said = "the weights at /secret/path are gone" if details else "internal error"
+    assert error["message"] == f"input 0: {said}"
+    (line,) = [record for record in caplog.records if error["id"] in record.getMessage()]
+    assert line.exc_info is not None and "/secret/path" in str(line.exc_info[1])

@@ -69,7 +69,8 @@ def embeddings(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _answer(*method_not_allowed(str(request.method), ["POST"]))
     served = names_of(settings.EMBEDDING_MODEL)
-    return _answer(*serve_embeddings(lambda: request_item(request), lambda: get_streamer("embed"), served, log))
+    embed = lambda: get_streamer("embed")  # noqa: E731
+    return _answer(*serve_embeddings(lambda: request_item(request), embed, served, log, settings.DEBUG))
 
 
 @csrf_exempt  # another method gets the API's 405, not the CSRF check's 403 page

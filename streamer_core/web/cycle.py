@@ -31,7 +31,7 @@ from ..future import BatchFuture
 from ..stats import stats_for
 from ..streamer import BaseStreamer
 from .body import inputs_of
-from .http import error_response, log_unavailable, status_for
+from .http import error_id, error_response, log_unavailable, status_for
 from .peer import await_call, peer_closed, wait_call
 
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ class Cycle(Generic[R]):
     carries its traceback; ``read_error(exc)`` turns what the framework
     raised while reading a body (a malformed form, a body over its limit)
     into an :class:`InvalidInput` of the right status, or ``None`` when it
-    is not such an error."""
+    is not such an error; ``details()``: whether a 500 says its exception's
+    type and message (``None``: as ``debug()`` says)."""
 
     def __init__(
         self,
@@ -65,12 +66,14 @@ class Cycle(Generic[R]):
         noun: str,
         debug: Callable[[], bool],
         read_error: Callable[[BaseException], Optional[InvalidInput]],
+        details: Optional[Callable[[], Optional[bool]]] = None,
     ) -> None:
         self.reply = reply
         self.log = log
         self.noun = noun
         self.debug = debug
         self.read_error = read_error
+        self.details = details
 
     # -- the cycle ---------------------------------------------------------------
 
@@ -236,12 +239,16 @@ class Cycle(Generic[R]):
     ) -> R:
         """The response for ``exc``: its status by
         :func:`~streamer_core.web.http.status_for`; a 500 logged with its
-        traceback, a 503 or 504 logged by
+        traceback and a new error id, which the client gets (and, where
+        ``details()`` says so, the exception's type and message); a 503 or 504 logged by
         :func:`~streamer_core.web.http.log_unavailable`. ``failed_input``:
         the index of the input of the request it is the error of, named in
         the message and given as ``"input"``; ``span``: the request's, when
         traced, which records the status."""
-        status, body, headers = error_response(exc, debug=self.debug())
+        status = status_for(exc)
+        made = error_id() if status == 500 else None
+        details = self.details() if self.details is not None else None
+        status, body, headers = error_response(exc, debug=self.debug(), details=details, error_id=made)
         if span is not None:
             from ..tracing import mark_status
 
@@ -251,7 +258,7 @@ class Cycle(Generic[R]):
             error["message"] = f"input {failed_input}: {error['message']}"
             error["input"] = failed_input
         if status == 500:
-            self.log.error("%s %s failed", self.noun, name, exc_info=exc)
+            self.log.error("%s %s failed (error id %s)", self.noun, name, made, exc_info=exc)
         elif status > 500:
             log_unavailable(self.log, f"{self.noun} {name}", status, exc)
         return self.reply(status, body, headers)

@@ -10,13 +10,16 @@ the request cannot be parsed into an input   400    ``{"error": ...}``
 a method the endpoint does not serve         405    ``Allow``
 a body larger than the server takes          413
 a body of a media type that is not read      415
-the model raised for this input              500    the error's type and message
+the model raised for this input              500    ``internal error`` and an id
 the call timed out                           504
 queue full, no worker, broker down, closing  503    ``Retry-After`` (seconds)
 ==========================================  ======  =========================
 
 Every body is JSON: ``{"error": {"status", "type", "message"}}``, plus
-``"traceback"`` when the framework runs in debug mode.
+``"traceback"`` when the framework runs in debug mode. A 500 says nothing
+of what failed unless the app asks (``error_details``, by default its
+debug mode): its type is ``internal_error``, its message ``internal
+error``, and its ``id`` is the one the log line of its traceback carries.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import threading
 import time
 import traceback
+import uuid
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
 from ..errors import (
@@ -147,14 +151,37 @@ def log_unavailable(log: logging.Logger, endpoint: str, status: int, exc: BaseEx
     log.warning("%s answered %d: %s%s", endpoint, status, exc, more, stacklevel=2)
 
 
-def error_response(exc: BaseException, *, debug: bool = False) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
-    """``(status, json_body, headers)`` for ``exc``. The traceback (the
-    worker's, when the error crossed a process) is included only when
-    ``debug``: it can show code and data that clients should not see."""
+#: What a 500 says of its error where the app does not ask for its details.
+INTERNAL_ERROR = "internal_error"
+INTERNAL_MESSAGE = "internal error"
+
+
+def error_id() -> str:
+    """A new id for a 500: the client gets it, the log line of its traceback
+    carries it, so that one finds the other."""
+    return uuid.uuid4().hex[:16]
+
+
+def error_response(
+    exc: BaseException, *, debug: bool = False, details: Optional[bool] = None, error_id: Optional[str] = None
+) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
+    """``(status, json_body, headers)`` for ``exc``. A 500 carries
+    ``error_id`` as ``"id"``, and says the exception's type and message only
+    with ``details`` (default: ``debug``): they can name paths, data and
+    internals that clients should not see; otherwise it says
+    :data:`INTERNAL_MESSAGE`. The traceback (the worker's, when the error
+    crossed a process) is included only when ``debug``, and not where
+    ``details`` is false."""
     status = status_for(exc)
-    body = error_body(status, type(exc).__name__, str(exc))
+    shown = debug if details is None else details
+    if status == 500 and not shown:
+        body = error_body(status, INTERNAL_ERROR, INTERNAL_MESSAGE)
+    else:
+        body = error_body(status, type(exc).__name__, str(exc))
     error = body["error"]
-    if debug:
+    if status == 500 and error_id is not None:
+        error["id"] = error_id
+    if debug and shown:
         error["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         cause = exc.__cause__
         if isinstance(cause, RemoteTraceback):

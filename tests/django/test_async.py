@@ -63,7 +63,7 @@ def test_async_views_map_errors_as_sync_ones_do(streamer_settings):
         ]
 
     boom, bad, get = asyncio.run(main())
-    assert boom.status_code == 500 and boom.json()["error"]["type"] == "ValueError"
+    assert boom.status_code == 500 and boom.json()["error"]["type"] == "internal_error"
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     assert get.status_code == 405
     streamer_settings(

@@ -23,6 +23,7 @@ from rest_framework.test import APIClient
 from django_streamer import started_models
 from streamer_core.stats import stats_for
 from tests.django.test_idioms import SESSIONS
+from tests.helpers import failure_behind
 
 KEY = {"HTTP_AUTHORIZATION": "Key secret"}
 
@@ -107,9 +108,14 @@ def test_a_serializers_field_errors_are_a_400_in_drfs_shape():
     assert since(before) == {"invalid": 1, "ok": 1}, "the refused call is counted, once"
 
 
-def test_the_streamers_failures_keep_the_projects_statuses(streamer_settings):
+def test_the_streamers_failures_keep_the_projects_statuses(streamer_settings, caplog):
     response = post("/rest/open", {"x": "boom"})
-    assert response.status_code == 500 and response.json() == {"detail": "the model refuses 'boom'"}
+    assert response.status_code == 500 and set(response.json()) == {"detail", "id"}, response.content
+    answer = response.json()
+    failure = failure_behind(
+        {"status": 500, "type": "internal_error", "message": answer["detail"], **answer}, caplog.records
+    )
+    assert str(failure) == "the model refuses 'boom'"
     streamer_settings(
         {
             "double": {"MODEL": "tests.django.batch_models.BrokenModel"},

@@ -15,6 +15,7 @@ from flask.json.provider import DefaultJSONProvider
 
 from flask_streamer import FlaskStreamer
 from tests.flask.conftest import error_of
+from tests.helpers import failure_behind
 
 torch = pytest.importorskip("torch")
 
@@ -72,8 +73,10 @@ def test_a_body_nested_too_deep_is_a_json_400(make_app: Callable[..., Tuple[Flas
         assert "not valid JSON" in error["message"]
 
 
-def test_an_output_with_no_json_form_is_a_json_500(make_app: Callable[..., Tuple[Flask, FlaskStreamer]]) -> None:
+def test_an_output_with_no_json_form_is_a_json_500(
+    make_app: Callable[..., Tuple[Flask, FlaskStreamer]], caplog: pytest.LogCaptureFixture
+) -> None:
     app, streamer = make_app()
     streamer.add_batched_route("/sets", "sets", lambda batch: [{1, 2} for _ in batch])
-    error = error_of(app.test_client().post("/sets", json=1), 500)
-    assert error["type"] == "SerializationError" and "cannot be sent as JSON" in error["message"]
+    failure = failure_behind(error_of(app.test_client().post("/sets", json=1), 500), caplog.records)
+    assert type(failure).__name__ == "SerializationError" and "cannot be sent as JSON" in str(failure)

@@ -17,6 +17,7 @@ from flask import Blueprint, Response, jsonify
 from flask_streamer import InvalidInput
 from tests.flask.apps import BrokenModel, double, fail_on_boom, sized
 from tests.flask.conftest import error_of, queue_behind_hold
+from tests.helpers import failure_behind
 from tests.servers import free_port
 
 
@@ -212,10 +213,10 @@ def test_numpy_and_tuple_results_are_answered_as_json(make_app):
     assert client.post("/tuple", json="a").get_json() == ["a", {"k": [1, 2]}]
 
 
-def test_a_model_error_is_a_500_for_its_input_only_even_inside_one_batch(make_app, gated, pool):
+def test_a_model_error_is_a_500_for_its_input_only_even_inside_one_batch(make_app, gated, pool, caplog):
     """Hold the model so that three requests queue into one batch, one of
-    them an input the model raises for: that one gets a 500 with the error's
-    type and message, the others their results."""
+    them an input the model raises for: that one gets a 500 (the error
+    logged under the id it carries), the others their results."""
     app, streamer = make_app({"STREAMER_BATCH_SIZE": 8, "STREAMER_MAX_LATENCY": 0.01})
     streamer.add_batched_route("/gated", "gated", gated)
     held, futures = queue_behind_hold(pool, app, "/gated", "gated", gated, ["a", "boom", "b"])
@@ -223,8 +224,8 @@ def test_a_model_error_is_a_500_for_its_input_only_even_inside_one_batch(make_ap
     assert held.result(10).get_json() == "ok:hold"
     first, boom, last = (f.result(10) for f in futures)
     assert first.get_json() == "ok:a" and last.get_json() == "ok:b"
-    error = error_of(boom, 500)
-    assert error == {"status": 500, "type": "ValueError", "message": "the model cannot take 'boom'"}, error
+    failure = failure_behind(error_of(boom, 500), caplog.records)
+    assert (type(failure), str(failure)) == (ValueError, "the model cannot take 'boom'")
     assert sorted(gated.batches[1]) == ["a", "b", "boom"], "the three should have been one batch"
     # The model keeps serving.
     assert app.test_client().post("/gated", json="c").get_json() == "ok:c"
@@ -235,7 +236,7 @@ def test_the_traceback_is_shown_only_in_debug_mode(make_app):
     streamer.add_batched_route("/boom", model=fail_on_boom)
     client = app.test_client()
     error = error_of(client.post("/boom", json="boom"), 500)
-    assert "traceback" not in error and "fail_on_boom" not in str(error)
+    assert "traceback" not in error and "fail_on_boom" not in str(error) and "boom" not in error["message"]
     app.debug = True
     error = error_of(client.post("/boom", json="boom"), 500)
     assert "ValueError: the model cannot take 'boom'" in error["traceback"]
@@ -243,16 +244,17 @@ def test_the_traceback_is_shown_only_in_debug_mode(make_app):
     assert error["message"] == "the model cannot take 'boom'"
 
 
-def test_a_result_that_cannot_be_json_encoded_is_a_json_500(make_app):
+def test_a_result_that_cannot_be_json_encoded_is_a_json_500(make_app, caplog):
     """ "Always a JSON body": a model whose output JSON cannot carry (a set,
-    bytes) gets a JSON 500 naming the problem, not Flask's HTML error page."""
+    bytes) gets a JSON 500, not Flask's HTML error page, the problem named in
+    the log line of its id."""
     app, streamer = make_app()
     streamer.add_batched_route("/set", "set_result", lambda batch: [{x} for x in batch])
     streamer.add_batched_route("/bytes", "bytes_result", lambda batch: [str(x).encode() for x in batch])
     client = app.test_client()
     for path in ("/set", "/bytes"):
-        error = error_of(client.post(path, json=1), 500)
-        assert "JSON" in error["message"] or "serializable" in error["message"], error
+        failure = str(failure_behind(error_of(client.post(path, json=1), 500), caplog.records))
+        assert "JSON" in failure or "serializable" in failure, failure
 
 
 def test_a_call_that_times_out_is_a_504_and_its_input_never_runs(make_app, gated, pool):
@@ -369,9 +371,8 @@ def test_an_input_the_parse_hook_made_that_cannot_reach_a_worker_is_a_json_500(m
     server's fault: 500, logged, never a 400."""
     app, streamer = make_app({"STREAMER_BACKEND": "process"})
     streamer.add_batched_route("/double", model=double, parse=lambda request: threading.Lock())
-    error = error_of(app.test_client().post("/double", json=1), 500)
-    assert error["type"] == "SerializationError" and "lock" in error["message"]
-    assert any(r.levelname == "ERROR" and "double" in r.getMessage() for r in caplog.records), "logged for the operator"
+    failure = failure_behind(error_of(app.test_client().post("/double", json=1), 500), caplog.records)
+    assert type(failure).__name__ == "SerializationError" and "lock" in str(failure), "logged for the operator"
 
 
 def test_a_parse_hook_or_respond_hook_that_fails_unexpectedly_is_a_logged_json_500(make_app, caplog):
@@ -390,13 +391,14 @@ def test_a_parse_hook_or_respond_hook_that_fails_unexpectedly_is_a_logged_json_5
     streamer.add_batched_route("/parse", "broken_parse", lambda batch: calls.append(batch) or batch, parse=parse)
     streamer.add_batched_route("/respond", "broken_respond", double, respond=respond)
     client = app.test_client()
-    error = error_of(client.post("/parse", json=1), 500)
-    assert (error["type"], error["message"]) == ("RuntimeError", "the hook's bug") and calls == []
-    error = error_of(client.post("/respond", json=1), 500)
-    assert error["type"] == "LookupError" and "the respond hook's bug" in error["message"]
+    parse_error = error_of(client.post("/parse", json=1), 500)
+    failure = failure_behind(parse_error, caplog.records)
+    assert (type(failure), str(failure)) == (RuntimeError, "the hook's bug") and calls == []
+    respond_error = error_of(client.post("/respond", json=1), 500)
+    failure = failure_behind(respond_error, caplog.records)
+    assert type(failure) is LookupError and "the respond hook's bug" in str(failure)
     failed = [r for r in caplog.records if r.levelname == "ERROR"]
     assert [r.getMessage() for r in failed] == [
-        "the batched route broken_parse failed",
-        "the batched route broken_respond failed",
+        f"the batched route broken_parse failed (error id {parse_error['id']})",
+        f"the batched route broken_respond failed (error id {respond_error['id']})",
     ]
-    assert all(r.exc_info for r in failed), "logged with the traceback"

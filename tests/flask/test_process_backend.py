@@ -19,7 +19,7 @@ from flask import Flask
 
 from tests.flask import apps
 from tests.flask.conftest import close_streamers, error_of
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, failure_behind, wait_for
 from tests.servers import worker_children
 
 #: Spawning workers and answering must stay well within this, on 2 cores.
@@ -89,10 +89,11 @@ def test_the_decorated_function_runs_in_a_worker_process(process_app):
     assert streamer.worker_pids() == [answer["pid"]], "the route's worker_num=1 overrides STREAMER_WORKER_NUM=2"
 
 
-def test_a_model_error_in_a_worker_is_a_500_with_the_worker_traceback_in_debug(process_app):
+def test_a_model_error_in_a_worker_is_a_500_with_the_worker_traceback_in_debug(process_app, caplog):
     client = process_app.test_client()
-    error = error_of(client.post("/boom", json="boom"), 500)
-    assert error == {"status": 500, "type": "ValueError", "message": "the model cannot take 'boom'"}
+    failure = failure_behind(error_of(client.post("/boom", json="boom"), 500), caplog.records)
+    assert (type(failure), str(failure)) == (ValueError, "the model cannot take 'boom'")
+    assert "fail_on_boom" in failure.__cause__.tb, "the worker's traceback is logged"
     assert client.post("/boom", json="fine").get_json() == "ok:fine", "the worker keeps serving"
     process_app.debug = True
     error = error_of(client.post("/boom", json="boom"), 500)

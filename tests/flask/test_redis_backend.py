@@ -157,7 +157,7 @@ def test_the_web_process_enqueues_and_the_cli_workers_answer(web, run_workers, r
     until_served(app, "/boom", "fine")
     client = app.test_client()
     error = error_of(client.post("/boom", json="boom"), 500)
-    assert (error["type"], error["message"]) == ("ValueError", "the model cannot take 'boom'")
+    assert (error["type"], error["message"]) == ("internal_error", "internal error")  # the worker's error is logged
     assert client.post("/boom", json="fine").get_json() == "ok:fine"
 
     # One worker per batched route, each listed with its keys.
