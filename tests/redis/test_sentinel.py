@@ -29,7 +29,7 @@ import redis
 
 from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.client import SEND_RETRY_S
-from streamer_core.errors import BrokerUnavailableError
+from streamer_core.errors import BrokerUnavailableError, ConfigurationError
 from streamer_core.redis_address import RedisAddress
 from tests.core.models import double
 from tests.helpers import wait_for
@@ -225,14 +225,16 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
         assert streamer.wait_ready(20)
         assert streamer.predict([1, 2, 3]) == [2, 4, 6]
         # The Sentinels refuse the master's password (redis-py takes that for a
-        # Sentinel that does not answer); the master refuses the Sentinels'.
+        # Sentinel that does not answer); the master refuses the Sentinels',
+        # a setting to fix, said as the streamer starts.
         master_wrong = (
             f"redis+sentinel://:sentinel-pw@127.0.0.1:{sentinel_port}/{SERVICE}/0?sentinel_password=sentinel-pw"
         )
-        for wrong, refusal in ((swapped, "sentinel_password"), (master_wrong, "refused the credentials")):
-            with RedisStreamer(wrong, "passwords", timeout=5) as refused:
-                with pytest.raises(BrokerUnavailableError, match=refusal):
-                    refused.live_workers()
+        with RedisStreamer(swapped, "passwords", timeout=5) as refused:
+            with pytest.raises(BrokerUnavailableError, match="sentinel_password"):
+                refused.live_workers()
+        with pytest.raises(ConfigurationError, match="Redis refused this client.*check the password"):
+            RedisStreamer(master_wrong, "passwords", timeout=5)
         # The master gone, the Sentinel still names it: a call is refused
         # with words that fit a failover, not a misconfiguration.
         master.kill()

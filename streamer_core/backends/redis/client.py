@@ -25,6 +25,7 @@ from .connection import (
     broker_errors,
     broker_problem,
     connect,
+    refuses_setup,
     setup_refused,
 )
 from .damage import DeadLetters, is_wrong_type, repair_key
@@ -120,8 +121,6 @@ class _RedisClientBackend(Backend):
         self._deleter = background(self._delete_abandoned, "streamer-redis-delete")
 
     def start(self, scheduler: Scheduler) -> None:
-        import redis
-
         self._scheduler = scheduler
         try:
             self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
@@ -129,13 +128,15 @@ class _RedisClientBackend(Backend):
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
             else:
                 self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
-        except broker_errors() as exc:
+        except Exception as exc:
+            if refuses_setup(exc):  # e.g. "DB index is out of range", a wrong password: a setting to fix
+                self._send_conn.close()
+                self._read_conn.close()
+                self._ask_conn.close()
+                raise setup_refused(self._address, exc) from exc
+            if not isinstance(exc, broker_errors()):
+                raise
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
-        except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
-            self._send_conn.close()
-            self._read_conn.close()
-            self._ask_conn.close()
-            raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
         scheduler.gate_parked(self._out_limit)
         if scheduler.stats is not None:
