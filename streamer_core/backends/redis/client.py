@@ -21,6 +21,7 @@ from .answers import read_answer
 from .connection import (
     MAX_BACKOFF_S,
     LoopErrors,
+    OutageLog,
     ServerIdentity,
     broker_errors,
     broker_problem,
@@ -116,6 +117,8 @@ class _RedisClientBackend(Backend):
         self.ledger = Ledger(levels)
         self._stopping = threading.Event()
         self._server = ServerIdentity()
+        namespace = self._keys.namespace
+        self._send_outage = OutageLog(f"{namespace}: could not send to Redis", f"{namespace}: sending to Redis again")
         self._scheduler: Optional[Scheduler] = None
         self._collector = background(self._collect, "streamer-redis-collect")
         self._deleter = background(self._delete_abandoned, "streamer-redis-delete")
@@ -246,16 +249,17 @@ class _RedisClientBackend(Backend):
                         large = large or bool(buffers)
                     self.ledger.added(sent, self._add(requests, large, level) if requests else [])
                     levels.pop(0)
+                self._send_outage.succeeded()
                 return None
             except broker_errors() as exc:
                 failure = exc
-                logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
+                self._send_outage.failed(broker_problem(exc, self._address))
             except redis.ResponseError as exc:
                 failure = exc
                 if is_wrong_type(exc):
                     repair_key(self._send_conn, self._keys.request_stream(levels[0]), "stream")
                 else:
-                    logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
+                    self._send_outage.failed(broker_problem(exc, self._address))
             left = give_up_at - time.monotonic()
             if left <= 0:
                 return failure

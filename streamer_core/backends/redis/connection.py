@@ -22,6 +22,7 @@ __all__ = [
     "broker_errors",
     "broker_problem",
     "LoopErrors",
+    "OutageLog",
     "MAX_BACKOFF_S",
 ]
 
@@ -254,6 +255,42 @@ def wait_for_broker(redis_broker: AddressLike, stopping: threading.Event, log_ev
         return False
     finally:
         conn.close()
+
+
+class OutageLog:
+    """Says that a kind of request to Redis fails once an outage, not at
+    each try: a warning at the first failure, and one when a try succeeds
+    again, with how long it lasted and how many tries failed meanwhile.
+    While Redis is down every request fails the same way, each retried,
+    and a line for each try would bury the rest of the log (the calls
+    refused are the web layer's 503s, logged at their own rate)."""
+
+    def __init__(self, what: str, again: str) -> None:
+        self._what = what  # "streamer:x: could not send to Redis"
+        self._again = again  # "streamer:x: sending to Redis again"
+        self._lock = threading.Lock()
+        self._since: Optional[float] = None
+        self._failed = 0
+
+    def failed(self, problem: str) -> None:
+        """A try failed, for ``problem`` (:func:`broker_problem`'s words)."""
+        with self._lock:
+            self._failed += 1
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        logger.warning("%s: %s; retrying (said once, until a try succeeds)", self._what, problem)
+
+    def succeeded(self) -> None:
+        """A try succeeded: the end of an outage, if one was under way."""
+        if self._since is None:  # the usual case, without the lock
+            return
+        with self._lock:
+            since, failed = self._since, self._failed
+            self._since, self._failed = None, 0
+        if since is not None:
+            lasted = time.monotonic() - since
+            logger.warning("%s after %.1f s; %d tries failed meanwhile", self._again, lasted, failed)
 
 
 class LoopErrors:
