@@ -10,6 +10,7 @@ import sys
 
 from flask_streamer import start_streamers
 from streamer_core.errors import ConfigurationError
+from streamer_core.web.settling import freeze_after_loading
 
 from . import create_app
 
@@ -25,6 +26,10 @@ def main() -> int:
         for message in exc.messages or [str(exc)]:
             print(f"example_flask: error: {message}", file=sys.stderr)
         return 2
+    # What loading made out of the collector's sight, as every server the
+    # example runs under does: a collection does not stall requests, and
+    # the interpreter's last collections at exit do not walk it for seconds.
+    freeze_after_loading()
     print(f" * try: curl -X POST {host}:{port}/stream -d 's=Happy birthday to you.'", flush=True)
     print(f'   and: curl -F "file=@example_flask/cat.jpg" {host}:{port}/classify', flush=True)
     # SIGTERM (a service manager's stop, kill) ends the server as Ctrl-C
