@@ -235,6 +235,10 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
         assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
         text = log.read_text()
         assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
+        [said] = re.findall(r"`(model SentenceEmbedder ready on cpu in .*?)`", (ROOT / "README.md").read_text(), re.S)
+        said = " ".join(said.split())  # as the README quotes it, its time aside
+        line = re.escape(said).replace(re.escape(said.split(" in ")[1].split()[0]), r"[\d.]+", 1)
+        assert re.search(rf"INFO thread backend: {line}$", text, re.M), (said, text[-3000:])
         assert re.search(r"example_flask\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
 
 
