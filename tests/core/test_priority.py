@@ -19,7 +19,7 @@ from streamer_core.config import BatchingConfig
 from streamer_core.future import BatchFuture
 from streamer_core.streamer import BaseStreamer
 from tests.core import models
-from tests.helpers import ROOT, metric_samples, wait_for
+from tests.helpers import ROOT, metric_samples, stop_each, wait_for
 
 
 class Busy:
@@ -273,7 +273,10 @@ def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(root)}
     name = f"priority-multi-{uuid.uuid4().hex[:8]}"
     runs = [subprocess.Popen([sys.executable, "-c", _LEVELED_CALLS, name, str(n)], env=env, cwd=root) for n in (5, 8)]
-    assert [run.wait(60) for run in runs] == [0, 0]
+    try:
+        assert [run.wait(60) for run in runs] == [0, 0]
+    finally:
+        stop_each(runs)  # one that hangs is not left running
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
 

@@ -9,6 +9,7 @@ takes seconds)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import os
@@ -20,7 +21,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ if importlib.util.find_spec("sentence_transformers") is None:  # found, not impo
 
 from example_flask import create_app  # noqa: E402
 from tests.flask.conftest import close_streamers, error_of  # noqa: E402
-from tests.helpers import alive, wait_for  # noqa: E402
+from tests.helpers import alive, stop_all, stop_each, wait_for  # noqa: E402
 from tests.servers import delete_prefix, free_port, kill_group, worker_children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,15 +297,16 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    web = create_app(
-        {
-            "STREAMER_BACKEND": "redis",
-            "STREAMER_REDIS_URL": redis_url,
-            "STREAMER_PREFIX": prefix,
-            "STREAMER_TIMEOUT": 90,
-        }
-    )
+    web: Optional[Flask] = None
     try:
+        web = create_app(
+            {
+                "STREAMER_BACKEND": "redis",
+                "STREAMER_REDIS_URL": redis_url,
+                "STREAMER_PREFIX": prefix,
+                "STREAMER_TIMEOUT": 90,
+            }
+        )
         # Until the worker has loaded the model, /stream answers 503 (no worker).
         streamer = web.extensions["streamer"].extension.get_streamer("stream", web)
         assert streamer.wait_ready(90), log.read_text(errors="replace")
@@ -328,13 +330,8 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         # ... and at the command's level, which its workers take: each says it serves.
         assert [line for line in lines if "serving " in line and ":stream:requests" in line], lines
     finally:
-        close_streamers(web)
-        try:
-            os.killpg(cli.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        cli.wait(10)
-        delete_prefix(redis_url, prefix)
+        stops = [functools.partial(close_streamers, web)] if web is not None else []
+        stop_all([*stops, functools.partial(stop_each, [cli]), functools.partial(delete_prefix, redis_url, prefix)])
 
 
 def test_the_example_shapes_its_batches_by_estimated_tokens(app):
