@@ -31,6 +31,10 @@ error`` and the id its log line carries. ``SHORTCUTS``
 Django's, gevent's and gunicorn's private workings
 (:mod:`streamer_core.shortcuts`): ``False`` takes their public paths.
 ``MODEL``, ``INIT_ARGS`` and ``INIT_KWARGS`` belong to a model's entry.
+``ENVIRONMENT``, shaped as ``STREAMER`` itself, names the environment
+variable a setting was read from (``{"BACKEND": "STREAMER_BACKEND",
+"MODELS": {"embed": {"BATCH_SIZE": "STREAMER_BATCH_SIZE"}}}``): a problem
+with that setting names the variable, where it is set, as the user wrote it.
 
 Reading the settings never imports anything but the models named by
 ``MODEL`` and never starts anything: the system checks
@@ -42,6 +46,7 @@ raises :class:`ImproperlyConfigured` with the same messages.
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from django.conf import settings
@@ -60,6 +65,7 @@ __all__ = [
     "read_settings",
     "model_specs",
     "setting_path",
+    "written_as",
 ]
 
 #: The Redis key prefix of a project that sets no ``PREFIX``: model ``name``
@@ -82,7 +88,7 @@ MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 #: Every key of ``STREAMER`` itself.
 #: The keys of the views' requests, top level only.
 REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "ERROR_DETAILS", "SHORTCUTS")
-TOP_LEVEL_KEYS = ("MODELS", "PREFIX", *REQUEST_KEYS) + tuple(DEFAULTS)
+TOP_LEVEL_KEYS = ("MODELS", "PREFIX", "ENVIRONMENT", *REQUEST_KEYS) + tuple(DEFAULTS)
 
 
 class SettingProblem(NamedTuple):
@@ -108,6 +114,19 @@ KIND_IDS = {
 def setting_path(*keys: str) -> str:
     """``STREAMER["MODELS"]["embed"]["BATCH_SIZE"]`` for ``("MODELS", "embed", "BATCH_SIZE")``."""
     return "STREAMER" + "".join(f"[{key!r}]" for key in keys)
+
+
+def written_as(streamer: Mapping[str, Any], *keys: str) -> str:
+    """The setting at ``keys`` as a problem names it: the environment
+    variable ``STREAMER["ENVIRONMENT"]`` says it was read from, where that
+    variable is set (what the user wrote, as Flask names its
+    ``FLASK_STREAMER_*`` variables), and its path; else its path."""
+    variable: Any = streamer.get("ENVIRONMENT")
+    for key in keys:
+        variable = variable.get(key) if isinstance(variable, Mapping) else None
+    if isinstance(variable, str) and variable in os.environ:
+        return f"{variable} in the environment ({setting_path(*keys)})"
+    return setting_path(*keys)
 
 
 class _Unset:
@@ -136,18 +155,20 @@ def read_settings(streamer: Any = _UNSET) -> Tuple[Dict[str, ModelSpec], List[Se
         problems.append(SettingProblem("django_streamer.E001", f"settings.STREAMER must be a dict, got {streamer!r}"))
         return {}, problems
     problems.extend(_unknown_keys(streamer, TOP_LEVEL_KEYS, ()))
+    problems.extend(_environment_problems(streamer.get("ENVIRONMENT", {}), ("ENVIRONMENT",)))
     prefix = streamer.get("PREFIX", DEFAULT_PREFIX)
     if not isinstance(prefix, str) or not prefix:
         problems.append(
             SettingProblem(
-                "django_streamer.E009", f"{setting_path('PREFIX')} must be a non-empty string, got {prefix!r}"
+                "django_streamer.E009",
+                f"{written_as(streamer, 'PREFIX')} must be a non-empty string, got {prefix!r}",
             )
         )
         prefix = DEFAULT_PREFIX
     for key in REQUEST_KEYS:
         option = OPTIONS[key.lower()]
         try:
-            option.checked(streamer.get(key, option.default), setting_path(key))
+            option.checked(streamer.get(key, option.default), written_as(streamer, key))
         except (TypeError, ValueError) as exc:
             problems.append(SettingProblem("django_streamer.E009", str(exc)))
     models = streamer.get("MODELS", _UNSET)
@@ -260,18 +281,18 @@ def _read_model(
         )
         model: Any = _placeholder
     else:
-        model, problem = _import_model(entry["MODEL"], setting_path("MODELS", name, "MODEL"))
+        model, problem = _import_model(entry["MODEL"], written_as(streamer, "MODELS", name, "MODEL"))
         if problem is not None:
             problems.append(problem)
             model = _placeholder
 
     values: Dict[str, Any] = {}
-    where: Dict[str, str] = {"model": setting_path("MODELS", name, "MODEL")}
+    where: Dict[str, str] = {"model": written_as(streamer, "MODELS", name, "MODEL")}
     for key, (field, default) in DEFAULTS.items():
         if key in entry:
-            values[field], where[field] = entry[key], setting_path("MODELS", name, key)
+            values[field], where[field] = entry[key], written_as(streamer, "MODELS", name, key)
         else:
-            values[field], where[field] = streamer.get(key, default), setting_path(key)
+            values[field], where[field] = streamer.get(key, default), written_as(streamer, key)
     for key in ("INIT_ARGS", "INIT_KWARGS"):
         field = MODEL_ONLY[key]
         where[field] = setting_path("MODELS", name, key)
@@ -316,6 +337,24 @@ def _unknown_keys(given: Mapping[str, Any], known: Tuple[str, ...], where: Tuple
             )
         )
     return found
+
+
+def _environment_problems(given: Any, where: Tuple[str, ...]) -> List[SettingProblem]:
+    """``STREAMER["ENVIRONMENT"]`` must be a dict whose values are variable
+    names or dicts of the same kind (a model's entry under ``MODELS``)."""
+    if isinstance(given, Mapping):
+        found = []
+        for key, value in given.items():
+            if not isinstance(value, str):
+                found.extend(_environment_problems(value, (*where, str(key))))
+        return found
+    return [
+        SettingProblem(
+            "django_streamer.E001",
+            f"{setting_path(*where)} must be a dict of setting names to the environment variables they were read "
+            f"from (shaped as STREAMER), got {given!r}",
+        )
+    ]
 
 
 def _placeholder(batch: Any) -> Any:  # stands for a model that could not be imported, to check the rest

@@ -124,6 +124,29 @@ STREAMER = {
             "INIT_KWARGS": {"model_name": IMAGE_MODEL, "batches_at_once": _MODEL_THREADS},
         },
     },
+    # The variable each setting above was read from, so that a wrong one is
+    # named as it was set (STREAMER_BACKEND), not as STREAMER['BACKEND'].
+    "ENVIRONMENT": {
+        "BACKEND": "STREAMER_BACKEND",
+        "REDIS_URL": "STREAMER_REDIS_URL",
+        "PREFIX": "STREAMER_PREFIX",
+        "MODELS": {
+            "embed": {
+                "BATCH_SIZE": "STREAMER_BATCH_SIZE",
+                "MAX_LATENCY": "STREAMER_MAX_LATENCY",
+                "MAX_BATCH_COST": "STREAMER_MAX_BATCH_COST",
+                "WORKER_NUM": "STREAMER_WORKER_NUM",
+                "CUDA_DEVICES": "STREAMER_CUDA_DEVICES",
+                "MODEL_THREADS": "STREAMER_MODEL_THREADS",
+            },
+            "classify": {
+                "BATCH_SIZE": "CLASSIFY_BATCH_SIZE",
+                "WORKER_NUM": "STREAMER_WORKER_NUM",
+                "CUDA_DEVICES": "STREAMER_CUDA_DEVICES",
+                "MODEL_THREADS": "STREAMER_MODEL_THREADS",
+            },
+        },
+    },
 }
 
 LOGGING = {

@@ -10,6 +10,7 @@ import sys
 
 from flask_streamer import start_streamers
 from streamer_core.errors import ConfigurationError
+from streamer_core.web.settling import freeze_after_loading
 
 from . import create_app
 
@@ -17,14 +18,18 @@ from . import create_app
 def main() -> int:
     try:
         app = create_app()
+        host = os.environ.get("HOST", "127.0.0.1")
+        port = int(os.environ.get("PORT", "5005"))
+        print(f" * backend: {app.config['STREAMER_BACKEND']}; loading the model before serving", flush=True)
+        start_streamers(app)  # so that no request waits for it (and Redis refusing the URL is said here)
     except ConfigurationError as exc:
         for message in exc.messages or [str(exc)]:
             print(f"example_flask: error: {message}", file=sys.stderr)
         return 2
-    host = os.environ.get("HOST", "127.0.0.1")
-    port = int(os.environ.get("PORT", "5005"))
-    print(f" * backend: {app.config['STREAMER_BACKEND']}; loading the model before serving", flush=True)
-    start_streamers(app)  # so that no request waits for it
+    # What loading made out of the collector's sight, as every server the
+    # example runs under does: a collection does not stall requests, and
+    # the interpreter's last collections at exit do not walk it for seconds.
+    freeze_after_loading()
     print(f" * try: curl -X POST {host}:{port}/stream -d 's=Happy birthday to you.'", flush=True)
     print(f'   and: curl -F "file=@example_flask/cat.jpg" {host}:{port}/classify', flush=True)
     # SIGTERM (a service manager's stop, kill) ends the server as Ctrl-C

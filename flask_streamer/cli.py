@@ -12,7 +12,7 @@ status 2, not in a traceback of the app's factory.
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NoReturn, Optional, Tuple
 
 import click
 from flask import Flask
@@ -38,12 +38,18 @@ def _app(as_json: bool = False) -> Flask:
     try:
         app: Flask = ctx.ensure_object(ScriptInfo).load_app()
     except ConfigurationError as exc:
-        for message in exc.messages:
-            click.echo(f"Error: {message}", err=True)
-        if as_json:
-            click.echo(render_json_error(exc.messages))
-        ctx.exit(2)
+        _refuse(exc, as_json)
     return app
+
+
+def _refuse(exc: ConfigurationError, as_json: bool) -> NoReturn:
+    """Say a wrong setting line by line and exit with status 2; ``as_json``:
+    and as the status command's JSON on standard output."""
+    for message in exc.messages:
+        click.echo(f"Error: {message}", err=True)
+    if as_json:
+        click.echo(render_json_error(exc.messages))
+    click.get_current_context().exit(2)
 
 
 def _routes(app: Flask, names: Tuple[str, ...]) -> List[Tuple[Any, ModelSpec]]:
@@ -84,7 +90,10 @@ def status(names: Tuple[str, ...], as_json: bool) -> None:
             if as_json:
                 click.echo(render_json_error([exc.format_message()]))
             raise
-        statuses = [model_status(spec, "flask streamer run-workers") for _route, spec in routes]
+        try:
+            statuses = [model_status(spec, "flask streamer run-workers") for _route, spec in routes]
+        except ConfigurationError as exc:  # Redis refused the URL's database number or password
+            _refuse(exc, as_json)
     click.echo(render_json(statuses) if as_json else render_text(statuses, "run-workers"))
     sys.exit(0 if all(status.ok for status in statuses) else 1)
 

@@ -368,6 +368,7 @@ class _Mirrors:
             "streamer_workers_live_by_device", _BY_DEVICE_HELP, ["model", "device"], multiprocess_mode="livesum"
         )
         self._devices_set: Dict[str, Set[str]] = {}  # by model: devices given a value, set to 0 once gone
+        self._levels_made: Dict[str, int] = {}  # by model: levels whose samples exist
         self.oom_splits = Counter(
             "streamer_oom_splits", "Batches or parts split because the model ran out of memory.", ["model"]
         )
@@ -458,7 +459,14 @@ class _Mirrors:
         for device, count in devices.items():
             self.by_device.labels(stats.model, device).set(count)
         self._devices_set[stats.model].update(devices)
-        for level, depth in enumerate(stats.levels_waiting(), 1):
+        depths = stats.levels_waiting()
+        for level in range(self._levels_made.get(stats.model, 0) + 1, len(depths) + 1):
+            # A new level's samples, at 0 from the start as in one process.
+            for outcome in OUTCOMES:
+                self.level_requests.labels(stats.model, str(level), outcome)
+            self.level_wait.labels(stats.model, str(level))
+            self._levels_made[stats.model] = level
+        for level, depth in enumerate(depths, 1):
             self.level_depth.labels(stats.model, str(level)).set(depth)
 
     def _gauges(self) -> None:

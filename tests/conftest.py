@@ -4,6 +4,7 @@ for the whole session (``redis_url``)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -12,6 +13,8 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.helpers import stop_all
 
 # The property tests check what the code does, never how fast: on a shared
 # machine under load (stress --cpu 8) hypothesis's own timing checks (a
@@ -77,8 +80,7 @@ def closing() -> Iterator[Callable[[Any], Any]]:
         return streamer
 
     yield register
-    for streamer in made:
-        streamer.close(timeout=5)
+    stop_all(functools.partial(streamer.close, timeout=5) for streamer in made)  # each, whatever one raised
 
 
 @pytest.fixture(scope="session")
@@ -103,8 +105,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         unavailable("no Redis for the Redis backend tests: set REDIS_URL or put redis-server on PATH")
     server = RedisServer(tmp_path_factory.mktemp("redis-session"))
     try:
-        server.start()
-    except RuntimeError as exc:
-        unavailable(f"could not start redis-server: {exc}")
-    yield server.url
-    server.kill()
+        try:
+            server.start()
+        except RuntimeError as exc:
+            unavailable(f"could not start redis-server: {exc}")
+        yield server.url
+    finally:
+        server.kill()

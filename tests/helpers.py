@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,3 +243,33 @@ def gunicorn_worker(kind: Any) -> Any:
     worker = kind(0, os.getpid(), [], None, 30, cfg, Logger(cfg))
     worker.tmp.close()
     return worker
+
+
+def stop_all(stops: Iterable[Callable[[], Any]]) -> None:
+    """Call every one of ``stops`` (each stops something a test started),
+    each whatever the ones before raised; then raise the first error. A
+    teardown that stopped at its first failure left the rest running."""
+    first: Optional[BaseException] = None
+    for stop in stops:
+        try:
+            stop()
+        except BaseException as exc:
+            if first is None:
+                first = exc
+    if first is not None:
+        raise first
+
+
+def stop_each(processes: Iterable[subprocess.Popen[Any]]) -> None:
+    """Kill each of ``processes`` and reap it (its whole group, where it
+    leads one), each whatever the others raised (:func:`stop_all`)."""
+    stop_all(functools.partial(_kill, process) for process in list(processes))
+
+
+def _kill(process: subprocess.Popen[Any]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the group it leads (started in a session of its own), all of it
+    except ProcessLookupError:  # it leads none: itself alone
+        if process.poll() is None:
+            process.kill()
+    process.wait(10)

@@ -119,15 +119,20 @@ class RedisServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.log_text()}")
-            if self.ping():
-                return
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"redis-server did not answer within {timeout}s")
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.log_text()}")
+                if self.ping():
+                    return
+                time.sleep(0.02)
+            raise RuntimeError(f"redis-server did not answer within {timeout}s")
+        except BaseException:
+            # Whatever stopped the start (a client library's TypeError in
+            # the first ping, an interrupt), the server does not outlive it.
+            self.kill()
+            raise
 
     def ping(self) -> bool:
         """Whether *our* server answers on the port (not another one that took it)."""

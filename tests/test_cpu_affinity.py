@@ -19,7 +19,7 @@ from typing import Dict, Iterator, List
 import pytest
 
 from streamer_core.web.affinity import free_core_index
-from tests.helpers import wait_for
+from tests.helpers import stop_each, wait_for
 from tests.servers import child_processes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,12 +148,7 @@ def gunicorn(tmp_path: Path) -> Iterator:
         return process
 
     yield start
-    for process in started:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(10)
+    stop_each(started)
 
 
 def _booted(folder: Path, count: int) -> bool:

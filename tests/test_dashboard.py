@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Set
 import pytest
 
 import streamer_core
-from tests.helpers import wait_for
+from tests.helpers import stop_all, wait_for
 from tests.servers import free_ports, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,8 +178,10 @@ def scrapes(tmp_path_factory: Any) -> Iterator[Dict[str, str]]:
         pytest.skip("the examples need the 'example' extra")
     folder = tmp_path_factory.mktemp("dashboard")
     ports = free_ports(2)
-    examples = [Example(name, port, folder) for name, port in zip(("flask", "django"), ports)]
+    examples: List[Example] = []
     try:
+        for name, port in zip(("flask", "django"), ports):
+            examples.append(Example(name, port, folder))
         for example in examples:
             assert wait_for(example.ready, 180, interval=0.2), example.log.read_text()[-3000:]
         texts = {}
@@ -189,8 +191,7 @@ def scrapes(tmp_path_factory: Any) -> Iterator[Dict[str, str]]:
             texts[example.name] = example.get("/metrics").decode()
         yield texts
     finally:
-        for example in examples:
-            example.stop()
+        stop_all(example.stop for example in examples)
 
 
 @pytest.mark.timeout(300)

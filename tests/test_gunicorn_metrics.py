@@ -12,6 +12,7 @@ each call. The hooks it checks are the config's: ``on_starting`` (a fresh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 import pytest
 
-from tests.helpers import beating_workers, metric_samples, wait_for
+from tests.helpers import beating_workers, metric_samples, stop_all, stop_each, wait_for
 from tests.servers import RedisServer, child_processes, free_port, kill_group
 
 pytest.importorskip("prometheus_client")
@@ -127,8 +128,7 @@ def start(tmp_path: Path) -> Iterator:
         return server
 
     yield start
-    for server in started:
-        server.stop()
+    stop_all(server.stop for server in started)
 
 
 def _ready(server: Gunicorn, framework: Framework, workers: int, folder: Path) -> bool:
@@ -225,19 +225,20 @@ def test_redis_workers_count_once_whichever_web_process_answers_and_thread_worke
     folder = tmp_path / "redis"
     folder.mkdir()
     redis_server = RedisServer(folder)
-    redis_server.start()
     prefix = f"mixed-{os.getpid()}-{free_port()}"
     env = {key: value for key, value in os.environ.items() if key.lower() != "prometheus_multiproc_dir"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     log = tmp_path / "workers.log"
-    with open(log, "wb") as out:
-        workers_cli = subprocess.Popen(
-            [sys.executable, "-m", "streamer_core.cli", "tests.redis.models:double", "--workers", "3",
-             "--devices", "0,1", "--prefix", prefix, "--redis", redis_server.url],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    started: List[subprocess.Popen] = []
     try:
+        redis_server.start()
+        with open(log, "wb") as out:
+            started.append(subprocess.Popen(
+                [sys.executable, "-m", "streamer_core.cli", "tests.redis.models:double", "--workers", "3",
+                 "--devices", "0,1", "--prefix", prefix, "--redis", redis_server.url],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            ))  # fmt: skip
         framework = Framework(
             "example_flask/gunicorn.conf.py", "tests.flask.mixed_app:create_app()", "/marked", "/metrics", "marked",
             {"FLASK_STREAMER_METRICS_ROUTE": "/metrics", "MIXED_REDIS_URL": redis_server.url, "MIXED_PREFIX": prefix},
@@ -261,8 +262,7 @@ def test_redis_workers_count_once_whichever_web_process_answers_and_thread_worke
             assert live == {"remote": (0, {}), "marked": (2, {"default": 2})}, (worker, live)
             assert 'streamer_redis_pending{model="remote"}' not in text
     finally:
-        kill_group(workers_cli)
-        redis_server.kill()
+        stop_all([functools.partial(stop_each, started), redis_server.kill])
 
 
 _USERS_DIR = """

@@ -51,11 +51,11 @@ class Example:
         # vector moves by up to ~1e-3 with its batch's padding.
         env.update(FLASK_EMBEDDING_PRECISION="float32", EMBEDDING_PRECISION="float32")
         self.log = folder / f"{name}.log"
-        with open(self.log, "wb") as out:
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
+        with open(self.log, "wb") as out:  # the last step: nothing after it can leave the server unstopped
             self.process = subprocess.Popen(
                 argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
 
     def ready(self) -> bool:
         try:

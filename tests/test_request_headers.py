@@ -196,11 +196,33 @@ HEADER = st.one_of(
     st.builds(lambda name, value: f"{name}: {value}\r\n", st.sampled_from(LOOKED_AT), st.sampled_from(TELLING)),
     LINE,
 )
+# A body's length given twice, by Transfer-Encoding and Content-Length: the
+# coding in any case, padded, listed twice, beside others or alone; where a
+# server and the app behind it disagree on which one wins, a second request
+# can hide in the first one's body (request smuggling).
+CODING = st.sampled_from(["chunked", "Chunked", "CHUNKED", "cHUNKED", "gzip, chunked", "chunked, gzip", "gzip"])
+CODING_PAD = st.sampled_from([("", ""), (" ", ""), ("", " "), ("\t", "  "), ("  ", "\t")])
+TRANSFER_ENCODING = st.builds(
+    lambda name, pad, coding: f"{name}:{pad[0] or ' '}{coding}{pad[1]}\r\n",
+    st.sampled_from(["Transfer-Encoding", "transfer-encoding", "TRANSFER-ENCODING"]),
+    CODING_PAD,
+    st.one_of(CODING, st.sampled_from(["identity", "x-chunked", "chunked;q=1", ""])),
+)
+CONTENT_LENGTH = st.builds(
+    lambda name, value: f"{name}: {value}\r\n", st.sampled_from(["Content-Length", "content-length"]),
+    st.sampled_from(["5", "0", " 7", "12"]),
+)  # fmt: skip
+BOTH_LENGTHS = st.builds(
+    lambda codings, lengths, others: [*codings, *lengths, *others],
+    st.lists(TRANSFER_ENCODING, min_size=1, max_size=2),
+    st.lists(CONTENT_LENGTH, min_size=1, max_size=2),
+    st.lists(HEADER, max_size=2),
+).flatmap(st.permutations)
 HEAD = st.builds(
     lambda line, end, headers: (line + end + "".join(headers) + "\r\n").encode("latin-1"),
     REQUEST_LINE,
     st.sampled_from(["\r\n", "\n"]),
-    st.lists(HEADER, max_size=6),
+    st.one_of(st.lists(HEADER, max_size=6), BOTH_LENGTHS),
 )
 
 
@@ -208,6 +230,8 @@ HEAD = st.builds(
 @given(st.lists(HEAD, min_size=1, max_size=3))
 @example([b"POST /s HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\n"])
 @example([b"POST /s HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"])
+@example([b"POST /s HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: Chunked\r\n\r\n"])
+@example([b"POST /s HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n\r\n"])
 @example([b"GET /a HTTP/1.1\r\nCookie: a=1\r\nCookie: b=2\r\nX-Dup: 1\r\nx-dup: 2\r\n\r\n", b"GET /b\r\n"])
 @example([b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"])
 @example([b"PUT /e HTTP/1.0\r\nExpect: 100-continue\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\n"])
@@ -219,6 +243,44 @@ HEAD = st.builds(
 def test_any_request_reads_and_makes_the_environ_gevent_and_gunicorn_make(heads: List[bytes]) -> None:
     assert served_state(quick_handler(PyWSGIHandler), heads) == served_state(PyWSGIHandler, heads)
     assert served_state(quick_handler(pywsgi.WSGIHandler), heads) == served_state(pywsgi.WSGIHandler, heads)
+
+
+#: Transfer-Encoding lines to put beside a Content-Length, and whether
+#: gevent's handler drops the Content-Length for them (its first
+#: Transfer-Encoding, lowered, is exactly "chunked").
+BOTH = [
+    ("Transfer-Encoding: chunked", True),
+    ("Transfer-Encoding: Chunked", True),
+    ("Transfer-Encoding: CHUNKED", True),
+    ("transfer-encoding:   chunked", True),  # spaces before the value are not part of it
+    ("Transfer-Encoding: chunked  ", False),  # after it, they are: gevent takes the length
+    ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", True),  # the first one counts
+    ("Transfer-Encoding: gzip\r\nTransfer-Encoding: Chunked", False),
+    ("Transfer-Encoding: gzip, chunked", False),
+    ("Transfer-Encoding: chunked, gzip", False),
+    ("Transfer-Encoding: x-chunked", False),
+    ("Transfer-Encoding: identity", False),
+]
+
+
+@pytest.mark.parametrize("length_first", [False, True], ids=["length after", "length before"])
+@pytest.mark.parametrize(("coding", "dropped"), BOTH, ids=[repr(coding) for coding, _ in BOTH])
+def test_a_body_length_given_twice_reads_as_gevent_reads_it(coding: str, dropped: bool, length_first: bool) -> None:
+    """Transfer-Encoding beside Content-Length, in any case, padded, listed
+    twice or with another coding: the quick reading keeps or drops the
+    Content-Length as gevent does, or the two would read a different body
+    from the same bytes."""
+    lines = [f"{coding}\r\n", "Content-Length: 5\r\n"]
+    head = ("POST /s HTTP/1.1\r\nHost: a\r\n" + "".join(lines[::-1] if length_first else lines) + "\r\n").encode()
+    for handler in (PyWSGIHandler, pywsgi.WSGIHandler):
+        gevents = served_state(handler, [head])
+        assert served_state(quick_handler(handler), [head]) == gevents
+        fields, message, environ = gevents[0]
+        if dropped:
+            assert (fields["length"], "CONTENT_LENGTH" in environ) == (None, False)
+            assert [name for name, _ in message["_headers"] if name.lower() == "content-length"] == []
+        else:
+            assert (fields["length"], environ["CONTENT_LENGTH"]) == (5, "5")
 
 
 def test_a_handler_reading_requests_its_own_way_keeps_it() -> None:

@@ -23,8 +23,8 @@ from typing import Dict, Iterator, List, NamedTuple
 
 import pytest
 
-from tests.helpers import metric_samples, wait_for
-from tests.servers import child_processes, free_port, kill_group
+from tests.helpers import metric_samples, stop_each, wait_for
+from tests.servers import child_processes, free_port
 
 pytest.importorskip("prometheus_client")
 
@@ -150,8 +150,7 @@ def serve(tmp_path: Path) -> Iterator:
         return server
 
     yield serve
-    for server in started:
-        kill_group(server.process)
+    stop_each(server.process for server in started)
 
 
 @pytest.mark.parametrize("name", ["flask-uwsgi", "django-uvicorn"])

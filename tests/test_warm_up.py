@@ -21,7 +21,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import stop_all, wait_for
 from tests.servers import free_port, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +60,7 @@ def servers(tmp_path: Path) -> Iterator:
         return server
 
     yield start
-    for server in started:
-        server.stop()
+    stop_all(server.stop for server in started)
 
 
 def _post(url: str, data: dict) -> object:

@@ -37,8 +37,10 @@ def freeze_after_loading() -> None:
     collector's sight, and collect the first generation less often: a full
     collection then takes milliseconds, not the 200 to 350 ms that stall
     every request waiting in this process (p99 over 200 ms under granian
-    with a model thread, against 56 frozen; bench/README.md). Call it once
-    the process has loaded its models and before it serves."""
+    with a model thread, against 56 frozen; bench/README.md), and the
+    interpreter's last collections as the process exits do not walk it all
+    (most of an idle process's stop). Call it once the process has loaded
+    its models and before it serves."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
 

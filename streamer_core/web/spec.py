@@ -330,6 +330,13 @@ class LazyStreamer:
                 _say_start(self.spec, at_boot)
                 try:
                     streamer = self.spec.build()
+                except ConfigurationError as exc:
+                    # A setting only a start can check (Redis refusing the
+                    # database number or the password): said as a setting
+                    # where the server starts; at a request, a 503 as below.
+                    if at_boot:
+                        raise
+                    raise WorkerStartError(f"the model {self.spec.name!r} could not start: {exc}") from exc
                 except StreamerError:
                     raise
                 except Exception as exc:

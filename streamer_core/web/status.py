@@ -72,7 +72,9 @@ class ModelStatus:
 def model_status(spec: ModelSpec, worker_command: str = "streamer-worker") -> ModelStatus:
     """The state of ``spec``'s model: its settings, and for Redis, asked now;
     ``worker_command``: how the user of the layer asking starts Redis workers,
-    named where none serves (``streamer-worker`` too, which any can run)."""
+    named where none serves (``streamer-worker`` too, which any can run).
+    Raises :class:`~streamer_core.errors.ConfigurationError` when Redis
+    refuses the URL's database number or credentials: nothing can be asked."""
     config = spec.config
     settings: Dict[str, Any] = {
         "batch_size": config.batch_size,
@@ -104,7 +106,9 @@ def _redis_status(spec: ModelSpec, status: ModelStatus, worker_command: str) -> 
         broker_problem,
         connect,
         on_node_of,
+        refuses_setup,
         server_time_ms,
+        setup_refused,
     )
     from ..backends.redis.wire import PRESENCE_MS, Keys, loading_workers
 
@@ -130,7 +134,11 @@ def _redis_status(spec: ModelSpec, status: ModelStatus, worker_command: str) -> 
         status.oldest_waiting_s = max(ages) / 1000 if ages else None
         if len(levels) > 1:
             status.levels = [{"waiting": level["waiting"], "pending": level["pending"]} for level in levels]
-    except broker_errors() as exc:
+    except Exception as exc:
+        if refuses_setup(exc):  # no answer to be had until the URL is fixed: the command cannot ask
+            raise setup_refused(address, exc) from exc
+        if not isinstance(exc, broker_errors()):
+            raise
         status.problems.append(broker_problem(exc, address))
         return
     finally:

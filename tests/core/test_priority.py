@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
@@ -19,7 +19,7 @@ from streamer_core.config import BatchingConfig
 from streamer_core.future import BatchFuture
 from streamer_core.streamer import BaseStreamer
 from tests.core import models
-from tests.helpers import wait_for
+from tests.helpers import ROOT, metric_samples, stop_each, wait_for
 
 
 class Busy:
@@ -273,7 +273,10 @@ def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(root)}
     name = f"priority-multi-{uuid.uuid4().hex[:8]}"
     runs = [subprocess.Popen([sys.executable, "-c", _LEVELED_CALLS, name, str(n)], env=env, cwd=root) for n in (5, 8)]
-    assert [run.wait(60) for run in runs] == [0, 0]
+    try:
+        assert [run.wait(60) for run in runs] == [0, 0]
+    finally:
+        stop_each(runs)  # one that hangs is not left running
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
 
@@ -285,6 +288,58 @@ def test_multiprocess_mode_adds_up_each_levels_numbers(tmp_path: Path) -> None:
     assert value("streamer_priority_queue_wait_seconds_count", priority="1") == 7
     assert value("streamer_priority_queue_wait_seconds_count", priority="2") == 6
     assert value("streamer_requests_total", outcome="ok") == 13, "the model's own, once per call"
+
+
+def _leveled_scrape(tmp_path: Path, multiprocess: bool) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+    """The per-level samples of a two-level model scraped with three inputs
+    waiting at level 2 (tests/core/scripts/leveled_metrics.py), in one
+    process or under ``PROMETHEUS_MULTIPROC_DIR``, the model's name left out."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key.lower() != "prometheus_multiproc_dir"}
+    if multiprocess:
+        folder = tmp_path / "prom"
+        folder.mkdir()
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    name = f"priority-scrape-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("scripts") / "leveled_metrics.py"), name],
+        env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return {
+        (sample, tuple(label for label in labels if label[0] != "model")): value
+        for (sample, labels), value in metric_samples(done.stdout).items()
+        if sample.startswith("streamer_priority_") and ("model", name) in labels
+    }
+
+
+def test_multiprocess_mode_labels_each_levels_samples_as_one_process_does(tmp_path: Path) -> None:
+    """Under ``PROMETHEUS_MULTIPROC_DIR`` (gunicorn with several workers) every
+    per-level family is labelled ``priority="1"`` and ``"2"`` as in one
+    process, each number on its own level: the inputs waiting at level 2 on
+    ``"2"``."""
+    one = _leveled_scrape(tmp_path, multiprocess=False)
+    many = _leveled_scrape(tmp_path, multiprocess=True)
+    for samples in (one, many):
+        for family in ("streamer_priority_requests_total", "streamer_priority_queue_wait_seconds_count",
+                       "streamer_priority_queue_depth"):  # fmt: skip
+            assert {dict(labels)["priority"] for sample, labels in samples if sample == family} == {"1", "2"}, family
+        assert samples[("streamer_priority_queue_depth", (("priority", "2"),))] == 3
+        assert samples[("streamer_priority_queue_depth", (("priority", "1"),))] == 0
+        ok = {level: samples[("streamer_priority_requests_total", (("outcome", "ok"), ("priority", level)))]
+              for level in ("1", "2")}  # fmt: skip
+        assert ok == {"1": 1, "2": 2}, "answered before the scrape: one at level 1, two at level 2"
+        waits = {level: samples[("streamer_priority_queue_wait_seconds_count", (("priority", level),))]
+                 for level in ("1", "2")}  # fmt: skip
+        assert waits == {"1": 1, "2": 2}
+    assert one.keys() == many.keys(), "the same samples, labelled the same"
+    timed = ("_sum", "_bucket")  # how long each input waited: not the same in two runs
+    assert {key: value for key, value in one.items() if not key[0].endswith(timed)} == {
+        key: value for key, value in many.items() if not key[0].endswith(timed)
+    }
 
 
 def test_inputs_a_cost_shaped_batch_leaves_behind_are_still_counted_as_waiting(closing: Callable[[Any], Any]) -> None:

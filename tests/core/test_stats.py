@@ -33,7 +33,7 @@ from streamer_core.metrics import exposition
 from streamer_core.stats import OUTCOMES, stats_for
 
 from ..conftest import Gate
-from ..helpers import wait_for
+from ..helpers import stop_each, wait_for
 from . import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,7 +217,10 @@ def test_multiprocess_mode_adds_up_the_processes(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
     name = unique("multi")
     runs = [subprocess.Popen([sys.executable, "-c", _CALLS, name, str(n)], env=env, cwd=ROOT) for n in (7, 11)]
-    assert [run.wait(60) for run in runs] == [0, 0]
+    try:
+        assert [run.wait(60) for run in runs] == [0, 0]
+    finally:
+        stop_each(runs)  # one that hangs is not left running
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
     ok = registry.get_sample_value("streamer_requests_total", {"model": name, "outcome": "ok"})
@@ -286,7 +289,10 @@ def test_multiprocess_mode_adds_up_out_of_memory_splits(tmp_path: Path) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
     name = unique("multi-oom")
     runs = [subprocess.Popen([sys.executable, "-c", _OOM_CALLS, name], env=env, cwd=ROOT) for _ in range(2)]
-    assert [run.wait(60) for run in runs] == [0, 0]
+    try:
+        assert [run.wait(60) for run in runs] == [0, 0]
+    finally:
+        stop_each(runs)  # one that hangs is not left running
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
     assert registry.get_sample_value("streamer_oom_splits_total", {"model": name}) == 6
@@ -309,7 +315,10 @@ def test_multiprocess_mode_adds_up_redelivered_dead_lettered_and_dropped(tmp_pat
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "PYTHONPATH": str(ROOT)}
     name = unique("multi-redis")
     runs = [subprocess.Popen([sys.executable, "-c", _REDIS_COUNTS, name], env=env, cwd=ROOT) for _ in range(2)]
-    assert [run.wait(60) for run in runs] == [0, 0]
+    try:
+        assert [run.wait(60) for run in runs] == [0, 0]
+    finally:
+        stop_each(runs)  # one that hangs is not left running
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))  # type: ignore[no-untyped-call]
     assert registry.get_sample_value("streamer_redis_redelivered_total", {"model": name}) == 4
@@ -419,6 +428,9 @@ def test_multiprocess_queue_depth_is_the_sum_of_the_live_processes(tmp_path: Pat
         }
         assert depth.get(name) == sum(depths), (depths, text)
     finally:
-        for run in runs:
-            run.communicate("\n", timeout=30)  # let it go; closes its pipes
+        try:
+            for run in runs:
+                run.communicate("\n", timeout=30)  # let it go; closes its pipes
+        finally:
+            stop_each(runs)  # one that hangs is not left running
     assert [run.returncode for run in runs] == [0, 0]

@@ -9,7 +9,6 @@ chosen here, when this directory is collected, and Django set up at once.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+
+from tests.helpers import stop_each
 
 try:
     import django
@@ -119,13 +120,7 @@ class Commands:
         return self.logs[process.pid].read_text(errors="replace")
 
     def kill_all(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait(10)
+        stop_each(self.started)  # each group, what a command left of it too
 
 
 @pytest.fixture

@@ -69,7 +69,8 @@ def test_a_wrong_setting_stops_the_server_from_booting_with_its_message(commands
         pytest.fail(f"{server} booted with STREAMER['BACKEND'] = 'proces':\n{commands.log(process)[-2000:]}")
     log = commands.log(process)
     assert process.returncode != 0
-    assert "ImproperlyConfigured" in log and "STREAMER['BACKEND'] is 'proces'" in log, log[-2000:]
+    assert "ImproperlyConfigured" in log, log[-2000:]
+    assert "STREAMER_BACKEND in the environment (STREAMER['BACKEND']) is 'proces'" in log, "named as it was set"
     assert "django_streamer.E002" in log and "Set BACKEND to" in log, "the fix is named too"
 
 

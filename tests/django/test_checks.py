@@ -66,6 +66,25 @@ def test_e002_unknown_backend_names_the_setting(streamer_settings):
     assert "STREAMER['MODELS']['m']['BACKEND'] is 'celery'" in error.msg
 
 
+def test_a_setting_read_from_the_environment_is_named_by_its_variable(streamer_settings, monkeypatch):
+    """``STREAMER["ENVIRONMENT"]`` names the variable each setting was read
+    from: a problem names it where it is set, and the path alone where not."""
+    model = {"MODEL": "tests.django.batch_models.double", "BATCH_SIZE": 0}
+    environment = {"BACKEND": "MY_BACKEND", "MODELS": {"m": {"BATCH_SIZE": "MY_SIZE"}}}
+    monkeypatch.setenv("MY_BACKEND", "gpu")
+    monkeypatch.setenv("MY_SIZE", "0")
+    found = errors(streamer_settings, {"m": model}, BACKEND="gpu", ENVIRONMENT=environment)
+    assert sorted(error.msg.split(" must ")[0].split(" is ")[0] for error in found) == [
+        "MY_BACKEND in the environment (STREAMER['BACKEND'])",
+        "MY_SIZE in the environment (STREAMER['MODELS']['m']['BATCH_SIZE'])",
+    ], [error.msg for error in found]
+    monkeypatch.delenv("MY_SIZE")  # the file's own value, then: named by its path
+    found = errors(streamer_settings, {"m": model}, BACKEND="thread", ENVIRONMENT=environment)
+    assert [error.msg.split(" must ")[0] for error in found] == ["STREAMER['MODELS']['m']['BATCH_SIZE']"]
+    [error] = errors(streamer_settings, ENVIRONMENT={"BACKEND": 1})
+    assert error.id == "django_streamer.E001" and "STREAMER['ENVIRONMENT']['BACKEND'] must be a dict" in error.msg
+
+
 @pytest.mark.parametrize(
     "model, expected",
     [

@@ -163,7 +163,7 @@ def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path
         assert result.returncode == 0, result.stderr
     result = _manage("check", env=dict(env, STREAMER_BACKEND="redis", STREAMER_BATCH_SIZE="lots"), cwd=tmp_path)
     assert result.returncode == 1
-    assert "django_streamer.E004" in result.stderr and "['BATCH_SIZE'] must be a whole number" in result.stderr
+    assert "django_streamer.E004" in result.stderr and "STREAMER_BATCH_SIZE in the environment (" in result.stderr
     # Two batches of each model at once on the thread backend; the process
     # backend's workers one each, its default passing the checks.
     result = _manage("streamer_status", env=env, cwd=tmp_path)
@@ -171,6 +171,40 @@ def test_check_and_migrate_pass_and_a_bad_setting_is_reported(commands, tmp_path
     assert ["model_threads=2" in line for line in result.stdout.splitlines()] == [True, True], result.stdout
     result = _manage("check", env=dict(env, STREAMER_BACKEND="process"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_wrong_variable_is_named_as_it_was_set(commands, tmp_path):
+    """As the Flask example names ``FLASK_STREAMER_BACKEND``, the Django
+    example names the variable a wrong setting came from, where ``manage.py
+    check`` reports it and where a server booting the project refuses it;
+    a setting no variable gave keeps its path alone."""
+    import subprocess
+
+    env = commands.env(EXAMPLE_DJANGO_DB=str(tmp_path / "db.sqlite3"), STREAMER_BACKEND="proces")
+    env.pop("DJANGO_SETTINGS_MODULE")
+    env["STREAMER_BATCH_SIZE"] = "0"
+    env.pop("STREAMER_MAX_LATENCY", None)
+    result = _manage("check", env=env, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "(django_streamer.E002) STREAMER_BACKEND in the environment (STREAMER['BACKEND']) is 'proces';" in (
+        result.stderr
+    )
+    sizes = "STREAMER_BATCH_SIZE in the environment (STREAMER['MODELS']['embed']['BATCH_SIZE']) must be a whole"
+    assert sizes in result.stderr, result.stderr
+    boot = dict(env, DJANGO_SETTINGS_MODULE="example_django.settings")  # as gunicorn and uvicorn import it
+    booted = subprocess.run(
+        [sys.executable, "-c", "import example_django.wsgi"], env=boot, cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert booted.returncode == 1
+    refusal = "  STREAMER_BACKEND in the environment (STREAMER['BACKEND']) is 'proces'; use one of"
+    assert "ImproperlyConfigured: settings.STREAMER is wrong" in booted.stderr, booted.stderr[-2000:]
+    assert any(line.startswith(refusal) for line in booted.stderr.splitlines()), booted.stderr[-2000:]
+    env["STREAMER_BACKEND"] = "thread"
+    env["STREAMER_MAX_LATENCY"] = "-1"
+    result = _manage("check", env=dict(env, STREAMER_BATCH_SIZE="64"), cwd=tmp_path)
+    assert "STREAMER_MAX_LATENCY in the environment (STREAMER['MODELS']['embed']['MAX_LATENCY'])" in result.stderr
+    assert "STREAMER['MODELS']['classify']['MAX_LATENCY']" not in result.stderr, "no variable gives that one"
 
 
 def _manage(*args: str, env: Dict[str, str], cwd: Any) -> Any:

@@ -3,6 +3,7 @@ gated model, and helpers to fire requests from several threads at once."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -12,6 +13,7 @@ from flask import Flask
 
 from flask_streamer import FlaskStreamer
 from tests.flask.apps import GatedModel
+from tests.helpers import stop_all
 
 _names = itertools.count()
 
@@ -38,8 +40,7 @@ def make_app() -> Iterator[Callable[..., Tuple[Flask, FlaskStreamer]]]:
         return app, streamer
 
     yield make
-    for app in made:
-        close_streamers(app)
+    stop_all(functools.partial(close_streamers, app) for app in made)  # each, whatever one raised
 
 
 @pytest.fixture
@@ -52,8 +53,7 @@ def closing_app() -> Iterator[Callable[[Flask], Flask]]:
         return app
 
     yield register
-    for app in made:
-        close_streamers(app)
+    stop_all(functools.partial(close_streamers, app) for app in made)
 
 
 @pytest.fixture

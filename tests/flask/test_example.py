@@ -9,6 +9,7 @@ takes seconds)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import os
@@ -16,10 +17,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -30,7 +32,7 @@ if importlib.util.find_spec("sentence_transformers") is None:  # found, not impo
 
 from example_flask import create_app  # noqa: E402
 from tests.flask.conftest import close_streamers, error_of  # noqa: E402
-from tests.helpers import alive, wait_for  # noqa: E402
+from tests.helpers import alive, stop_all, stop_each, wait_for  # noqa: E402
 from tests.servers import delete_prefix, free_port, kill_group, worker_children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,10 +207,11 @@ def test_every_answer_of_the_example_is_json_an_unknown_paths_404_too(app):
 
 
 @contextlib.contextmanager
-def example_running(tmp_path: Path, **settings: str) -> Iterator[Path]:
+def example_running(tmp_path: Path, **settings: str) -> Iterator[Tuple[Path, subprocess.Popen]]:
     """``python -m example_flask`` (the README's first command) with these
     environment variables, on a free port, in a process group of its own;
-    yields the file its output goes to, and stops the group after."""
+    yields the file its output goes to and the process, and stops the group
+    after."""
     log = tmp_path / "example.log"
     env = dict(os.environ, PORT=str(free_port()), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **settings)
     with open(log, "wb") as out:
@@ -217,7 +220,7 @@ def example_running(tmp_path: Path, **settings: str) -> Iterator[Path]:
             start_new_session=True,
         )  # fmt: skip
     try:
-        yield log
+        yield log, server
     finally:
         kill_group(server)
 
@@ -226,21 +229,41 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
     """The README's first command: the model loads before the first request,
     and one INFO line says it is ready, on which device, in how long; another
     the precision it computes in, where that is not float32."""
-    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16") as log:
+    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16") as (log, _):
         ready = re.compile(r"streamer_core\[\d+\] INFO thread backend: model SentenceEmbedder ready on cpu in [\d.]+ s")
         assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
         # The dev server's banner comes once it listens, a moment after the line.
         assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
         text = log.read_text()
         assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
+        [said] = re.findall(r"`(model SentenceEmbedder ready on cpu in .*?)`", (ROOT / "README.md").read_text(), re.S)
+        said = " ".join(said.split())  # as the README quotes it, its time aside
+        line = re.escape(said).replace(re.escape(said.split(" in ")[1].split()[0]), r"[\d.]+", 1)
+        assert re.search(rf"INFO thread backend: {line}$", text, re.M), (said, text[-3000:])
         assert re.search(r"example_flask\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
+
+
+def test_python_m_example_flask_stops_within_a_second_of_sigterm_when_idle(tmp_path):
+    """A service manager's stop with nothing in flight ends the example in
+    under a second, exit status 0. It took 1.2 to 6 s: as the interpreter
+    exited, its last collections walked every object loading the models had
+    made (the example did not freeze them, as its other servers do)."""
+    with example_running(tmp_path) as (log, server):
+        assert wait_for(lambda: "Running on" in log.read_text(), 120), log.read_text()[-3000:]
+        time.sleep(0.5)  # idle
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        took = time.monotonic() - started
+    assert server.returncode == 0, log.read_text()[-3000:]
+    assert took < 1.0, f"{took:.2f} s from SIGTERM to exit"
 
 
 def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
     """On the process backend the model loads in a worker process, which
     starts with no logging set up: the line naming its precision shows all
     the same, from the worker's pid."""
-    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16", FLASK_STREAMER_BACKEND="process") as log:
+    with example_running(tmp_path, FLASK_EMBEDDING_PRECISION="bfloat16", FLASK_STREAMER_BACKEND="process") as (log, _):
         ready = re.compile(r"stream worker 0 \(pid (\d+)\): model SentenceEmbedder ready on cpu")
         assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
         text = log.read_text()
@@ -274,15 +297,16 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    web = create_app(
-        {
-            "STREAMER_BACKEND": "redis",
-            "STREAMER_REDIS_URL": redis_url,
-            "STREAMER_PREFIX": prefix,
-            "STREAMER_TIMEOUT": 90,
-        }
-    )
+    web: Optional[Flask] = None
     try:
+        web = create_app(
+            {
+                "STREAMER_BACKEND": "redis",
+                "STREAMER_REDIS_URL": redis_url,
+                "STREAMER_PREFIX": prefix,
+                "STREAMER_TIMEOUT": 90,
+            }
+        )
         # Until the worker has loaded the model, /stream answers 503 (no worker).
         streamer = web.extensions["streamer"].extension.get_streamer("stream", web)
         assert streamer.wait_ready(90), log.read_text(errors="replace")
@@ -306,13 +330,8 @@ def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
         # ... and at the command's level, which its workers take: each says it serves.
         assert [line for line in lines if "serving " in line and ":stream:requests" in line], lines
     finally:
-        close_streamers(web)
-        try:
-            os.killpg(cli.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        cli.wait(10)
-        delete_prefix(redis_url, prefix)
+        stops = [functools.partial(close_streamers, web)] if web is not None else []
+        stop_all([*stops, functools.partial(stop_each, [cli]), functools.partial(delete_prefix, redis_url, prefix)])
 
 
 def test_the_example_shapes_its_batches_by_estimated_tokens(app):

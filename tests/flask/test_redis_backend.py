@@ -9,6 +9,7 @@ process group and all."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
@@ -26,7 +27,7 @@ from flask import Flask
 from tests.flask.apps import create_redis_app
 from tests.flask.conftest import close_streamers, error_of
 from tests.flask.live import in_background
-from tests.helpers import alive, beating_workers, wait_for
+from tests.helpers import alive, beating_workers, stop_all, stop_each, wait_for
 from tests.redis.models import Evil
 from tests.servers import delete_prefix, worker_children
 
@@ -92,12 +93,7 @@ def run_workers(tmp_path: Path, redis_url: str, prefix: str) -> Iterator[Callabl
         return cli
 
     yield start
-    for cli in started:
-        try:
-            os.killpg(cli.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        cli.process.wait(10)
+    stop_each(cli.process for cli in started)
 
 
 @pytest.fixture
@@ -112,8 +108,7 @@ def web(redis_url: str, prefix: str) -> Iterator[Callable[..., Flask]]:
         return app
 
     yield make
-    for app in made:
-        close_streamers(app)
+    stop_all(functools.partial(close_streamers, app) for app in made)
 
 
 def requests_key(prefix: str, route: str) -> str:

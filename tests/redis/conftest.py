@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ except ImportError:  # pragma: no cover - redis is in the test extra
     collect_ignore_glob = ["test_*.py"]  # no redis-py: nothing here can run
 
 from streamer_core import RedisStreamer, RedisWorker  # noqa: E402
-from tests.helpers import alive, wait_for  # noqa: E402,F401  (re-exported to the Redis tests)
+from tests.helpers import alive, stop_all, stop_each, wait_for  # noqa: E402,F401  (re-exported to the Redis tests)
 from tests.servers import RedisServer, free_port, unavailable, worker_children  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,32 +108,36 @@ class Running:
         self.brokers: List[Broker] = []
 
     def stop_all(self) -> None:
-        try:
-            for processes in self.processes:
-                processes.kill_all()
-            for handle in self.workers:
-                handle.worker.stop()
-            closers = [threading.Thread(target=s.close, kwargs={"timeout": 2}) for s in self.streamers]
-            for closer in closers:
-                closer.start()
-            done = threading.Event()
-            nudger = threading.Thread(target=self._nudge, args=(done,), name="test-redis-nudge", daemon=True)
-            if closers or self.workers:
-                nudger.start()
-            for closer in closers:
-                closer.join(15)
-            for handle in self.workers:
-                handle.thread.join(10)
-            done.set()
-            if nudger.is_alive():
-                nudger.join(5)
-            # The heartbeat threads end a beat after their worker.
-            for thread in threading.enumerate():
-                if thread.name == "streamer-redis-heartbeat":
-                    thread.join(2)
-        finally:
-            for finalize in self.finalizers:
-                finalize()
+        """Stop everything, each step whatever an earlier one raised (a
+        private server left running by a failed step outlives the run)."""
+        stop_all(
+            [
+                *(processes.kill_all for processes in self.processes),
+                *(handle.worker.stop for handle in self.workers),
+                self._close_and_join,
+                *self.finalizers,
+            ]
+        )
+
+    def _close_and_join(self) -> None:
+        closers = [threading.Thread(target=s.close, kwargs={"timeout": 2}) for s in self.streamers]
+        for closer in closers:
+            closer.start()
+        done = threading.Event()
+        nudger = threading.Thread(target=self._nudge, args=(done,), name="test-redis-nudge", daemon=True)
+        if closers or self.workers:
+            nudger.start()
+        for closer in closers:
+            closer.join(15)
+        for handle in self.workers:
+            handle.thread.join(10)
+        done.set()
+        if nudger.is_alive():
+            nudger.join(5)
+        # The heartbeat threads end a beat after their worker.
+        for thread in threading.enumerate():
+            if thread.name == "streamer-redis-heartbeat":
+                thread.join(2)
 
     def _nudge(self, done: threading.Event) -> None:
         """Only to make teardown quick: a stopped streamer or worker notices
@@ -179,17 +182,17 @@ def fault_broker(tmp_path: Path, running: Running) -> Broker:
     server = None
     for _ in range(3):  # a free port can be taken between choosing and binding it
         server = RedisServer(folder)
+        running.finalizers.append(server.kill)  # before it starts: stopped whatever happens from here
         try:
             server.start()
             break
         except RuntimeError:
-            server.kill()
             server = None
     if server is None:
         unavailable("could not start a private redis-server")
     b = Broker(server.url, server)
     running.brokers.append(b)
-    running.finalizers += [b.cleanup, server.kill]
+    running.finalizers.insert(0, b.cleanup)  # the test's keys, before the server stops
     return b
 
 
@@ -339,16 +342,8 @@ class Processes:
         )
 
     def kill_all(self) -> None:
+        stop_each(self.started)  # each group: a supervisor's workers too
         for process in self.started:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # the group: a supervisor's workers too
-            except (ProcessLookupError, PermissionError):
-                pass
-        for process in self.started:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-                pass
             if process.stdout is not None:
                 process.stdout.close()
 

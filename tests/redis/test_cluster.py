@@ -22,7 +22,7 @@ from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.wire import Keys
 from streamer_core.redis_address import RedisAddress
 from tests.core.models import double
-from tests.helpers import wait_for
+from tests.helpers import stop_all, wait_for
 from tests.redis.conftest import ThreadWorker
 from tests.redis.models import with_pid
 from tests.servers import RedisServer, free_ports, unavailable
@@ -89,8 +89,7 @@ class Cluster:
         return found
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.kill()
+        stop_all(node.kill for node in self.nodes)
 
 
 @pytest.fixture

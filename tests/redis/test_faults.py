@@ -4,6 +4,7 @@ private redis-server (``fault_broker``); the shared one is never touched."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -408,3 +409,36 @@ def test_losing_redis_is_said_once_per_model_naming_it(fault_broker, make_stream
     finally:
         for streamer in streamers:
             streamer.close()
+
+
+def test_sending_while_redis_is_down_is_said_once_an_outage(fault_broker, make_streamer, start_worker, caplog):
+    """Each call's send is tried again and again for SEND_RETRY_S while
+    Redis is down: the web process says that sending fails once an outage,
+    and once that it works again, with how many tries failed meanwhile; not
+    a line a try (five a call, beside the web layer's 503 line)."""
+    import logging
+
+    start_worker(fault_broker, models.double, batch_size=4)
+    streamer = make_streamer(fault_broker, timeout=20)
+    assert streamer.predict([1]) == [2]
+    caplog.set_level(logging.WARNING, logger="streamer_core.redis")
+
+    def said(words: str) -> list:
+        start = f"streamer:{fault_broker.prefix}: {words}"
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+    for outage in (1, 2):
+        fault_broker.server.kill()
+        for x in range(3):
+            with pytest.raises(BrokerUnavailableError):
+                streamer.predict([x])
+        assert len(said("could not send to Redis")) == outage, said("could not send to Redis")
+        assert said("sending to Redis again")[outage - 1 :] == [], "not back yet"
+        fault_broker.server.start()
+        errors: list = []
+        assert wait_for(functools.partial(_answers, streamer, errors), 20), errors
+        again = said("sending to Redis again")
+        assert len(again) == outage, again
+        tries = int(again[-1].rsplit("; ", 1)[1].split()[0])
+        assert tries >= 3, again[-1]  # each of the three calls' tries at least
+        assert len(said("could not send to Redis")) == outage

@@ -15,6 +15,7 @@ import pytest
 from streamer_core import (
     BatchLengthError,
     BrokerUnavailableError,
+    ConfigurationError,
     QueueFullError,
     RedisStreamer,
     RedisWorker,
@@ -456,22 +457,29 @@ def test_a_url_with_password_and_database_is_honoured(new_server):
     try:
         assert streamer.predict([4]) == [8]
         assert admin.exists("streamer:auth:requests"), "the keys should be in database 3"
-        with RedisStreamer(f"redis://:wrong@127.0.0.1:{server.port}/3", "auth", timeout=5) as wrong:
-            with pytest.raises(BrokerUnavailableError, match="refused the credentials.*check the password"):
-                wrong.predict([1])
-            with pytest.raises(BrokerUnavailableError, match="refused the credentials"):
-                wrong.live_workers()
         missing_db = f"redis://:s3cret@127.0.0.1:{server.port}/99"
-        with pytest.raises(ValueError, match=r"DB index is out of range.*check the database number") as refused:
-            RedisStreamer(missing_db, "auth")
-        assert "s3cret" not in str(refused.value), "the error must not show the password"
-        refused_worker = ThreadWorker(RedisWorker(models.double, 4, redis_broker=missing_db, prefix="auth"))
-        refused_worker.thread.start()
-        refused_worker.thread.join(10)
-        assert isinstance(refused_worker.error, ValueError), "a worker must stop, not retry a setting for good"
-        assert "check the database number" in str(refused_worker.error)
-        with pytest.raises(ValueError, match="check the database number"):  # the supervisor's wait, before workers
-            wait_for_broker(missing_db, threading.Event())
+        wrong_password = f"redis://:wrong-pw@127.0.0.1:{server.port}/3"
+        for url, fix in ((missing_db, "check the database number"), (wrong_password, "check the password")):
+            # A setting to fix: refused where a streamer, a worker or the supervisor starts.
+            with pytest.raises(ConfigurationError, match=rf"Redis refused this client.*{fix}") as refused:
+                RedisStreamer(url, "auth")
+            assert "s3cret" not in str(refused.value) and "wrong-pw" not in str(refused.value), "no password shown"
+            refused_worker = ThreadWorker(RedisWorker(models.double, 4, redis_broker=url, prefix="auth"))
+            refused_worker.thread.start()
+            refused_worker.thread.join(10)
+            assert isinstance(refused_worker.error, ValueError), "a worker must stop, not retry a setting for good"
+            assert fix in str(refused_worker.error)
+            with pytest.raises(ConfigurationError, match=fix):  # the supervisor's wait, before workers
+                wait_for_broker(url, threading.Event())
+        # Once serving, a password Redis no longer takes (changed under it)
+        # is a fault, which calls fail with as with Redis away.
+        admin.config_set("requirepass", "changed")
+        admin.client_kill_filter(_type="normal", skipme=True)
+        try:
+            with pytest.raises(BrokerUnavailableError, match="refused the credentials.*check the password"):
+                streamer.predict([1])
+        finally:
+            admin.config_set("requirepass", "s3cret")
     finally:
         worker.worker.stop()
         streamer.close(timeout=2)
@@ -479,22 +487,33 @@ def test_a_url_with_password_and_database_is_honoured(new_server):
         admin.close()
 
 
-def test_workers_waiting_for_redis_say_when_it_refuses_their_password(new_server, caplog):
+def test_workers_waiting_for_redis_stop_when_it_answers_refusing_their_password(new_server, caplog):
+    """The supervisor waits for a Redis that does not answer yet, saying so;
+    once it answers, refusing the password, that is a setting to fix: the
+    wait ends with it rather than retrying for good."""
     from streamer_core.backends.redis import wait_for_broker
 
     server = new_server(extra_args=["--requirepass", "s3cret"])
-    server.start()
-    stopping = threading.Event()
+    outcome: list = []
+
+    def wait() -> None:
+        try:
+            outcome.append(wait_for_broker(f"redis://:hunter2@127.0.0.1:{server.port}/0", threading.Event()))
+        except Exception as exc:
+            outcome.append(exc)
+
     with caplog.at_level(logging.ERROR, logger="streamer_core.redis"):
-        waiter = threading.Thread(
-            target=wait_for_broker, args=(f"redis://:hunter2@127.0.0.1:{server.port}/0", stopping), daemon=True
-        )
+        waiter = threading.Thread(target=wait, daemon=True)
         waiter.start()
-        assert wait_for(lambda: caplog.records, 5)
-        stopping.set()
-        waiter.join(5)
+        assert wait_for(lambda: caplog.records, 5), "the wait says that Redis does not answer"
+        server.start()
+        waiter.join(10)
     [line] = [r.getMessage() for r in caplog.records]
-    assert "refused the credentials" in line and "hunter2" not in line, line
+    assert line.startswith("Redis does not answer") and "hunter2" not in line, line
+    [refused] = outcome
+    assert isinstance(refused, ConfigurationError), refused
+    assert "check the password" in str(refused), refused
+    assert "hunter2" not in str(refused)
 
 
 def test_prefixes_keep_models_apart(broker, redis_url, make_streamer, start_worker):

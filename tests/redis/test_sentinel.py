@@ -9,11 +9,11 @@ four seconds without an answer."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -22,17 +22,17 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 import redis
 
 from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.client import SEND_RETRY_S
-from streamer_core.errors import BrokerUnavailableError
+from streamer_core.errors import BrokerUnavailableError, ConfigurationError
 from streamer_core.redis_address import RedisAddress
 from tests.core.models import double
-from tests.helpers import wait_for
+from tests.helpers import stop_all, stop_each, wait_for
 from tests.redis.conftest import ThreadWorker
 from tests.servers import RedisServer, free_port, free_ports, unavailable
 
@@ -104,13 +104,8 @@ class SentinelSet:
         return int(port)
 
     def stop(self) -> None:
-        for process in self.sentinels:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-        for server in (self.master, self.replica):
-            if server is not None:
-                server.kill()
+        servers = [server for server in (self.master, self.replica) if server is not None]
+        stop_all([functools.partial(stop_each, self.sentinels), *(server.kill for server in servers)])
 
 
 @pytest.fixture
@@ -201,16 +196,19 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
     )
     exe = shutil.which("redis-server")
     assert exe is not None
-    master.start()
-    with open(tmp_path / "sentinel.log", "wb") as log:
-        sentinel = subprocess.Popen(
-            [exe, str(conf), "--sentinel"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
     url = f"redis+sentinel://:master-pw@127.0.0.1:{sentinel_port}/{SERVICE}/0?sentinel_password=sentinel-pw"
     swapped = f"redis+sentinel://:sentinel-pw@127.0.0.1:{sentinel_port}/{SERVICE}/0?sentinel_password=master-pw"
-    worker = ThreadWorker(RedisWorker(double, 8, redis_broker=url, prefix="passwords"))
+    sentinels: List[subprocess.Popen] = []
+    worker: Optional[ThreadWorker] = None
     streamer: Optional[RedisStreamer] = None
     try:
+        master.start()
+        with open(tmp_path / "sentinel.log", "wb") as log:
+            sentinels.append(
+                subprocess.Popen([exe, str(conf), "--sentinel"], stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            )  # fmt: skip
+        worker = ThreadWorker(RedisWorker(double, 8, redis_broker=url, prefix="passwords"))
 
         def sentinel_knows_the_master() -> bool:
             try:
@@ -225,14 +223,16 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
         assert streamer.wait_ready(20)
         assert streamer.predict([1, 2, 3]) == [2, 4, 6]
         # The Sentinels refuse the master's password (redis-py takes that for a
-        # Sentinel that does not answer); the master refuses the Sentinels'.
+        # Sentinel that does not answer); the master refuses the Sentinels',
+        # a setting to fix, said as the streamer starts.
         master_wrong = (
             f"redis+sentinel://:sentinel-pw@127.0.0.1:{sentinel_port}/{SERVICE}/0?sentinel_password=sentinel-pw"
         )
-        for wrong, refusal in ((swapped, "sentinel_password"), (master_wrong, "refused the credentials")):
-            with RedisStreamer(wrong, "passwords", timeout=5) as refused:
-                with pytest.raises(BrokerUnavailableError, match=refusal):
-                    refused.live_workers()
+        with RedisStreamer(swapped, "passwords", timeout=5) as refused:
+            with pytest.raises(BrokerUnavailableError, match="sentinel_password"):
+                refused.live_workers()
+        with pytest.raises(ConfigurationError, match="Redis refused this client.*check the password"):
+            RedisStreamer(master_wrong, "passwords", timeout=5)
         # The master gone, the Sentinel still names it: a call is refused
         # with words that fit a failover, not a misconfiguration.
         master.kill()
@@ -241,12 +241,9 @@ def test_the_sentinels_get_their_password_and_the_master_its_own(tmp_path: Path)
         ):
             streamer.predict([4])
     finally:
-        if streamer is not None:
-            streamer.close()
-        worker.stop()
-        os.killpg(sentinel.pid, signal.SIGKILL)
-        sentinel.wait(10)
-        master.kill()
+        stops: List[Callable[[], Any]] = [streamer.close] if streamer is not None else []
+        stops += [worker.stop] if worker is not None else []
+        stop_all([*stops, functools.partial(stop_each, sentinels), master.kill])
 
 
 def test_what_went_wrong_behind_sentinels_is_said_as_a_possible_failover():
@@ -336,12 +333,6 @@ def start(argv: List[str], env: Dict[str, str], log: Path) -> subprocess.Popen:
         )  # fmt: skip
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(10)
-
-
 def test_a_failover_under_load_is_followed_and_loses_nothing(sentinel_set: SentinelSet, tmp_path: Path):
     """Kill the master under load from a real web process (gunicorn) and
     real workers (``flask streamer run-workers``): the Sentinels promote the
@@ -363,18 +354,25 @@ def test_a_failover_under_load_is_followed_and_loses_nothing(sentinel_set: Senti
         "FLASK_STREAMER_TIMEOUT": str(timeout_s),
     }
     app = "tests.flask.apps:create_redis_app()"
-    workers = start(
-        [sys.executable, "-m", "flask", "--app", app, "streamer", "run-workers", "--route", "double", "--workers", "2"],
-        env,
-        tmp_path / "workers.log",
-    )
     port = free_port()
-    web = start(
-        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-k", "gthread", "--threads", "16", app],
-        env,
-        tmp_path / "web.log",
-    )
+    started: List[subprocess.Popen] = []
     try:
+        started.append(
+            start(
+                [sys.executable, "-m", "flask", "--app", app, "streamer", "run-workers", "--route", "double",
+                 "--workers", "2"],
+                env,
+                tmp_path / "workers.log",
+            )
+        )  # fmt: skip
+        started.append(
+            start(
+                [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-k", "gthread", "--threads", "16",
+                 app],
+                env,
+                tmp_path / "web.log",
+            )
+        )  # fmt: skip
 
         def answers() -> bool:
             try:
@@ -442,5 +440,4 @@ def test_a_failover_under_load_is_followed_and_loses_nothing(sentinel_set: Senti
         )
         assert sum(o.started < killed_at and o.status == 200 for o in outcomes) > 0, report
     finally:
-        stop(web)
-        stop(workers)
+        stop_each(started)

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from streamer_core.errors import ConfigurationError
 from streamer_core.web.spec import ModelSpec
 from streamer_core.web.status import model_status, render_json, render_json_error, render_text
 
@@ -41,7 +42,12 @@ class Command(BaseCommand):
                 self.stdout.write(render_json_error([line.strip() for line in str(exc).splitlines() if line.strip()]))
             raise
         names = options["models"] or list(specs)
-        statuses = [model_status(specs[name], "manage.py run_gpu_workers") for name in dict.fromkeys(names)]
+        try:
+            statuses = [model_status(specs[name], "manage.py run_gpu_workers") for name in dict.fromkeys(names)]
+        except ConfigurationError as exc:  # Redis refused the URL's database number or password
+            if options["json"]:
+                self.stdout.write(render_json_error(exc.messages))
+            raise CommandError(str(exc)) from exc
         self.stdout.write(render_json(statuses) if options["json"] else render_text(statuses, "run_gpu_workers"))
         if not all(status.ok for status in statuses):
             raise CommandError("a model cannot serve; see above", returncode=1)

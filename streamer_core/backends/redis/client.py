@@ -21,10 +21,12 @@ from .answers import read_answer
 from .connection import (
     MAX_BACKOFF_S,
     LoopErrors,
+    OutageLog,
     ServerIdentity,
     broker_errors,
     broker_problem,
     connect,
+    refuses_setup,
     setup_refused,
 )
 from .damage import DeadLetters, is_wrong_type, repair_key
@@ -115,13 +117,13 @@ class _RedisClientBackend(Backend):
         self.ledger = Ledger(levels)
         self._stopping = threading.Event()
         self._server = ServerIdentity()
+        namespace = self._keys.namespace
+        self._send_outage = OutageLog(f"{namespace}: could not send to Redis", f"{namespace}: sending to Redis again")
         self._scheduler: Optional[Scheduler] = None
         self._collector = background(self._collect, "streamer-redis-collect")
         self._deleter = background(self._delete_abandoned, "streamer-redis-delete")
 
     def start(self, scheduler: Scheduler) -> None:
-        import redis
-
         self._scheduler = scheduler
         try:
             self._server.changed(self._send_conn, self._keys.requests)  # the first: nothing to send again
@@ -129,13 +131,15 @@ class _RedisClientBackend(Backend):
                 self.roster.check(self._read_conn)  # now, so that the first calls are judged as the later ones
             else:
                 self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
-        except broker_errors() as exc:
+        except Exception as exc:
+            if refuses_setup(exc):  # e.g. "DB index is out of range", a wrong password: a setting to fix
+                self._send_conn.close()
+                self._read_conn.close()
+                self._ask_conn.close()
+                raise setup_refused(self._address, exc) from exc
+            if not isinstance(exc, broker_errors()):
+                raise
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
-        except redis.ResponseError as exc:  # e.g. "DB index is out of range": it will not answer otherwise later
-            self._send_conn.close()
-            self._read_conn.close()
-            self._ask_conn.close()
-            raise setup_refused(self._address, exc) from exc
         scheduler.add_slot()
         scheduler.gate_parked(self._out_limit)
         if scheduler.stats is not None:
@@ -245,16 +249,17 @@ class _RedisClientBackend(Backend):
                         large = large or bool(buffers)
                     self.ledger.added(sent, self._add(requests, large, level) if requests else [])
                     levels.pop(0)
+                self._send_outage.succeeded()
                 return None
             except broker_errors() as exc:
                 failure = exc
-                logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
+                self._send_outage.failed(broker_problem(exc, self._address))
             except redis.ResponseError as exc:
                 failure = exc
                 if is_wrong_type(exc):
                     repair_key(self._send_conn, self._keys.request_stream(levels[0]), "stream")
                 else:
-                    logger.warning("could not send to Redis: %s; retrying", broker_problem(exc, self._address))
+                    self._send_outage.failed(broker_problem(exc, self._address))
             left = give_up_at - time.monotonic()
             if left <= 0:
                 return failure

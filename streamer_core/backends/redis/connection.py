@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 from ... import shortcuts
+from ...errors import ConfigurationError
 from ...redis_address import AddressLike, RedisAddress
 
 __all__ = [
@@ -16,11 +17,13 @@ __all__ = [
     "server_time_ms",
     "ServerIdentity",
     "connect",
+    "refuses_setup",
     "setup_refused",
     "wait_for_broker",
     "broker_errors",
     "broker_problem",
     "LoopErrors",
+    "OutageLog",
     "MAX_BACKOFF_S",
 ]
 
@@ -200,23 +203,33 @@ def broker_errors() -> Tuple[Type[BaseException], ...]:
     return (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
 
 
-def setup_refused(address: RedisAddress, exc: BaseException) -> ValueError:
+def setup_refused(address: RedisAddress, exc: BaseException) -> ConfigurationError:
     """The error for a Redis that answers this client's connection set-up
-    with an error (a database number it does not have): a setting to fix,
-    not a fault to wait out. The URL's password is not shown."""
-    return ValueError(
-        f"Redis refused this client at {address.redacted} ({exc}): check the database number and the "
-        "user in the Redis URL"
-    )
+    with an error (a database number it does not have, credentials it
+    refuses): a setting to fix, not a fault to wait out, where a process or
+    a command starts. The URL's password is not shown."""
+    if is_auth_error(exc):
+        fix = "check the password (and user) in the Redis URL"
+    else:
+        fix = "check the database number and the user in the Redis URL"
+    return ConfigurationError(f"Redis refused this client at {address.redacted} ({exc}): {fix}")
+
+
+def refuses_setup(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a client's first command, is Redis refusing
+    its set-up (see :func:`setup_refused`) rather than not answering."""
+    import redis
+
+    return is_auth_error(exc) or isinstance(exc, redis.ResponseError)
 
 
 def wait_for_broker(redis_broker: AddressLike, stopping: threading.Event, log_every: float = 30.0) -> bool:
     """Block until ``redis_broker`` answers PING (return True) or ``stopping``
     is set (False), logging one clear line when it does not answer and again
     every ``log_every`` seconds, rather than a traceback per attempt. Raises
-    ``ValueError`` when Redis refuses the client's set-up (see :func:`setup_refused`)."""
+    :class:`~streamer_core.errors.ConfigurationError` (a ``ValueError``)
+    when Redis refuses the client's set-up (see :func:`setup_refused`)."""
     address = RedisAddress.of(redis_broker)
-    import redis
 
     conn = connect(address)
     failing_since: Optional[float] = None
@@ -228,20 +241,57 @@ def wait_for_broker(redis_broker: AddressLike, stopping: threading.Event, log_ev
                 if failing_since is not None:
                     logger.warning("Redis at %s answers now; starting workers", address.redacted)
                 return True
-            except broker_errors() as exc:
+            except Exception as exc:
+                if refuses_setup(exc):
+                    raise setup_refused(address, exc) from exc
+                if not isinstance(exc, broker_errors()):
+                    raise
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
                 if now >= next_log:
                     next_log = now + log_every
-                    problem = broker_problem(exc) if is_auth_error(exc) else f"Redis does not answer ({exc})"
-                    logger.error("%s at %s; retrying (Ctrl-C to stop)", problem, address.redacted)
+                    logger.error("Redis does not answer (%s) at %s; retrying (Ctrl-C to stop)", exc, address.redacted)
                 stopping.wait(min(MAX_BACKOFF_S, 0.25 + (now - failing_since) / 4))
-            except redis.ResponseError as exc:
-                raise setup_refused(address, exc) from exc
         return False
     finally:
         conn.close()
+
+
+class OutageLog:
+    """Says that a kind of request to Redis fails once an outage, not at
+    each try: a warning at the first failure, and one when a try succeeds
+    again, with how long it lasted and how many tries failed meanwhile.
+    While Redis is down every request fails the same way, each retried,
+    and a line for each try would bury the rest of the log (the calls
+    refused are the web layer's 503s, logged at their own rate)."""
+
+    def __init__(self, what: str, again: str) -> None:
+        self._what = what  # "streamer:x: could not send to Redis"
+        self._again = again  # "streamer:x: sending to Redis again"
+        self._lock = threading.Lock()
+        self._since: Optional[float] = None
+        self._failed = 0
+
+    def failed(self, problem: str) -> None:
+        """A try failed, for ``problem`` (:func:`broker_problem`'s words)."""
+        with self._lock:
+            self._failed += 1
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        logger.warning("%s: %s; retrying (said once, until a try succeeds)", self._what, problem)
+
+    def succeeded(self) -> None:
+        """A try succeeded: the end of an outage, if one was under way."""
+        if self._since is None:  # the usual case, without the lock
+            return
+        with self._lock:
+            since, failed = self._since, self._failed
+            self._since, self._failed = None, 0
+        if since is not None:
+            lasted = time.monotonic() - since
+            logger.warning("%s after %.1f s; %d tries failed meanwhile", self._again, lasted, failed)
 
 
 class LoopErrors:

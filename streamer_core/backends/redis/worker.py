@@ -53,6 +53,7 @@ from .answers import AnswerWriter, Outcome
 from .connection import (
     broker_errors,
     connect,
+    refuses_setup,
     setup_refused,
 )
 from .intake import Hands, Input, Intake, ServerClock
@@ -435,17 +436,17 @@ class RedisWorker:
         self._writer.put([held.request], [(False, error)])
 
     def _check_setup(self) -> None:
-        """Raise ``ValueError`` when Redis refuses this worker's connection
-        set-up (a database number it does not have): its loops would retry
-        that for good. A Redis that does not answer yet is waited for."""
-        import redis
-
+        """Raise ``ConfigurationError`` (a ``ValueError``) when Redis refuses
+        this worker's connection set-up (a database number it does not have,
+        its credentials): its loops would retry that for good. A Redis that
+        does not answer yet is waited for."""
         conn = connect(self._address)
         try:
             conn.ping()
-        except broker_errors():
-            pass
-        except redis.ResponseError as exc:
-            raise setup_refused(self._address, exc) from exc
+        except Exception as exc:
+            if refuses_setup(exc):
+                raise setup_refused(self._address, exc) from exc
+            if not isinstance(exc, broker_errors()):
+                raise
         finally:
             conn.close()
