@@ -104,7 +104,7 @@ def _hook_web(events: List[Event]) -> None:
     from streamer_core import batching
     from streamer_core.backends.redis import client
 
-    cls: Any = client._RedisClientBackend
+    cls: Any = client.RedisClientBackend
     on_results, send, put = cls._on_results, cls._send, batching.Scheduler.put
 
     def logged_on_results(self: Any, entries: Any, pipe: Any) -> None:

@@ -66,9 +66,12 @@ def test_a_url_redis_refuses_is_said_in_one_line(guarded: RedisServer, command: 
     args, code, as_json = COMMANDS[command]
     userinfo, database, fix = REFUSALS[refusal]
     url = f"redis://{userinfo}127.0.0.1:{guarded.port}/{database}"
+    # The example's own settings: not the test project's, which the Django
+    # tests' conftest names in this process's environment when it is loaded.
     env = {
         **os.environ, "PYTHONPATH": str(ROOT), "PORT": str(free_port()), "STREAMER_BACKEND": "redis",
         "STREAMER_REDIS_URL": url, "FLASK_STREAMER_BACKEND": "redis", "FLASK_STREAMER_REDIS_URL": url,
+        "DJANGO_SETTINGS_MODULE": "example_django.settings",
     }  # fmt: skip
     try:
         done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -50,8 +50,8 @@ Nothing read from Redis is unpickled unless both sides chose ``codec="pickle"``:
 see :mod:`streamer_core.codec`.
 """
 
-from .client import RedisStreamer
 from .connection import connect, wait_for_broker
+from .streamer import RedisStreamer
 from .supervisor import WorkerGroup, run_redis_workers_forever, run_worker_groups
 from .wire import Keys
 from .worker import RedisWorker

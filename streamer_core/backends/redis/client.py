@@ -1,5 +1,6 @@
-"""The web side of the Redis backend: :class:`RedisStreamer` queues inputs
-on the requests stream and reads the answers from a results stream of its own."""
+"""The web side of the Redis backend at work: :class:`RedisClientBackend`
+queues a :class:`~.streamer.RedisStreamer`'s inputs on the requests
+stream and reads the answers from a results stream of its own."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ...batching import Scheduler, _Item, deliver, live_items
 from ...codec import Buffers, get_codec
-from ...config import OPTIONS, BatchingConfig, default
+from ...config import OPTIONS
 from ...errors import BrokerUnavailableError, SerializationError
-from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-from ...streamer import Backend, BaseStreamer, item_cost_of
+from ...redis_address import RedisAddress
+from ...streamer import Backend, item_cost_of
 from ...threads import background
 from ...tracing import to_traceparent
 from .answers import read_answer
@@ -48,20 +49,10 @@ from .wire import (
     request_fields,
 )
 
-__all__ = ["RedisStreamer"]
+__all__ = ["RedisClientBackend"]
 
 logger = logging.getLogger("streamer_core.redis")
 
-# The most items a web process sends to Redis at once (one script call, or
-# one pipeline for requests carrying large arrays).
-_SEND_BATCH = 256
-# The longest a web process holds a request to send it with others (seconds):
-# only while callers it has just answered are due back, by the in-process
-# rule (HoldPolicy). One send instead of a send per returning caller
-# costs the callers nothing (the worker waits for them as well), and saves
-# the web process the CPU and the GIL that the other sends would take while
-# its callers come back.
-_SEND_HOLD_S = 0.01
 # The longest a web process holds a worker's batch of answers while the
 # callers of the batch it answered just before come back (seconds): see
 # _let_callers_return. Long enough for 64 callers on a busy 2-core machine.
@@ -83,7 +74,7 @@ _BLOCK_MS = 500
 _Request = Tuple[bytes, int, bytes, Buffers, Optional[float], Optional[str]]
 
 
-class _RedisClientBackend(Backend):
+class RedisClientBackend(Backend):
     name = "redis"
     copies_inputs = True
     sheds_late = False  # batches here are sends to Redis
@@ -133,9 +124,7 @@ class _RedisClientBackend(Backend):
                 self.roster.live_batch_sizes(self._read_conn)  # how much of a large call is out at once
         except Exception as exc:
             if refuses_setup(exc):  # e.g. "DB index is out of range", a wrong password: a setting to fix
-                self._send_conn.close()
-                self._read_conn.close()
-                self._ask_conn.close()
+                self._close_connections()
                 raise setup_refused(self._address, exc) from exc
             if not isinstance(exc, broker_errors()):
                 raise
@@ -478,9 +467,11 @@ class _RedisClientBackend(Backend):
             self._read_conn.delete(self._results_key)
         except broker_errors():
             pass
-        self._send_conn.close()
-        self._read_conn.close()
-        self._ask_conn.close()
+        self._close_connections()
+
+    def _close_connections(self) -> None:
+        for conn in (self._send_conn, self._read_conn, self._ask_conn):
+            conn.close()
 
     def pending_requests(self) -> int:
         return self.roster.pending(self._ask_conn)  # streamer_redis_pending: see Roster.pending
@@ -491,114 +482,3 @@ class _RedisClientBackend(Backend):
     def unanswered(self) -> int:
         """Inputs sent and not answered yet, of calls still running."""
         return self.ledger.unanswered()
-
-
-class RedisStreamer(BaseStreamer):
-    """The web side of the Redis backend: queue inputs for workers that run
-    elsewhere (:class:`RedisWorker`, ``run_redis_workers_forever`` or the
-    ``streamer-worker`` command) and wait for their answers.
-
-    ``redis_broker`` is ``"host:port"``, a ``redis://`` / ``rediss://`` /
-    ``unix://`` URL, a ``redis+sentinel://`` or ``redis+cluster://`` URL
-    (see :mod:`streamer_core.redis_address`), or a :class:`RedisAddress`;
-    ``prefix`` keeps models apart on one Redis (workers use the same one).
-    Keyword-only: ``timeout`` (seconds a call may take, default 20),
-    ``max_queue`` (the most inputs of this web process waiting for an answer,
-    sent or not; past it calls fail at once with ``QueueFullError``), and
-    ``codec`` (``"msgpack"``, the default, or ``"pickle"``, which the workers
-    must be started with too), and ``require_workers`` (default False: calls
-    wait in Redis for a worker to come; True: while no worker has been alive
-    for a few seconds, calls fail at once with :class:`NoWorkerError`, as a
-    web service wants), and ``item_cost`` (a function of one input giving its
-    cost: computed here, it travels with the request to workers started with
-    a ``max_batch_cost``), ``name`` (this model's name in :meth:`stats`
-    and the metrics, default ``prefix``), and ``tracing`` (each call's span
-    context goes with its inputs to workers that trace: :mod:`streamer_core.tracing`),
-    and the priority options of every streamer (``priority_levels``,
-    ``default_priority``, ``priority_max_queue``, ``priority_timeout``): a
-    call's ``priority`` chooses the stream its inputs go to, one per level,
-    which workers started with as many ``priority_levels`` read highest
-    first (see :mod:`.roster` for workers that read fewer).
-    Same signature as service_streamer's ``RedisStreamer``.
-    """
-
-    def __init__(
-        self,
-        redis_broker: AddressLike = DEFAULT_REDIS,
-        prefix: str = "",
-        *,
-        timeout: float = default("timeout"),
-        max_queue: Optional[int] = default("max_queue"),
-        codec: str = default("codec"),
-        require_workers: bool = False,
-        item_cost: Optional[Callable[[Any], float]] = None,
-        name: Optional[str] = None,
-        tracing: bool = default("tracing"),
-        priority_levels: int = default("priority_levels"),
-        default_priority: Optional[int] = default("default_priority"),
-        priority_max_queue: Optional[Sequence[Optional[int]]] = default("priority_max_queue"),
-        priority_timeout: Optional[Sequence[Optional[float]]] = default("priority_timeout"),
-    ) -> None:
-        # Batches here are sends to Redis, the highest level's first; workers
-        # form the model's, costs sent along (see encode).
-        config = BatchingConfig(
-            _SEND_BATCH,
-            _SEND_HOLD_S,
-            timeout,
-            max_queue,
-            tracing=tracing,
-            priority_levels=priority_levels,
-            default_priority=default_priority,
-            priority_max_queue=priority_max_queue,
-            priority_timeout=priority_timeout,
-        )
-        if not isinstance(require_workers, bool):
-            raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
-        item_cost = OPTIONS["item_cost"].checked(item_cost)
-        address = RedisAddress.of(redis_broker)
-        backend = functools.partial(
-            _RedisClientBackend, address, prefix, codec, require_workers, item_cost, config.priority_levels
-        )
-        super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
-
-    @property
-    def _backend(self) -> _RedisClientBackend:
-        return cast(_RedisClientBackend, self._engine.backend)
-
-    def _admit(self, inputs: List[Any], level: int = 0) -> None:
-        backend, config = self._backend, self._config
-        roster = backend.roster
-        if backend.missing_workers():
-            raise roster.error()
-        leveled = config.priority_levels > 1
-        unread = roster.unread(level) if leveled else None
-        if unread is not None:
-            raise unread
-        limit = config.queue_limit(level)
-        if limit is not None:
-            queued = self._engine.scheduler.queued_by_level()[level] if leveled else self.queued()
-            self._backend.ledger.make_room(len(inputs), queued, limit, level if leveled else None)
-
-    def live_workers(self) -> int:
-        """How many workers serve this prefix right now (a health check);
-        raises :class:`BrokerUnavailableError` when Redis cannot be reached."""
-        try:
-            return self._backend.live_workers()
-        except broker_errors() as exc:
-            raise BrokerUnavailableError(broker_problem(exc, self._backend._address)) from exc
-
-    def why_not_ready(self) -> Optional[str]:
-        if self.closed:
-            return "the streamer is closed"
-        try:
-            return self._backend.why_not_ready()
-        except broker_errors() as exc:
-            return str(BrokerUnavailableError(broker_problem(exc, self._backend._address)))
-
-    why_not_ready.__doc__ = BaseStreamer.why_not_ready.__doc__
-
-    def wait_ready(self, timeout: float = 60.0) -> bool:
-        """Wait until at least one worker serves this prefix (workers load
-        their model before they announce themselves); return whether one
-        did within ``timeout`` seconds."""
-        return self._backend.wait_ready(timeout)
