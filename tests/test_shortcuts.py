@@ -31,6 +31,7 @@ def test_a_release_is_read_from_its_version(text: str, release: Any) -> None:
 
 
 def test_a_release_outside_its_range_turns_the_shortcut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMER_SHORTCUTS", raising=False)
     dispatch = shortcuts.SHORTCUTS["flask-dispatch"]
     version = shortcuts.installed("flask")
     assert version is not None and shortcuts.release_problem("flask-dispatch") is None

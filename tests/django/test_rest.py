@@ -229,7 +229,7 @@ def test_under_gunicorn_refusals_come_first_and_the_threads_calls_are_batched(co
     concurrent threads share model calls; a body sent in chunks is read, by
     each of DRF's parsers."""
     from tests.flask.test_example_classify import upload
-    from tests.helpers import post_chunked, wait_for
+    from tests.helpers import post_chunked, shortcut_on, wait_for
     from tests.servers import free_port
 
     port = free_port()
@@ -260,6 +260,9 @@ def test_under_gunicorn_refusals_come_first_and_the_threads_calls_are_batched(co
     assert sorted(body[0] for _, _, body in answers) == list(range(6)), answers
     assert max(body[1] for _, _, body in answers) > 1, f"no two requests shared a model call: {answers}"
     status, _, body = post_chunked(port, "/rest/open", b'{"x": 21}', "application/json")
+    if not shortcut_on("django-body"):  # Django's own reading reads no body sent in chunks: said so
+        assert status == 411 and body["detail"].startswith("a body sent in chunks is read only"), body
+        return
     assert (status, body) == (200, 42)
     form = upload(b"\x00" * 15_000, "f.bin")  # read by DRF's multipart parser from the stream
     status, _, body = post_chunked(port, "/rest/upload", form["data"], form["content_type"])

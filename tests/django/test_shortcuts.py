@@ -14,6 +14,8 @@ from typing import Any, Dict
 import pytest
 from django.core.checks import run_checks
 from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 
 from django_streamer.apps import say_which_shortcuts
@@ -36,8 +38,17 @@ def _chunked(body: bytes) -> Dict[str, Any]:
 
 
 def _served(environ: Dict[str, Any]) -> Any:
+    """``environ`` served by Django's WSGI handler, as Django's test client
+    serves it: without closing database connections around the request
+    (pytest-django refuses the database to a test that does not ask)."""
     started: Dict[str, Any] = {}
-    body = b"".join(WSGIHandler()(environ, lambda status, headers: started.update(status=status)))
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        body = b"".join(WSGIHandler()(environ, lambda status, headers: started.update(status=status)))
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
     return started["status"], json.loads(body)
 
 
