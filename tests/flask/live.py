@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -333,8 +334,14 @@ def ping_while(port: int, busy: threading.Thread, timeout: float = 5.0, interval
 
 #: How long GET /ping may take while a batch is in a model. The /slow model
 #: holds its thread 0.6 s; a server whose loop a waiting view blocks answers
-#: a ping only once that wait is over.
-PING_LIMIT = 0.2
+#: a ping only once that wait is over, so its slowest ping takes about that
+#: long, and the typical one a good part of it. A loaded machine (a load of
+#: 8 on 2 cores) delays a ping now and then by a few hundred milliseconds:
+#: the slowest ping is held to three quarters of the batch, the typical one
+#: (the median) to a sixth, which a blocked loop's is far above
+#: (test_control_a_blocking_wait_is_caught).
+PING_LIMIT = 0.45
+PING_MEDIAN_LIMIT = 0.1
 
 
 def check_loop_free(port: int, clients: int = 8, limit: float = PING_LIMIT) -> tuple[List[Ping], Volley]:
@@ -358,6 +365,11 @@ def check_loop_free(port: int, clients: int = 8, limit: float = PING_LIMIT) -> t
         f"a ping took {worst:.3f}s (limit {limit}s) while slow batches were in flight: "
         f"a waiting view blocks the server; pings {[round(p.seconds, 3) for p in pings][:20]}; {volley.summary()}"
     )
+    typical = statistics.median(p.seconds for p in pings)
+    assert typical < PING_MEDIAN_LIMIT, (
+        f"the median ping took {typical:.3f}s (limit {PING_MEDIAN_LIMIT}s) while slow batches were in flight: "
+        f"a waiting view blocks the server; pings {[round(p.seconds, 3) for p in pings][:20]}"
+    )
     return pings, volley
 
 
@@ -379,6 +391,7 @@ def in_background(function: Any, *args: Any, **kwargs: Any) -> tuple[threading.T
 __all__ = [
     "check_loop_free",
     "PING_LIMIT",
+    "PING_MEDIAN_LIMIT",
     "live_server",
     "LiveServer",
     "fire",
