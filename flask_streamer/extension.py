@@ -17,28 +17,26 @@ from streamer_core.config import OPTIONS
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
-from streamer_core.web.body import check_many, default_input, json_of, upload_of
-from streamer_core.web.cycle import Cycle
-from streamer_core.web.http import FAST_JSON, MISSING, error_body, json_answer, to_jsonable
+from streamer_core.web.body import check_many, default_input
+from streamer_core.web.http import FAST_JSON, error_body, json_answer, to_jsonable
 from streamer_core.web.peer import client_socket
 from streamer_core.web.priority import EndpointPriority
 from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
 from .answer import JsonAnswer
-from .decorators import ViewDecorator, check_batch_function, checked, explained
+from .decorators import ViewDecorator, check_batch_function, checked
 from .dispatch import install as install_dispatch
-from .reading import body_of, limit_request_body, loads_of, read_error
+from .inputs import json_body, request_inputs, request_item, request_upload
+from .reading import body_of, limit_request_body, loads_of
 from .route import _UNSET, BatchedRoute, ParseHook, RespondHook, check_sharing
 from .settings import (
-    BODY_DEFAULTS,
     ROUTE_OPTIONS,
     app_routes,
     check_ops_routes,
     read_settings,
-    setting_name,
-    written_as,
 )
+from .state import EXTENSION_KEY, SHORTCUTS, AppState, reply, state_of
 
 __all__ = [
     "FlaskStreamer",
@@ -52,66 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("flask_streamer")
-
-EXTENSION_KEY = "streamer"
-
-#: The shortcuts (:mod:`streamer_core.shortcuts`) an app's batched routes may take, as its boot line lists them.
-SHORTCUTS = (
-    "flask-dispatch",
-    "flask-answer",
-    "gevent-reading",
-    "gevent-writing",
-    "gunicorn-access-log",
-    "otel-spans",
-    "redis-packing",
-)
-
-
-class _AppState:
-    """What the extension keeps in ``app.extensions["streamer"]``: the app's
-    checked settings, its request cycle and, per route, its streamer
-    (started on first use)."""
-
-    def __init__(self, extension: FlaskStreamer, app: Flask, settings: Dict[str, Any]) -> None:
-        self.extension = extension
-        self.settings = settings
-        self.max_body_bytes: Optional[int] = app.config.get(
-            setting_name("max_body_bytes"), BODY_DEFAULTS["max_body_bytes"]
-        )
-        self.max_inputs: int = app.config.get(setting_name("max_inputs"), BODY_DEFAULTS["max_inputs"])
-        #: ``STREAMER_JSON_ERRORS``: every HTTP error of the app as JSON.
-        self.json_errors: bool = app.config.get(setting_name("json_errors"), OPTIONS["json_errors"].default)
-        #: ``STREAMER_SHORTCUTS``: the app's own switch of :mod:`streamer_core.shortcuts`.
-        self.shortcuts: bool = app.config.get(setting_name("shortcuts"), OPTIONS["shortcuts"].default)
-        self.shortcuts_name = written_as(setting_name("shortcuts"), app.config)
-        #: Whether a batched route's default JSON answer is sent as :class:`JsonAnswer`.
-        self.quick_answer = shortcuts.allowed("flask-answer", self.shortcuts)
-        self.handles: Dict[BatchedRoute, LazyStreamer] = {}
-        #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
-        self.draining = False
-        #: ``STREAMER_ERROR_DETAILS``: a 500 says its exception (None: in debug mode).
-        self.error_details: Optional[bool] = app.config.get(setting_name("error_details"))
-        self.cycle: Cycle[Any] = _FlaskCycle(_reply, app.logger, "the batched route", _debug, read_error, _details)
-
-    def handle(self, route: BatchedRoute) -> LazyStreamer:
-        handle = self.handles.get(route)
-        if handle is None:
-            raise RuntimeError(
-                f"the batched route {route.name} belongs to a FlaskStreamer that this app was not set up with: "
-                "call init_app(app) on the FlaskStreamer that declared it"
-            )
-        return handle
-
-
-class _FlaskCycle(Cycle[Any]):
-    """The request cycle, with Flask's error for a model that needs a
-    request told as what it is: a view decorator on the batch function
-    (:func:`~flask_streamer.decorators.explained`)."""
-
-    def error(
-        self, name: str, exc: BaseException, failed_input: Optional[int] = None, span: Optional[Any] = None
-    ) -> Any:
-        return super().error(name, explained(exc, f"{self.noun} {name}"), failed_input, span)
 
 
 class FlaskStreamer:
@@ -161,7 +99,7 @@ class FlaskStreamer:
         settings = read_settings(app.config, app.name)
         ops_routes = {field: rule for field, rule in app_routes(app.config).items() if rule is not None}
         check_ops_routes(app, ops_routes)
-        state = _AppState(self, app, settings)
+        state = AppState(self, app, settings)
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
@@ -314,16 +252,16 @@ class FlaskStreamer:
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
         # Check the route against every app first: a refused route leaves no trace.
-        handles = [(app, route.handle(_state(app).settings, _state(app).handles)) for app in apps]
+        handles = [(app, route.handle(state_of(app).settings, state_of(app).handles)) for app in apps]
         if blueprint is not None:
             blueprint.add_url_rule(rule, endpoint, route.view, methods=methods)
         with self._lock:
             self._routes.append(route)
         for app, handle in handles:
-            self._attach(app, _state(app), route, handle)
+            self._attach(app, state_of(app), route, handle)
         return route
 
-    def _attach(self, app: Flask, state: _AppState, route: BatchedRoute, handle: Optional[LazyStreamer] = None) -> None:
+    def _attach(self, app: Flask, state: AppState, route: BatchedRoute, handle: Optional[LazyStreamer] = None) -> None:
         state.handles[route] = handle or route.handle(state.settings, state.handles)
         if route.blueprint is None:
             app.add_url_rule(route.rule, route.endpoint, route.view, methods=route.methods)
@@ -335,13 +273,13 @@ class FlaskStreamer:
         blueprints' included once the blueprint is registered."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
         views = set(map(id, app.view_functions.values()))
-        return [route for route in _state(app).handles if id(route.view) in views]
+        return [route for route in state_of(app).handles if id(route.view) in views]
 
     def get_streamer(self, endpoint: str, app: Optional[Flask] = None) -> BaseStreamer:
         """The streamer behind the batched route ``endpoint`` (started if it
         is not yet), to call ``predict``/``submit`` from a view of your own."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
-        state = _state(app)
+        state = state_of(app)
         for route in state.handles:
             if route.name == endpoint or route.endpoint == endpoint:
                 return state.handles[route].get()
@@ -356,7 +294,7 @@ class FlaskStreamer:
         gunicorn's ``post_worker_init`` hook does (see
         :func:`start_streamers`), never before."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
-        state = _state(app)
+        state = state_of(app)
         start_all([state.handles[route] for route in self.routes(app)], wait, timeout)
 
     def close(self, app: Optional[Flask] = None, timeout: float = 10.0) -> None:
@@ -364,7 +302,7 @@ class FlaskStreamer:
         this process started (their workers too). A later request starts
         them again."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
-        for handle in _state(app).handles.values():
+        for handle in state_of(app).handles.values():
             handle.close(timeout)
 
     # -- requests ----------------------------------------------------------------
@@ -375,13 +313,13 @@ class FlaskStreamer:
         503), while calls in hand finish for up to ``timeout`` seconds; then
         every streamer stops. For a server's shutdown hook (see the README)."""
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
-        _state(app).draining = True
+        state_of(app).draining = True
         self.close(app, timeout)
 
     def _handle(self, route: BatchedRoute) -> Any:
         app = current_app._get_current_object()  # type: ignore[attr-defined]
         req = request._get_current_object()  # type: ignore[attr-defined]
-        state = _state(app)
+        state = state_of(app)
         limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
         most = (state.max_inputs if route.max_inputs is _UNSET else route.max_inputs) if route.many else None
         handle = state.handle(route)
@@ -417,7 +355,7 @@ def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> No
             start_streamers(worker.wsgi)
 
     See :meth:`FlaskStreamer.start`."""
-    _state(app).extension.start(app, wait, timeout)
+    state_of(app).extension.start(app, wait, timeout)
 
 
 def _metrics_view() -> Any:
@@ -426,24 +364,14 @@ def _metrics_view() -> Any:
 
 
 def _health_view() -> Any:
-    return _reply(*liveness())
+    return reply(*liveness())
 
 
 def _ready_view() -> Any:
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    state = _state(app)
+    state = state_of(app)
     handles = {route.name: state.handles[route] for route in state.extension.routes(app)}
-    return _reply(*readiness(handles, state.draining))
-
-
-def _state(app: Flask) -> _AppState:
-    try:
-        state: _AppState = app.extensions[EXTENSION_KEY]
-    except KeyError:
-        raise RuntimeError(
-            f"flask_streamer is not set up on the app {app.name!r}: call FlaskStreamer(app) or streamer.init_app(app)"
-        ) from None
-    return state
+    return reply(*readiness(handles, state.draining))
 
 
 def _respond(app: Flask, output: Any) -> Any:
@@ -459,70 +387,6 @@ def _respond(app: Flask, output: Any) -> Any:
             kind = JsonAnswer
         return kind(json_answer(output), mimetype="application/json")
     return json_answer(output, lambda value: app.json.response(to_jsonable(value)))
-
-
-def json_body() -> Any:
-    """The current request's JSON body, or :data:`~streamer_core.web.http.MISSING`
-    when it is not a JSON request. Raises :class:`InvalidInput` saying what is
-    wrong with a malformed body (one nested too deep included). Read by
-    orjson where it is installed and the app keeps Flask's own JSON
-    provider, else by the app's provider."""
-    req = request._get_current_object()  # type: ignore[attr-defined]
-    if not req.is_json:
-        return MISSING
-    return json_of(req.get_data(cache=True), loads_of(current_app._get_current_object()))  # type: ignore[attr-defined]
-
-
-def request_item(field: Optional[str] = None) -> Any:
-    """The current request's model input by the default rule of a batched
-    route: the JSON body (its key ``field`` when given), else the form field
-    ``field``, else the uploaded file ``field`` as ``bytes`` (``curl -F
-    "file=@cat.jpg"``): for a route's ``parse`` hook that checks or
-    converts the input::
-
-        def parse(req):
-            return decode_image(request_item("file"))
-
-    Raises :class:`InvalidInput` (400) saying what to send,
-    :class:`PayloadTooLarge` (413) for a body over the route's
-    ``max_body_bytes`` (in a view of your own, ``STREAMER_MAX_BODY_BYTES``),
-    sent with a ``Content-Length`` or in chunks, and
-    :class:`UnsupportedMediaType` (415) for a body that is neither JSON nor
-    a form."""
-    req = request._get_current_object()  # type: ignore[attr-defined]
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return default_input(body_of(req), field, limit, loads_of(app))
-
-
-def request_inputs(field: Optional[str] = None) -> Any:
-    """The current request's inputs by the default rule of a ``many=True``
-    route: the JSON array (its key ``field`` when given), else every value
-    of the form field ``field``, else every uploaded file of it as
-    ``bytes``: for such a route's ``parse`` hook. Raises as
-    :func:`request_item` does; the route checks it is a list of at most
-    ``max_inputs``."""
-    req = request._get_current_object()  # type: ignore[attr-defined]
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return default_input(body_of(req), field, limit, loads_of(app), many=True)
-
-
-def request_upload(field: str = "file") -> bytes:
-    """The bytes of the current request's uploaded file ``field``, for a
-    route that takes a file and nothing else (``curl -F "file=@cat.jpg"``)::
-
-        def parse(req):
-            return decode_image(request_upload("file"))
-
-    Unlike :func:`request_item`, it never tells a client to send JSON: a
-    body that is not a multipart form is a 415, no body, a text field or a
-    form without the file a 400, each saying how to send the file; a file
-    over the route's ``max_body_bytes`` a 413."""
-    req = request._get_current_object()  # type: ignore[attr-defined]
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    limit = limit_request_body(req, app, _state(app).max_body_bytes)
-    return upload_of(body_of(req), field, limit)
 
 
 def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
@@ -543,7 +407,7 @@ def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
         endpoint, _ = app.create_url_adapter(request).match(method=allowed[0]) if allowed else (None, None)
     except HTTPException:
         endpoint = None
-    state = _state(app)
+    state = state_of(app)
     batched = endpoint is not None and endpoint in {route.name for route in state.handles}
     if not batched and not state.json_errors:
         return exc
@@ -573,19 +437,4 @@ def json_error(exc: BaseException, name: str = "") -> Any:
         except Exception as exc:
             return json_error(exc, "my_view")"""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    return _state(app).cycle.error(name or request.path, exc)
-
-
-def _reply(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:
-    """A JSON answer, as the request cycle and the probes give it."""
-    return jsonify(body), status, headers
-
-
-def _debug() -> bool:
-    return bool(current_app.debug)
-
-
-def _details() -> Optional[bool]:
-    """``STREAMER_ERROR_DETAILS`` of the current app (``None``: as its debug mode)."""
-    details: Optional[bool] = current_app.extensions[EXTENSION_KEY].error_details
-    return details
+    return state_of(app).cycle.error(name or request.path, exc)

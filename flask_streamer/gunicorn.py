@@ -12,7 +12,8 @@ from typing import Any
 
 from streamer_core.web.gunicorn import child_exit, on_exit, on_starting, pre_fork, settle
 
-from .extension import _state, start_streamers
+from .extension import start_streamers
+from .state import state_of
 
 __all__ = ["on_starting", "on_exit", "pre_fork", "post_worker_init", "child_exit"]
 
@@ -23,5 +24,5 @@ def post_worker_init(worker: Any) -> None:
     (:func:`streamer_core.web.gunicorn.settle`)."""
     app = worker.wsgi
     start_streamers(app)
-    state = _state(app)
+    state = state_of(app)
     settle(worker, (handle.spec.backend for handle in state.handles.values()), state.shortcuts)

@@ -17,6 +17,7 @@ way in, at construction or at start-up, never at the first request.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict
 
@@ -98,6 +99,15 @@ def _tracing(value: Any) -> bool:
         if problem is not None:
             raise ValueError(f"is True, but {problem}")
     return on
+
+
+def _header(value: Any) -> Optional[str]:
+    """``timeout_header``: a request header's name, or None (``False`` too) for none."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
+        return value
+    raise TypeError(f"must be the name of a request header, e.g. 'X-Request-Timeout', or None; got {value!r}")
 
 
 def _optional_flag(value: Any) -> Optional[bool]:
@@ -360,6 +370,21 @@ _TABLE = (
         flag,
         "option",
         "answer every HTTP error of the app (404, 405, 413, ...) as JSON, as the batched routes answer theirs",
+    ),
+    Option(
+        "timeout_header",
+        "X-Request-Timeout",
+        _header,
+        "option",
+        "the request header in which a client says how many seconds it will still wait (never more than the "
+        "timeout); None: read none",
+    ),
+    Option(
+        "envoy_timeout",
+        False,
+        flag,
+        "option",
+        "also read Envoy's x-envoy-expected-rq-timeout-ms (milliseconds) as the client's deadline",
     ),
     Option(
         "error_details",

@@ -37,7 +37,7 @@ from .peer import await_call, peer_closed, wait_call
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-__all__ = ["Cycle", "Reply", "Traced"]
+__all__ = ["Cycle", "Deadline", "Reply", "Traced"]
 
 R = TypeVar("R")
 
@@ -45,6 +45,8 @@ R = TypeVar("R")
 Reply = Callable[[int, Dict[str, Any], Dict[str, str]], R]
 #: A request to trace, as its span names it: its method and route (``("POST", "/embed")``).
 Traced = Tuple[str, str]
+#: ``deadline(level)``: a request's call timeout from its deadline header (``None``: the model's).
+Deadline = Callable[[Optional[int]], Optional[float]]
 
 
 class Cycle(Generic[R]):
@@ -88,6 +90,7 @@ class Cycle(Generic[R]):
         traced: Optional[Traced] = None,
         client: Optional[Any] = None,
         priority: Optional[Callable[[], Optional[int]]] = None,
+        deadline: Optional[Deadline] = None,
     ) -> R:
         """Serve one request to the endpoint ``name``: refuse it while
         ``draining``, ``parse()`` it into the model's input, run that through
@@ -106,13 +109,17 @@ class Cycle(Generic[R]):
         (:mod:`streamer_core.web.peer`). ``priority``: where the endpoint
         says the level of its requests, ``priority()`` gives it (``None``:
         the model's default), or raises :class:`InvalidInput` for a 400
-        before anything is read or queued (:mod:`streamer_core.web.priority`)."""
+        before anything is read or queued (:mod:`streamer_core.web.priority`).
+        ``deadline``: where the endpoint reads the client's deadline,
+        ``deadline(level)`` gives the call's timeout (``None``: the
+        model's), or raises :class:`InvalidInput` for a 400, before anything
+        is read or queued (:mod:`streamer_core.web.deadline`)."""
         if traced is None or tracing.silent():  # silent: no SDK set up, no span would record
-            return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
+            return self._serve(name, streamer, parse, respond, draining, many, None, client, priority, deadline)
         request = tracing.request_span(traced[0], traced[1], name)
         with request as span:
             if not span.is_recording():  # not sampled (or a provider's span that records nothing): no steps either
-                return self._serve(name, streamer, parse, respond, draining, many, None, client, priority)
+                return self._serve(name, streamer, parse, respond, draining, many, None, client, priority, deadline)
             return self._serve(
                 name,
                 streamer,
@@ -123,6 +130,7 @@ class Cycle(Generic[R]):
                 span,
                 client,
                 priority,
+                deadline,
             )
 
     def _serve(
@@ -136,17 +144,22 @@ class Cycle(Generic[R]):
         span: Optional[Span],
         client: Optional[Any],
         priority: Optional[Callable[[], Optional[int]]] = None,
+        deadline: Optional[Deadline] = None,
     ) -> R:
         if draining:
             return self.refuse_while_draining(name, span)
         try:
             level = None if priority is None else priority()
+            timeout = None if deadline is None else deadline(level)
             inputs = self._inputs(parse(), many)
         except Exception as exc:
             return self.parse_failed(name, exc, span, client)
         future: Optional[BatchFuture] = None
         try:
-            future = streamer().submit(inputs) if level is None else streamer().submit(inputs, priority=level)
+            if level is None and timeout is None:
+                future = streamer().submit(inputs)
+            else:
+                future = streamer().submit(inputs, timeout, level)
             outputs = wait_call(future, client)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):
@@ -169,6 +182,7 @@ class Cycle(Generic[R]):
         many: Optional[int] = None,
         traced: Optional[Traced] = None,
         priority: Optional[Callable[[], Optional[int]]] = None,
+        deadline: Optional[Deadline] = None,
     ) -> R:
         """:meth:`serve` for an async view: ``parse``, ``streamer`` and
         ``respond`` may each return an awaitable, and the call is awaited
@@ -176,11 +190,11 @@ class Cycle(Generic[R]):
         Django does when the ASGI server says the client disconnected) gives
         the call up, counted as ``disconnected``."""
         if traced is None or tracing.silent():
-            return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
+            return await self._aserve(name, streamer, parse, respond, draining, many, None, priority, deadline)
         request = tracing.request_span(traced[0], traced[1], name)
         with request as span:
             if not span.is_recording():
-                return await self._aserve(name, streamer, parse, respond, draining, many, None, priority)
+                return await self._aserve(name, streamer, parse, respond, draining, many, None, priority, deadline)
             return await self._aserve(
                 name,
                 streamer,
@@ -190,6 +204,7 @@ class Cycle(Generic[R]):
                 many,
                 span,
                 priority,
+                deadline,
             )
 
     async def _aserve(
@@ -202,11 +217,13 @@ class Cycle(Generic[R]):
         many: Optional[int],
         span: Optional[Span],
         priority: Optional[Callable[[], Optional[int]]] = None,
+        deadline: Optional[Deadline] = None,
     ) -> R:
         if draining:
             return self.refuse_while_draining(name, span)
         try:
             level = None if priority is None else priority()
+            timeout = None if deadline is None else deadline(level)
             parsed = parse()
             if inspect.isawaitable(parsed):
                 parsed = await parsed
@@ -218,7 +235,7 @@ class Cycle(Generic[R]):
             running = streamer()
             if inspect.isawaitable(running):
                 running = await running
-            future = running.submit(inputs) if level is None else running.submit(inputs, priority=level)
+            future = running.submit(inputs, timeout, level)
             outputs = await await_call(future)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):

@@ -52,9 +52,9 @@ def test_the_wsgi_module_loads_the_model_then_freezes_what_loading_made():
     stalled every waiting request for 200 ms or more)."""
     script = (
         "import gc, json, example_flask.wsgi as w\n"
-        "from flask_streamer.extension import _state\n"
+        "from flask_streamer.state import state_of\n"
         "print(json.dumps([gc.get_freeze_count(), list(gc.get_threshold()), "
-        "sorted(r.name for r, h in _state(w.app).handles.items() if h.started)]))\n"
+        "sorted(r.name for r, h in state_of(w.app).handles.items() if h.started)]))\n"
     )
     frozen, threshold, started = json.loads(last_line_of(script))
     assert frozen > 100_000, "loading made hundreds of thousands of objects: they are frozen"
