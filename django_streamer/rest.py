@@ -54,8 +54,9 @@ from streamer_core.web.priority import EndpointPriority
 
 from . import conf
 from .conf import max_body_bytes
+from .reading import body_length, read_error
 from .registry import draining, get_streamer
-from .views import _body_length, _check_many, _check_options, _debug, _level_of, _mark, _read_error, _traced, logger
+from .views import _check_many, _check_options, _debug, _level_of, _mark, _traced, logger
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -106,7 +107,7 @@ class _RestCycle(Cycle[Answer]):
         return exc
 
 
-_CYCLE = _RestCycle(_reply, logger, "the batched API view of", _debug, _read_error, conf.error_details)
+_CYCLE = _RestCycle(_reply, logger, "the batched API view of", _debug, read_error, conf.error_details)
 
 
 def _value(value: Any) -> Any:
@@ -188,7 +189,7 @@ class BatchedAPIView(APIView):
         ``STREAMER["MAX_BODY_BYTES"]`` (a 413 before it is read; one sent in
         chunks is read here, as the batched views read it)."""
         django_request = request._request
-        _body_length(django_request, max_body_bytes())
+        body_length(django_request, max_body_bytes())
         if hasattr(django_request, "_body") and not getattr(
             django_request, "_read_started", False
         ):  # read in chunks: DRF reads it here

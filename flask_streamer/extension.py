@@ -18,6 +18,7 @@ from streamer_core.errors import MethodNotAllowed
 from streamer_core.metrics import exposition
 from streamer_core.streamer import BaseStreamer
 from streamer_core.web.body import check_many, default_input
+from streamer_core.web.deadline import EndpointDeadline, environ_headers
 from streamer_core.web.http import FAST_JSON, error_body, json_answer, to_jsonable
 from streamer_core.web.peer import client_socket
 from streamer_core.web.priority import EndpointPriority
@@ -195,6 +196,8 @@ class FlaskStreamer:
         priority: Optional[int] = None,
         priority_header: Any = False,
         decorators: Optional[Sequence[ViewDecorator]] = None,
+        timeout_header: Any = _UNSET,
+        envoy_timeout: Any = _UNSET,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -207,12 +210,18 @@ class FlaskStreamer:
             raise TypeError(
                 f"unknown option(s) {', '.join(sorted(unknown))} for the batched route {rule!r}; "
                 f"a route may set {', '.join(ROUTE_OPTIONS)}, methods, endpoint, blueprint, field, parse, respond, "
-                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority, priority_header and decorators"
+                "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority, priority_header, decorators, "
+                "timeout_header and envoy_timeout"
             )
         if max_body_bytes is not _UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
         check_many(many, max_inputs, max_inputs is not _UNSET, f"the batched route {rule!r}")
         levels = EndpointPriority.checked(priority, priority_header, f"the batched route {rule!r}")
+        given = (("timeout_header", timeout_header), ("envoy_timeout", envoy_timeout))
+        deadline = {key: value for key, value in given if value is not _UNSET}
+        EndpointDeadline.checked(
+            deadline.get("timeout_header"), deadline.get("envoy_timeout", False), f"the batched route {rule!r}"
+        )
         if model is None:
             raise TypeError(
                 f"the batched route {rule!r} needs a model: a batch function, a ManagedModel subclass, or the "
@@ -248,6 +257,7 @@ class FlaskStreamer:
             max_inputs,
             levels,
             decorators,
+            deadline,
         )
         with self._lock:
             apps = [app for app in (ref() for ref in self._apps) if app is not None]
@@ -332,6 +342,8 @@ class FlaskStreamer:
             if priority.given
             else None
         )
+        deadline = state.deadline(route)
+        timed = (lambda at: deadline.timeout(environ_headers(req.environ), config, at)) if deadline.reads else None
         return state.cycle.serve(
             route.name,
             handle.get,
@@ -342,6 +354,7 @@ class FlaskStreamer:
             traced,
             client_socket(req.environ),
             level,
+            timed,
         )
 
 

@@ -52,6 +52,7 @@ class BatchedRoute:
         max_inputs: Any = _UNSET,
         priority: EndpointPriority = EndpointPriority(None, None),  # noqa: B008  (an immutable tuple)
         decorators: Sequence[ViewDecorator] = (),
+        deadline_options: Optional[Dict[str, Any]] = None,
     ) -> None:
         self.extension = extension
         self.rule = rule
@@ -72,6 +73,8 @@ class BatchedRoute:
         self.max_inputs = max_inputs
         #: The level of the route's requests, and the header it lets them choose one by.
         self.priority = priority
+        #: The route's own ``timeout_header`` and ``envoy_timeout``, where given (else the app's).
+        self.deadline_options = dict(deadline_options or {})
         #: The view decorators, applied as Flask's ``View.decorators`` (the first innermost).
         self.decorators = tuple(decorators)
         #: What the app calls for a request: the route's view, its decorators applied.

@@ -28,6 +28,8 @@ setting                            default         meaning
 ``STREAMER_READY_ROUTE``           ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve
 ``STREAMER_MAX_BODY_BYTES``        ``10485760``    the largest body a batched route reads (10 MiB); then 413
 ``STREAMER_MAX_INPUTS``            ``2048``        the most inputs of one request to a ``many=True`` route; then 413
+``STREAMER_TIMEOUT_HEADER``        ``"X-Request-Timeout"`` the header a client says its remaining wait in (seconds)
+``STREAMER_ENVOY_TIMEOUT``         ``False``       also read Envoy's ``x-envoy-expected-rq-timeout-ms``
 ``STREAMER_JSON_ERRORS``           ``False``       every HTTP error of the app (404, 405, 413...) answered as JSON
 ``STREAMER_ERROR_DETAILS``         ``None``        a 500 says its exception; None: only when ``app.debug``
 ``STREAMER_SHORTCUTS``             ``True``        shortcuts through Flask's, gevent's... workings (tested releases)
@@ -85,7 +87,15 @@ _ROUTE_EXAMPLES = {"metrics_route": "/metrics", "health_route": "/healthz", "rea
 #: keyword of the same name overrides it).
 BODY_DEFAULTS: Dict[str, Any] = {name: OPTIONS[name].default for name in ("max_body_bytes", "max_inputs")}
 #: The app-wide options checked by the option table: how requests are read and errors answered.
-APP_OPTIONS = ("max_body_bytes", "max_inputs", "json_errors", "error_details", "shortcuts")
+APP_OPTIONS = (
+    "max_body_bytes",
+    "max_inputs",
+    "timeout_header",
+    "envoy_timeout",
+    "json_errors",
+    "error_details",
+    "shortcuts",
+)
 
 
 def setting_name(field: str) -> str:

@@ -11,6 +11,7 @@ from flask import Flask, current_app, jsonify
 from streamer_core import shortcuts
 from streamer_core.config import OPTIONS
 from streamer_core.web.cycle import Cycle
+from streamer_core.web.deadline import EndpointDeadline
 from streamer_core.web.spec import LazyStreamer
 
 from .decorators import explained
@@ -62,11 +63,28 @@ class AppState:
         #: Whether a batched route's default JSON answer is sent as :class:`JsonAnswer`.
         self.quick_answer = shortcuts.allowed("flask-answer", self.shortcuts)
         self.handles: Dict[BatchedRoute, LazyStreamer] = {}
+        #: ``STREAMER_TIMEOUT_HEADER``, ``STREAMER_ENVOY_TIMEOUT``: where a request says its deadline.
+        self.timeout_header: Any = app.config.get(setting_name("timeout_header"), OPTIONS["timeout_header"].default)
+        self.envoy_timeout: Any = app.config.get(setting_name("envoy_timeout"), OPTIONS["envoy_timeout"].default)
+        self._deadlines: Dict[BatchedRoute, EndpointDeadline] = {}
         #: Set by :meth:`FlaskStreamer.drain`: new calls get 503, readiness too.
         self.draining = False
         #: ``STREAMER_ERROR_DETAILS``: a 500 says its exception (None: in debug mode).
         self.error_details: Optional[bool] = app.config.get(setting_name("error_details"))
         self.cycle: Cycle[Any] = _FlaskCycle(reply, app.logger, "the batched route", _debug, read_error, _details)
+
+    def deadline(self, route: BatchedRoute) -> EndpointDeadline:
+        """Where a request to ``route`` says its deadline: the route's own
+        ``timeout_header`` and ``envoy_timeout``, else the app's."""
+        found = self._deadlines.get(route)
+        if found is None:
+            given = route.deadline_options
+            header = given.get("timeout_header", self.timeout_header)
+            envoy = given.get("envoy_timeout", self.envoy_timeout)
+            found = self._deadlines[route] = EndpointDeadline.checked(
+                header, envoy, f"the batched route {route.rule!r}"
+            )
+        return found
 
     def handle(self, route: BatchedRoute) -> LazyStreamer:
         handle = self.handles.get(route)

@@ -28,14 +28,15 @@ counts.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from ..config import BatchingConfig
 from ..errors import InvalidInput
 
-__all__ = ["TIMEOUT_HEADER", "ENVOY_TIMEOUT_HEADER", "EndpointDeadline"]
+__all__ = ["TIMEOUT_HEADER", "ENVOY_TIMEOUT_HEADER", "EndpointDeadline", "environ_headers"]
 
 #: The request header that says, in seconds, how long the client still waits.
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -106,6 +107,17 @@ class EndpointDeadline(NamedTuple):
         if found is None:
             return None
         return min(found, config.call_timeout(None, config.level_of(level)))
+
+
+def environ_headers(environ: Mapping[str, Any]) -> Headers:
+    """A request's headers by name, read from its WSGI environ (Django's
+    ``request.META`` too), without building a mapping of them all."""
+    return lambda name: environ.get(_environ_key(name))
+
+
+@functools.cache
+def _environ_key(name: str) -> str:
+    return "HTTP_" + name.upper().replace("-", "_")
 
 
 def _seconds(name: str, value: str, form: re.Pattern[str], unit: float, what: str) -> float:
