@@ -24,6 +24,10 @@ model's entry, for that model only. ``MAX_BODY_BYTES`` (default 10 MiB,
 larger one is answered 413 before it is read. ``MAX_INPUTS`` (default 2048)
 is the most inputs one request to a view that takes many (``many=True``)
 carries: more is answered 413 before anything is queued.
+``TIMEOUT_HEADER`` (default ``"X-Request-Timeout"``) names the request
+header a client says its remaining wait in, seconds (``None``: none), and
+``ENVOY_TIMEOUT`` (default ``False``) reads Envoy's
+``x-envoy-expected-rq-timeout-ms`` too (:mod:`streamer_core.web.deadline`).
 ``ERROR_DETAILS`` (default ``None``: as ``DEBUG``) says whether a 500
 tells the client its exception's type and message, or only ``internal
 error`` and the id its log line carries. ``SHORTCUTS``
@@ -87,7 +91,7 @@ MODEL_KEYS = tuple(DEFAULTS) + tuple(MODEL_ONLY)
 
 #: Every key of ``STREAMER`` itself.
 #: The keys of the views' requests, top level only.
-REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "ERROR_DETAILS", "SHORTCUTS")
+REQUEST_KEYS = ("MAX_BODY_BYTES", "MAX_INPUTS", "TIMEOUT_HEADER", "ENVOY_TIMEOUT", "ERROR_DETAILS", "SHORTCUTS")
 TOP_LEVEL_KEYS = ("MODELS", "PREFIX", "ENVIRONMENT", *REQUEST_KEYS) + tuple(DEFAULTS)
 
 
@@ -201,6 +205,32 @@ def max_inputs() -> int:
     except (TypeError, ValueError):
         most = option.default  # a wrong one is a system check error
     return most
+
+
+def _request_option(key: str) -> Any:
+    """The top-level key ``key`` of ``STREAMER`` (one of :data:`REQUEST_KEYS`),
+    checked, or its default where it is not set or wrong (a wrong one is a
+    system check error)."""
+    streamer = getattr(settings, "STREAMER", None)
+    option = OPTIONS[key.lower()]
+    value = streamer.get(key, option.default) if isinstance(streamer, Mapping) else option.default
+    try:
+        return option.checked(value)
+    except (TypeError, ValueError):
+        return option.default
+
+
+def timeout_header() -> Optional[str]:
+    """``STREAMER["TIMEOUT_HEADER"]``: the request header a client says its
+    remaining wait in (seconds); ``None``: none is read."""
+    header: Optional[str] = _request_option("TIMEOUT_HEADER")
+    return header
+
+
+def envoy_timeout() -> bool:
+    """``STREAMER["ENVOY_TIMEOUT"]``: whether Envoy's
+    ``x-envoy-expected-rq-timeout-ms`` is read as the client's deadline too."""
+    return bool(_request_option("ENVOY_TIMEOUT"))
 
 
 def error_details() -> Optional[bool]:

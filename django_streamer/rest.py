@@ -56,7 +56,18 @@ from . import conf
 from .conf import max_body_bytes
 from .reading import body_length, read_error
 from .registry import draining, get_streamer
-from .views import _check_many, _check_options, _debug, _level_of, _mark, _traced, logger
+from .views import (
+    PROJECTS,
+    _check_deadline,
+    _check_many,
+    _check_options,
+    _deadline_of,
+    _debug,
+    _level_of,
+    _mark,
+    _traced,
+    logger,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -134,6 +145,10 @@ class BatchedAPIView(APIView):
     priority: Optional[int] = None
     #: ``True`` (``X-Priority``) or a header's name: a request may choose its level by it.
     priority_header: Any = False
+    #: The header a client says its remaining wait in (seconds); default: the project's; None: none.
+    timeout_header: Any = PROJECTS
+    #: Whether Envoy's ``x-envoy-expected-rq-timeout-ms`` is read too; default: the project's.
+    envoy_timeout: Any = PROJECTS
 
     def parse(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """The model input of ``request`` (with ``many``, the list of its
@@ -179,6 +194,7 @@ class BatchedAPIView(APIView):
             _traced(django_request, model),
             client_socket(django_request.META),
             _level_of(django_request, model, self._priority()),
+            _deadline_of(django_request, model, self.timeout_header, self.envoy_timeout),
         )
         if isinstance(answer, exceptions.APIException):
             raise answer  # answered by DRF's exception handler (EXCEPTION_HANDLER)
@@ -209,6 +225,8 @@ class BatchedAPIView(APIView):
             initkwargs.get("priority_header", cls.priority_header),
             f"the batched API view of {model!r}",
         )
+        header = initkwargs.get("timeout_header", cls.timeout_header)
+        _check_deadline(model, header, initkwargs.get("envoy_timeout", cls.envoy_timeout))
         view = super().as_view(**initkwargs)
         _mark(view, model, priority)
         return view

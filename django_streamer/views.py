@@ -48,7 +48,8 @@ from django.views import View
 
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.body import check_many
-from streamer_core.web.cycle import Cycle, Traced
+from streamer_core.web.cycle import Cycle, Deadline, Traced
+from streamer_core.web.deadline import EndpointDeadline, environ_headers
 from streamer_core.web.http import (
     dumps_json,
     error_body,
@@ -193,6 +194,35 @@ def _level_of(request: HttpRequest, model: str, priority: EndpointPriority) -> O
     return lambda: priority.level(request.headers.get(header) if header else None, get_spec(model).config)
 
 
+#: A view's deadline option not given: the project's (``STREAMER["TIMEOUT_HEADER"]``, ``["ENVOY_TIMEOUT"]``).
+PROJECTS: Any = type("ProjectsSetting", (), {"__repr__": lambda self: "PROJECTS"})()
+
+
+def _check_deadline(model: Any, timeout_header: Any, envoy_timeout: Any) -> None:
+    """Check a view's own deadline options as it is declared."""
+    header = None if timeout_header is PROJECTS else timeout_header
+    EndpointDeadline.checked(
+        header, False if envoy_timeout is PROJECTS else envoy_timeout, f"the batched view of {model!r}"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _endpoint_deadline(header: Any, envoy: bool, model: str) -> EndpointDeadline:
+    return EndpointDeadline.checked(header, envoy, f"the batched view of {model!r}")
+
+
+def _deadline_of(request: HttpRequest, model: str, timeout_header: Any, envoy_timeout: Any) -> Optional[Deadline]:
+    """How the cycle learns the timeout of ``request``'s call from its
+    deadline headers (:mod:`streamer_core.web.deadline`), by the view's own
+    options or the project's; ``None`` where no header is read."""
+    header = conf.timeout_header() if timeout_header is PROJECTS else timeout_header
+    envoy = conf.envoy_timeout() if envoy_timeout is PROJECTS else envoy_timeout
+    deadline = _endpoint_deadline(header, envoy, model)
+    if not deadline.reads:
+        return None
+    return lambda level: deadline.timeout(environ_headers(request.META), get_spec(model).config, level)
+
+
 def _mark(view: Any, model: Any, priority: EndpointPriority) -> None:
     """What the system checks read of a batched view (E010, E011)."""
     view.streamer_model = model
@@ -209,6 +239,8 @@ def batched_view(
     max_inputs: Optional[int] = None,
     priority: Optional[int] = None,
     priority_header: Any = False,
+    timeout_header: Any = PROJECTS,
+    envoy_timeout: Any = PROJECTS,
 ) -> Callable[[ParseFunction], Callable[..., Any]]:
     """Make a view of a parse function ``parse(request, *url_args, **url_kwargs)
     -> model input`` serving the model ``model`` (a key of
@@ -230,11 +262,18 @@ def batched_view(
     by it, a 400 for a value that is not a level
     (:mod:`streamer_core.web.priority`; check ``django_streamer.E011``).
 
+    ``timeout_header`` (default ``STREAMER["TIMEOUT_HEADER"]``,
+    ``X-Request-Timeout``; ``None``: none) and ``envoy_timeout``: the
+    request headers a client says how long it will wait in; its call's
+    timeout is that, never more than the model's
+    (:mod:`streamer_core.web.deadline`).
+
     The parse function raises :class:`InvalidInput` for a 400 with its
     message; ``ValueError``, ``TypeError`` and ``KeyError`` are 400s too."""
     allowed = _check_options(model, respond, methods)
     _check_many(model, many, max_inputs)
     levels = EndpointPriority.checked(priority, priority_header, f"the batched view of {model!r}")
+    _check_deadline(model, timeout_header, envoy_timeout)
     answer = respond or _default_respond
 
     def most() -> Optional[int]:
@@ -260,6 +299,7 @@ def batched_view(
                     most(),
                     _traced(request, model),
                     _level_of(request, model, levels),
+                    _deadline_of(request, model, timeout_header, envoy_timeout),
                 )
 
             view = async_view
@@ -280,6 +320,7 @@ def batched_view(
                     _traced(request, model),
                     client_socket(request.META),
                     _level_of(request, model, levels),
+                    _deadline_of(request, model, timeout_header, envoy_timeout),
                 )
 
             view = sync_view
@@ -314,6 +355,10 @@ class BatchedView(View):
     priority: Optional[int] = None
     #: ``True`` (``X-Priority``) or a header's name: a request may choose its level by it.
     priority_header: Any = False
+    #: The header a client says its remaining wait in (seconds); default: the project's; None: none.
+    timeout_header: Any = PROJECTS
+    #: Whether Envoy's ``x-envoy-expected-rq-timeout-ms`` is read too; default: the project's.
+    envoy_timeout: Any = PROJECTS
 
     def parse(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         """The model input of ``request`` (with ``many``, the list of its
@@ -356,6 +401,7 @@ class BatchedView(View):
             _traced(request, model),
             client_socket(request.META),
             _level_of(request, model, self._priority()),
+            _deadline_of(request, model, self.timeout_header, self.envoy_timeout),
         )
 
     def _most(self) -> Optional[int]:
@@ -373,6 +419,11 @@ class BatchedView(View):
             initkwargs.get("priority", cls.priority),
             initkwargs.get("priority_header", cls.priority_header),
             f"the batched view of {model!r}",
+        )
+        _check_deadline(
+            model,
+            initkwargs.get("timeout_header", cls.timeout_header),
+            initkwargs.get("envoy_timeout", cls.envoy_timeout),
         )
         view = super().as_view(**initkwargs)
         marked: Any = view
@@ -403,4 +454,5 @@ class AsyncBatchedView(BatchedView):
             self._most(),
             _traced(request, model),
             _level_of(request, model, self._priority()),
+            _deadline_of(request, model, self.timeout_header, self.envoy_timeout),
         )

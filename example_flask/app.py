@@ -11,6 +11,7 @@ from flask_streamer import FlaskStreamer, json_error, request_item, request_uplo
 from flask_streamer.settings import written_as
 from streamer_core.config import OPTIONS
 from streamer_core.errors import ConfigurationError
+from streamer_core.web.deadline import TIMEOUT_HEADER, EndpointDeadline, environ_headers
 from streamer_core.web.http import dumps_json
 
 from .embedding import (
@@ -113,13 +114,22 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
     def answer(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> Any:
         return app.response_class(dumps_json(body), status, headers, mimetype="application/json")
 
+    # The client's deadline header, read as the app's batched routes read it.
+    deadline = EndpointDeadline.checked(
+        app.config.get("STREAMER_TIMEOUT_HEADER", TIMEOUT_HEADER),
+        app.config.get("STREAMER_ENVOY_TIMEOUT", False),
+        "/v1/embeddings",
+    )
+
     @app.route("/v1/embeddings", methods=METHODS)
     def embeddings() -> Any:
         """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
         if request.method != "POST":
             return answer(*method_not_allowed(request.method, ["POST"]))
         embed = lambda: streamer.get_streamer("stream")  # noqa: E731
-        return answer(*serve_embeddings(request_item, embed, served, app.logger, app.debug))
+        headers = environ_headers(request.environ)
+        timed = lambda config: deadline.timeout(headers, config)  # noqa: E731
+        return answer(*serve_embeddings(request_item, embed, served, app.logger, app.debug, timed))
 
     @app.route("/v1/models", methods=METHODS)
     def models() -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from streamer_core import BaseStreamer, BatchFuture
+from streamer_core import BaseStreamer, BatchFuture, BatchingConfig
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.http import INTERNAL_MESSAGE, error_headers, error_id, status_for
 
@@ -58,17 +58,23 @@ def serve_embeddings(
     served: List[str],
     log: logging.Logger,
     details: bool = False,
+    deadline: Optional[Callable[[BatchingConfig], Optional[float]]] = None,
 ) -> Reply:
     """Serve one ``POST /v1/embeddings``: ``body()`` reads the request's JSON
     (the framework layer's reader: its body limit, media types), its inputs
     run through ``streamer()`` with other requests', and every failure is
     an error in OpenAI's shape, a 5xx logged to ``log``; a 500 says what
     failed only with ``details`` (the app's debug mode), else ``internal
-    error`` and the id its log line carries. ``(status, body, headers)``."""
+    error`` and the id its log line carries. ``deadline(config)``: the
+    call's timeout from the client's deadline header, as a batched route
+    reads it (:mod:`streamer_core.web.deadline`; ``None``: the model's).
+    ``(status, body, headers)``."""
     future: Optional[BatchFuture] = None
     try:
+        running = streamer()
+        timeout = None if deadline is None else deadline(running.config)
         request = EmbeddingsRequest.parse(body(), served)
-        future = streamer().submit(request.inputs)
+        future = running.submit(request.inputs, timeout)
         return 200, embeddings_reply(future.result(), request), {}
     except Exception as exc:
         made = error_id() if _status(exc) == 500 else None

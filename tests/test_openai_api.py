@@ -16,7 +16,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import pytest
@@ -154,11 +154,11 @@ def test_the_model_is_listed(example: Example) -> None:
     assert [model.id for model in example.client.models.list()] == [MODEL]
 
 
-def _raw(example: Example, body: Dict[str, Any]) -> Any:
+def _raw(example: Example, body: Dict[str, Any], headers: Optional[Dict[str, str]] = None) -> Any:
     request = urllib.request.Request(
         f"http://127.0.0.1:{example.port}/v1/embeddings",
         json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
+        {"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -206,6 +206,20 @@ def test_the_wire_format_is_openais(example: Example) -> None:
     status, body = _raw(example, {"model": MODEL, "input": "hi", "encoding_format": "int8"})
     assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "encoding_format"
+
+
+def test_the_clients_deadline_header_is_read_as_a_batched_routes(example: Example) -> None:
+    """``X-Request-Timeout``, as the examples' batched routes read it: a
+    malformed one a 400 in OpenAI's shape; a wait no model call can meet a
+    504 (a text embeds in far more than a microsecond)."""
+    body = {"model": MODEL, "input": ["hello"]}
+    status, answer = _raw(example, body, {"X-Request-Timeout": "soon"})
+    assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+    assert "X-Request-Timeout header must be a number of seconds" in answer["error"]["message"]
+    status, answer = _raw(example, body, {"X-Request-Timeout": "0.000001"})
+    assert status == 504 and answer["error"]["type"] == "server_error", answer
+    assert "within its timeout of 1e-06s" in answer["error"]["message"]
+    assert _raw(example, body, {"X-Request-Timeout": "30"})[0] == 200
 
 
 def test_as_many_inputs_as_the_limit_are_taken_and_one_more_refused() -> None:

@@ -11,11 +11,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_streamer import batched_view, get_streamer, json_error, request_item, request_upload
+from django_streamer import batched_view, conf, get_streamer, json_error, request_item, request_upload
 from example_flask.embedding import embed, names_of, sentence_of
 from example_flask.openai_api import method_not_allowed, models_reply, serve_embeddings
 from example_flask.vision import image_upload
 from streamer_core.errors import MethodNotAllowed
+from streamer_core.web.deadline import EndpointDeadline, environ_headers
 from streamer_core.web.http import dumps_json
 
 from .naive import naive_model
@@ -70,7 +71,10 @@ def embeddings(request: HttpRequest) -> HttpResponse:
         return _answer(*method_not_allowed(str(request.method), ["POST"]))
     served = names_of(settings.EMBEDDING_MODEL)
     embed = lambda: get_streamer("embed")  # noqa: E731
-    return _answer(*serve_embeddings(lambda: request_item(request), embed, served, log, settings.DEBUG))
+    # The client's deadline header, read as the project's batched views read it.
+    deadline = EndpointDeadline.checked(conf.timeout_header(), conf.envoy_timeout(), "/v1/embeddings")
+    timed = lambda config: deadline.timeout(environ_headers(request.META), config)  # noqa: E731
+    return _answer(*serve_embeddings(lambda: request_item(request), embed, served, log, settings.DEBUG, timed))
 
 
 @csrf_exempt  # another method gets the API's 405, not the CSRF check's 403 page

@@ -102,7 +102,9 @@ class EndpointDeadline(NamedTuple):
         if self.envoy:
             value = headers(ENVOY_TIMEOUT_HEADER)
             if value is not None:
-                ms = _seconds(ENVOY_TIMEOUT_HEADER, value, _MILLISECONDS, 0.001, "a whole number of milliseconds > 0")
+                ms = _seconds(
+                    ENVOY_TIMEOUT_HEADER, value, _MILLISECONDS, 0.001, "a whole number of milliseconds greater than 0"
+                )
                 found = ms if found is None else min(found, ms)
         if found is None:
             return None
