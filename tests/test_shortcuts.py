@@ -116,3 +116,44 @@ def test_switched_off_the_server_keeps_gevents_and_gunicorns_own_handler(tmp_pat
     assert seen["handler"] == "gunicorn.workers.ggevent.PyWSGIHandler", seen
     assert seen["sendall"] == "gevent.pywsgi.WSGIHandler._sendall"
     assert seen["log_request"] == "gunicorn.workers.ggevent.PyWSGIHandler.log_request"
+
+
+@pytest.mark.parametrize(
+    ("version", "inside"),
+    [
+        ("3.0", True),
+        ("3.0.0", True),
+        ("3.1.9", True),
+        ("3.2", False),
+        ("3.2.0", False),
+        ("3.2.0rc1", False),
+        ("2.3.3", False),
+    ],
+)
+def test_a_range_holds_its_lowest_release_and_not_its_bound(
+    monkeypatch: pytest.MonkeyPatch, version: str, inside: bool
+) -> None:
+    """``lowest`` is in the range, ``below`` is not, however many parts a
+    version is written with."""
+    assert shortcuts.SHORTCUTS["flask-dispatch"][2:4] == ((3, 0), (3, 2))
+    monkeypatch.setattr(shortcuts, "installed", lambda distribution: version)
+    assert (shortcuts.release_problem("flask-dispatch") is None) is inside
+
+
+def test_the_floor_of_a_package_named_in_several_extras_is_its_highest(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_floors", ROOT / ".ci" / "floors.py")
+    assert spec is not None and spec.loader is not None
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\nname = "x"\n[project.optional-dependencies]\n'
+        'a = ["redis>=7.1", "flask>=3.0,<4"]\nb = ["redis>=8.0", "gevent==24.2.1"]\n'
+        'test = ["pytest>=7.4"]\n'
+    )
+    assert floors.floors(pyproject) == {"redis": "8.0", "flask": "3.0", "gevent": "24.2.1"}
+    pyproject.write_text('[project]\nname = "x"\n[project.optional-dependencies]\na = ["redis"]\n')
+    with pytest.raises(SystemExit, match="has no lower bound"):
+        floors.floors(pyproject)

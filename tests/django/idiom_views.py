@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.urls import URLPattern, path
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import cache_control
-from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.csrf import csrf_exempt, csrf_protect, ensure_csrf_cookie, requires_csrf_token
 
 from django_streamer import AsyncBatchedView, BatchedView, batched_view, request_item
 
@@ -64,3 +64,38 @@ urlpatterns += [
     path("protect-as-view", csrf_protect(AsyncBatchedView.as_view(model="double", field="x"))),
     path("exempt-as-view", csrf_exempt(BatchedView.as_view(model="double", field="x", csrf_exempt=False))),
 ]
+# Django's other CSRF decorators, which refuse nothing: not taken for csrf_protect.
+urlpatterns += [
+    path("ensure-cookie", ensure_csrf_cookie(batched_view("double")(parse))),
+    path("requires-token", requires_csrf_token(batched_view("double")(parse))),
+]
+
+
+class AsyncPost(BatchedView):
+    """A sync class view whose subclass made its ``post`` async: Django
+    serves it as an async view, the refusals included."""
+
+    model = "double"
+    field = "x"
+
+    async def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return await AsyncBatchedView.post(self, request, *args, **kwargs)  # type: ignore[arg-type]
+
+
+urlpatterns += [path("async-post", AsyncPost.as_view())]
+
+
+class KeyUser:
+    """A middleware of a project's own that authenticates by an API key
+    (``Authorization: Key secret``), not by the session: its user is
+    logged in, and no session cookie comes with the request."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.META.get("HTTP_AUTHORIZATION") == "Key secret":
+            from django.contrib.auth.models import User
+
+            request.user = User(username="program", is_active=True)
+        return self.get_response(request)

@@ -153,3 +153,42 @@ def test_requests_without_a_logged_in_session_stay_exempt(form, user, make_clien
     client.cookies["sessionid"] = "a-session-that-names-no-one"
     response = post(client, f"/idioms/none/{form}", {"x": 4})
     assert response.status_code == 200 and response.json() == 8, response.content
+
+
+@pytest.mark.parametrize("url", ["/idioms/ensure-cookie", "/idioms/requires-token"])
+def test_djangos_other_csrf_decorators_are_not_taken_for_csrf_protect(url: str) -> None:
+    """``ensure_csrf_cookie`` and ``requires_csrf_token`` refuse nothing: a
+    request with no session and no token is served, as on any view."""
+    response = post(Client(enforce_csrf_checks=True), url, {"x": 4})
+    assert response.status_code == 200 and response.json() == 8, response.content
+
+
+def test_a_user_a_middleware_authenticated_without_the_session_stays_exempt(settings: Any) -> None:
+    """An API key is no cookie a browser sends on its own: a request whose
+    user a middleware of the project's own logged in, with no session
+    cookie, needs no token on an exempt view."""
+    settings.MIDDLEWARE = [*SESSIONS, "tests.django.idiom_views.KeyUser"]
+    client = Client(enforce_csrf_checks=True)
+    response = client.post(
+        "/idioms/none/sync",
+        json.dumps({"x": 4}),
+        content_type="application/json",
+        headers={"Authorization": "Key secret"},
+    )
+    assert response.status_code == 200 and response.json() == 8, response.content
+
+
+def test_a_class_views_async_post_of_its_own_keeps_the_views_refusals(user: Any) -> None:
+    """A sync class view whose subclass made ``post`` async is served as an
+    async view: another method is still the project's JSON 405, and a
+    session's request without a token its JSON 403."""
+    client = AsyncClient(enforce_csrf_checks=True)
+    refused = asyncio.run(client.get("/idioms/async-post"))
+    assert refused.status_code == 405 and error_of(refused, 405)["type"] == "MethodNotAllowed", refused.content
+    assert (
+        asyncio.run(client.post("/idioms/async-post", json.dumps({"x": 4}), content_type="application/json")).json()
+        == 8
+    )
+    client.force_login(user)
+    forged = post(client, "/idioms/async-post", {"x": 4})
+    assert forged.status_code == 403 and error_of(forged, 403)["type"] == "CsrfFailure", forged.content

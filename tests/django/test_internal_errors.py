@@ -64,3 +64,13 @@ def test_a_setting_that_is_not_a_flag_or_none_is_a_system_check_error(settings: 
     settings.STREAMER = dict(settings.STREAMER, ERROR_DETAILS="yes")
     messages = [error.msg for error in run_checks() if error.id == "django_streamer.E009"]
     assert any("STREAMER['ERROR_DETAILS'] must be True or False" in message for message in messages), messages
+
+
+def test_a_setting_made_wrong_after_the_checks_says_nothing_even_under_debug(client: Client, settings: Any) -> None:
+    """A wrong ``ERROR_DETAILS`` (set after the system checks, as a test or
+    ``runserver --skip-checks`` may) keeps a 500's details to the log, as
+    ``False`` does, whatever ``DEBUG`` says."""
+    settings.DEBUG = True
+    settings.STREAMER = dict(settings.STREAMER, ERROR_DETAILS="no")
+    error = post(client, "/double", {"x": "boom"}).json()["error"]
+    assert (error["type"], error["message"]) == ("internal_error", "internal error") and "traceback" not in error

@@ -267,3 +267,16 @@ def test_under_gunicorn_refusals_come_first_and_the_threads_calls_are_batched(co
     form = upload(b"\x00" * 15_000, "f.bin")  # read by DRF's multipart parser from the stream
     status, _, body = post_chunked(port, "/rest/upload", form["data"], form["content_type"])
     assert status == 200 and body["length"] == 15_000, body
+
+
+def test_a_body_drfs_parsers_refuse_is_counted_invalid_whatever_its_status():
+    """DRF's own refusal of a body (a 415 for a type no parser reads, a 400
+    for malformed JSON) is the client's: counted ``invalid``, never as the
+    model's error."""
+    before = calls()
+    client = APIClient()
+    refused = client.post("/rest/open", "x=1", content_type="text/plain")
+    assert refused.status_code == 415, refused.content
+    malformed = client.post("/rest/open", "{", content_type="application/json")
+    assert malformed.status_code == 400, malformed.content
+    assert since(before) == {"invalid": 2}

@@ -21,7 +21,7 @@ from django.test import Client
 from django_streamer.apps import say_which_shortcuts
 
 
-def _chunked(body: bytes) -> Dict[str, Any]:
+def _chunked(body: bytes, coding: str = "chunked") -> Dict[str, Any]:
     """A WSGI environ of a request to ``/double`` whose body the server
     decoded from chunks (as gunicorn does): no ``Content-Length``."""
     return {
@@ -31,7 +31,7 @@ def _chunked(body: bytes) -> Dict[str, Any]:
         "SERVER_PORT": "80",
         "wsgi.url_scheme": "http",
         "CONTENT_TYPE": "application/json",
-        "HTTP_TRANSFER_ENCODING": "chunked",
+        "HTTP_TRANSFER_ENCODING": coding,
         "wsgi.input": io.BytesIO(body),
         "wsgi.input_terminated": True,
     }
@@ -57,9 +57,12 @@ def _no_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STREAMER_SHORTCUTS", raising=False)
 
 
-def test_with_the_shortcut_on_a_body_in_chunks_is_read(settings: Any) -> None:
-    settings.STREAMER = dict(settings.STREAMER, SHORTCUTS=True)
-    assert _served(_chunked(b'{"x": 21}')) == ("200 OK", 42)
+@pytest.mark.parametrize("coding", ["chunked", "Chunked", "CHUNKED"])
+def test_with_the_shortcut_on_a_body_in_chunks_is_read(settings: Any, coding: str) -> None:
+    settings.STREAMER = dict(settings.STREAMER, SHORTCUTS=True, MAX_BODY_BYTES=20)
+    assert _served(_chunked(b'{"x": 21}', coding)) == ("200 OK", 42)
+    status, answer = _served(_chunked(b'{"x": "' + b"y" * 30 + b'"}', coding))  # past MAX_BODY_BYTES
+    assert status.startswith("413") and answer["error"]["type"] == "PayloadTooLarge"
 
 
 def test_switched_off_a_body_in_chunks_is_a_411_saying_why(settings: Any) -> None:

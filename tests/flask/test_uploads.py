@@ -88,6 +88,45 @@ def test_flasks_own_max_content_length_holds_where_it_is_lower():
         close_streamers(app)
 
 
+def test_the_lower_of_the_two_limits_is_the_one_a_413_names():
+    """With ``MAX_CONTENT_LENGTH`` under the route's limit, a body over it is
+    refused by the project's own check, which says its size and the limit."""
+    app = make_app(MAX_CONTENT_LENGTH=20)
+    try:
+        body = b'{"file": "' + b"x" * 97 + b'"}'
+        error = error_of(app.test_client().post("/upload", data=body, content_type="application/json"), 413)
+        assert error["type"] == "PayloadTooLarge"
+        assert f"{len(body)} bytes" in error["message"] and "the 20 this endpoint takes" in error["message"], error
+    finally:
+        close_streamers(app)
+
+
+def test_a_body_in_chunks_over_the_apps_own_limit_is_a_413_not_unreadable():
+    """werkzeug refuses a body in chunks past ``MAX_CONTENT_LENGTH`` as it reads
+    it: its own 413, answered as the project's, not taken for a malformed chunk."""
+    app = make_app(MAX_CONTENT_LENGTH=20)
+    try:
+        body = b'{"file": "' + b"x" * 97 + b'"}'
+        answer = app.test_client().post(
+            "/upload",
+            input_stream=io.BytesIO(body),
+            content_type="application/json",
+            headers={"Transfer-Encoding": "chunked"},
+            environ_base={"wsgi.input_terminated": True},  # as gunicorn and gevent give a body they decoded
+        )
+        assert error_of(answer, 413)["type"] == "PayloadTooLarge"
+        fits = app.test_client().post(
+            "/upload",
+            input_stream=io.BytesIO(b'{"file": "x"}'),
+            content_type="application/json",
+            headers={"Transfer-Encoding": "chunked"},
+            environ_base={"wsgi.input_terminated": True},
+        )
+        assert fits.status_code == 200, fits.get_data(as_text=True)
+    finally:
+        close_streamers(app)
+
+
 def test_the_app_wide_limit_and_its_checks():
     app = make_app(STREAMER_MAX_BODY_BYTES=100_000)
     try:
