@@ -151,6 +151,12 @@ class FlaskStreamer:
         (``True`` for ``X-Priority``, or a header's name): let a request
         choose its own by it (:mod:`streamer_core.web.priority`).
 
+        ``timeout_header`` (default ``STREAMER_TIMEOUT_HEADER``,
+        ``X-Request-Timeout``; ``None``: none) and ``envoy_timeout`` (default
+        ``STREAMER_ENVOY_TIMEOUT``): the request headers a client says how
+        long it will still wait in; its call's timeout is that, never more
+        than the route's (:mod:`streamer_core.web.deadline`).
+
         ``decorators``: view decorators for the route's view, as Flask's
         ``View.decorators``: login (flask-httpauth's
         ``auth.login_required``, flask-login's ``login_required``), rate
