@@ -23,6 +23,8 @@ setting                            default         meaning
 ``STREAMER_PRIORITY_AGING``        ``None``        seconds of waiting that serve an input one level higher
 ``STREAMER_PRIORITY_MAX_QUEUE``    ``None``        a bound per level (1 first); None: MAX_QUEUE for each
 ``STREAMER_PRIORITY_TIMEOUT``      ``None``        a default timeout per level (1 first); None: TIMEOUT
+``STREAMER_OVERLOAD_AFTER``        ``0.5``         seconds a queue callers leave stands before it goes newest first
+``STREAMER_OVERLOAD_WAIT``         ``2.0``         under overload, seconds an input waits before its call gets 503
 ``STREAMER_METRICS_ROUTE``         ``None``        e.g. ``"/metrics"``: Prometheus metrics (prometheus_client)
 ``STREAMER_HEALTH_ROUTE``          ``None``        e.g. ``"/healthz"``: liveness, 200 while the process serves
 ``STREAMER_READY_ROUTE``           ``None``        e.g. ``"/readyz"``: readiness, 200 when every route can serve

@@ -41,7 +41,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .config import BatchingConfig
 from .deadlines import Deadlines
-from .errors import QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
+from .errors import OverloadedError, QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from .former import BatchFormer
 from .future import BatchFuture, settle
 from .green import Condition
@@ -199,11 +199,11 @@ class Scheduler:
         # running out of memory holds (on the count, without an item_cost:
         # each input costs 1).
         costed = config.item_cost is not None
-        self._former: BatchFormer[_Item] = BatchFormer(config, costed, self._live, self._dropped)
+        self._former: BatchFormer[_Item] = BatchFormer(config, costed, self._live, self._dropped, self._shed)
         # With priority levels, one line per level (see streamer_core.levels).
         self._leveled: Optional[LeveledFormer[_Item]] = None
         if config.priority_levels > 1:
-            self._former = self._leveled = LeveledFormer(config, costed, self._live, self._dropped)
+            self._former = self._leveled = LeveledFormer(config, costed, self._live, self._dropped, self._shed)
         # Inputs that would end past their deadline are not run (see the
         # module's doc): while a batch forms, those due before _late_before.
         # Off where batches here are not the model's (sends to a broker).
@@ -243,6 +243,23 @@ class Scheduler:
                     f"take longer than it had left; {unrun}"
                 )
             )
+        if self.stats is not None:
+            self.stats.dropped(task.why())
+
+    def _shed(self, item: _Item) -> None:
+        """Under overload the former refused ``item``, which waited too long
+        in a queue that stands (:mod:`streamer_core.overload`): its call
+        fails with :class:`OverloadedError` (503, ``Retry-After``)."""
+        task = item.task
+        standing = self._former.standing
+        waited = time.monotonic() - item.arrival
+        task.fail(
+            OverloadedError(
+                f"the model is overloaded: this call waited {waited:.2g}s in a queue that has not emptied for "
+                f"{standing.after_s:.2g}s or more, longer than the {standing.wait_s:.2g}s (overload_wait) an input "
+                "waits then; the newest calls are served first: retry"
+            )
+        )
         if self.stats is not None:
             self.stats.dropped(task.why())
 
@@ -456,6 +473,15 @@ class Scheduler:
         their answers come."""
         with self._cond:
             self._former.policy.delivered(n, seconds, time.monotonic())
+
+    def hold_back(self, room: Callable[[], int]) -> None:
+        """Hand out no more than ``room()`` inputs at a time, none while it is
+        0 (:meth:`BatchFormer.hold_back`): for a backend whose batches leave
+        as soon as they are taken, a Redis web process, whose workers can
+        take only so many in time. It calls :meth:`wake_parked` as answers
+        make room."""
+        with self._cond:
+            self._former.hold_back(room)
 
     def gate_parked(self, out_limit: Callable[[], int]) -> None:
         """Hold each large call's parked inputs while ``out_limit()`` of its

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Optional, Sequence
+import re
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 #: The longest timeout, max_latency or claim_after taken, seconds (a day).
 #: A wait longer than that is a hang by another name; a request through Redis
@@ -30,6 +31,12 @@ __all__ = [
     "flag",
     "one_of",
     "per_level",
+    "header_name",
+    "optional_flag",
+    "text",
+    "arguments",
+    "keywords",
+    "body_bytes",
 ]
 
 
@@ -133,3 +140,48 @@ def per_level(each: Check, what: str) -> Check:
         return tuple(kept)
 
     return check
+
+
+def header_name(value: Any) -> Optional[str]:
+    """``timeout_header``: a request header's name, or None (``False`` too) for none."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
+        return value
+    raise TypeError(f"must be the name of a request header, e.g. 'X-Request-Timeout', or None; got {value!r}")
+
+
+def optional_flag(value: Any) -> Optional[bool]:
+    """None, or a flag (:func:`~streamer_core.checks.flag`)."""
+    return None if value is None else flag(value)
+
+
+def text(value: Any) -> str:
+    """Text; a whole number as its digits (``FLASK_STREAMER_PREFIX=2024``
+    arrives as the number once Flask reads it as JSON)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise TypeError(f"must be a string, got {value!r}")
+    return value
+
+
+def arguments(value: Any) -> Tuple[Any, ...]:
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"must be a list of arguments for init_model, got {value!r}")
+    return tuple(value)
+
+
+def keywords(value: Any) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"must be a dict of keyword arguments for init_model, got {value!r}")
+    return dict(value)
+
+
+def body_bytes(value: Any) -> Optional[int]:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(
+        f"must be a whole number of bytes, at least 1 (e.g. {10 * 1024 * 1024} for 10 MiB), or None for no limit; "
+        f"got {value!r}"
+    )

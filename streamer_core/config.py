@@ -17,21 +17,26 @@ way in, at construction or at start-up, never at the first request.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict
 
 from .checks import (
     MAX_SECONDS,
     Check,
+    arguments,
+    body_bytes,
     budget,
     check_cost,
     check_seconds,
     checked,
     flag,
+    header_name,
+    keywords,
     one_of,
+    optional_flag,
     per_level,
     seconds,
+    text,
     whole,
 )
 from .devices import DeviceId, devices_checked, parse_devices, shown_device
@@ -101,20 +106,6 @@ def _tracing(value: Any) -> bool:
     return on
 
 
-def _header(value: Any) -> Optional[str]:
-    """``timeout_header``: a request header's name, or None (``False`` too) for none."""
-    if value is None or value is False:
-        return None
-    if isinstance(value, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
-        return value
-    raise TypeError(f"must be the name of a request header, e.g. 'X-Request-Timeout', or None; got {value!r}")
-
-
-def _optional_flag(value: Any) -> Optional[bool]:
-    """None, or a flag (:func:`~streamer_core.checks.flag`)."""
-    return None if value is None else flag(value)
-
-
 def _backend(value: Any) -> str:
     if value not in BACKENDS:
         raise ValueError(f"is {value!r}; use one of {', '.join(map(repr, BACKENDS))}")
@@ -166,37 +157,6 @@ def _redis_url(value: Any) -> Optional[RedisAddress]:
     if not isinstance(value, (str, RedisAddress)):
         raise ValueError(f"must be {ADDRESS_FORMS}, got {value!r}")
     return RedisAddress.of(value)
-
-
-def _string(value: Any) -> str:
-    """Text; a whole number as its digits (``FLASK_STREAMER_PREFIX=2024``
-    arrives as the number once Flask reads it as JSON)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, str):
-        raise TypeError(f"must be a string, got {value!r}")
-    return value
-
-
-def _arguments(value: Any) -> Tuple[Any, ...]:
-    if not isinstance(value, (tuple, list)):
-        raise TypeError(f"must be a list of arguments for init_model, got {value!r}")
-    return tuple(value)
-
-
-def _keywords(value: Any) -> Dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError(f"must be a dict of keyword arguments for init_model, got {value!r}")
-    return dict(value)
-
-
-def _body_bytes(value: Any) -> Optional[int]:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return value
-    raise ValueError(
-        f"must be a whole number of bytes, at least 1 (e.g. {10 * 1024 * 1024} for 10 MiB), or None for no limit; "
-        f"got {value!r}"
-    )
 
 
 # -- the table -------------------------------------------------------------------
@@ -286,6 +246,22 @@ _TABLE = (
         "seconds after which a waiting input is served as one level higher, each time again; None: never",
     ),
     Option(
+        "overload_after",
+        0.5,
+        seconds(optional=True),
+        "seconds",
+        "seconds of batches each leaving inputs behind after which the queue stands: the newest inputs go first, "
+        "and those that waited past overload_wait are refused (503); None: never",
+    ),
+    Option(
+        "overload_wait",
+        2.0,
+        seconds(),
+        "seconds",
+        "while the queue stands, the longest an input waits (at least twice the model's batch time) before its "
+        "call is refused with OverloadedError (503, Retry-After)",
+    ),
+    Option(
         "priority_max_queue",
         None,
         per_level(whole(1, optional=True), "a whole number >= 1 or None"),
@@ -353,7 +329,7 @@ _TABLE = (
         "the Redis server, e.g. 'redis://127.0.0.1:6379/0'; its Sentinels, "
         "'redis+sentinel://host:26379,host:26380/mymaster/0'; or a Cluster, 'redis+cluster://host:7000,host:7001'",
     ),
-    Option("prefix", "", _string, "option", "names the model's Redis keys: web processes and workers agree on it"),
+    Option("prefix", "", text, "option", "names the model's Redis keys: web processes and workers agree on it"),
     Option(
         "codec",
         "msgpack",
@@ -361,8 +337,8 @@ _TABLE = (
         "option",
         "the Redis wire format: 'msgpack', or 'pickle' only with a trusted broker",
     ),
-    Option("init_args", (), _arguments, "option", "positional arguments for the model's init_model"),
-    Option("init_kwargs", {}, _keywords, "option", "keyword arguments for the model's init_model"),
+    Option("init_args", (), arguments, "option", "positional arguments for the model's init_model"),
+    Option("init_kwargs", {}, keywords, "option", "keyword arguments for the model's init_model"),
     # What a web layer reads of a request, and how it answers.
     Option(
         "json_errors",
@@ -374,7 +350,7 @@ _TABLE = (
     Option(
         "timeout_header",
         "X-Request-Timeout",
-        _header,
+        header_name,
         "option",
         "the request header in which a client says how many seconds it will still wait (never more than the "
         "timeout); None: read none",
@@ -389,7 +365,7 @@ _TABLE = (
     Option(
         "error_details",
         None,
-        _optional_flag,
+        optional_flag,
         "option",
         "say a 500's exception type and message to the client; None: only in debug mode (Flask's app.debug, "
         "Django's DEBUG); otherwise the client gets 'internal error' and an id the log line carries",
@@ -405,7 +381,7 @@ _TABLE = (
     Option(
         "max_body_bytes",
         10 * 1024 * 1024,
-        _body_bytes,
+        body_bytes,
         "option",
         "the largest request body a batched endpoint reads (10 MiB); a larger one gets 413. None: no limit",
     ),
@@ -448,6 +424,8 @@ class BatchingOptions(ModelOptions, total=False):
     default_priority: Optional[int]
     priority_max_queue: Optional[Sequence[Optional[int]]]
     priority_timeout: Optional[Sequence[Optional[float]]]
+    overload_after: Optional[float]
+    overload_wait: float
 
 
 @dataclass(frozen=True)
@@ -500,6 +478,11 @@ class BatchingConfig:
     priority_levels, default_priority, priority_aging, priority_max_queue, priority_timeout
         Priority levels: see :mod:`streamer_core.levels`. A call names its
         level as ``priority``, 1 the highest (as Triton numbers them).
+    overload_after, overload_wait
+        Overload: once every batch for ``overload_after`` seconds has left
+        inputs behind, the newest inputs go first and one that waited
+        longer than ``overload_wait`` is refused with ``OverloadedError``
+        (see :mod:`streamer_core.overload`). ``overload_after=None``: never.
     """
 
     batch_size: int = default("batch_size")
@@ -517,6 +500,8 @@ class BatchingConfig:
     priority_aging: Optional[float] = default("priority_aging")
     priority_max_queue: Optional[Sequence[Optional[int]]] = default("priority_max_queue")
     priority_timeout: Optional[Sequence[Optional[float]]] = default("priority_timeout")
+    overload_after: Optional[float] = default("overload_after")
+    overload_wait: float = default("overload_wait")
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -27,6 +27,7 @@ __all__ = [
     "StreamerTimeoutError",
     "UnavailableError",
     "QueueFullError",
+    "OverloadedError",
     "WorkerStartError",
     "BrokerUnavailableError",
     "NoWorkerError",
@@ -121,6 +122,15 @@ class UnavailableError(StreamerError):
 class QueueFullError(UnavailableError):
     """The queue holds ``max_queue`` items already; the call was refused at
     once rather than queued without limit."""
+
+
+class OverloadedError(QueueFullError):
+    """The model is overloaded: the call's input waited longer than
+    ``overload_wait`` in a queue that had not emptied for ``overload_after``
+    seconds, and was refused unrun so that its caller may retry or go
+    elsewhere now (:mod:`streamer_core.overload`)."""
+
+    retry_after_s = 1.0
 
 
 class WorkerStartError(UnavailableError):

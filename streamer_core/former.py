@@ -26,7 +26,13 @@ everywhere:
   hold policy (:mod:`streamer_core.hold`) stops waiting for companions;
 - what it holds: the oldest inputs, or, shaped by cost
   (:mod:`streamer_core.shaping`), the oldest and those closest to it in
-  cost within the budget.
+  cost within the budget;
+- under overload (:mod:`streamer_core.overload`), where the owner can
+  refuse a call (``shed``): once every batch for ``overload_after`` seconds
+  has left inputs behind while callers leave the queue unanswered, the
+  newest inputs instead, and those that have waited too long are taken
+  out and their calls refused; when a batch leaves nothing behind, the
+  oldest first again.
 
 The former holds no lock: its owner calls it under its own. An input is
 anything with a ``cost`` and an ``arrival`` (``time.monotonic()``); the
@@ -37,11 +43,13 @@ dropped as they are met, each told to the owner (``dropped``) to be counted.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from .config import BatchingConfig
 from .hold import HoldPolicy
+from .overload import StandingQueue
 from .shaping import CostShaper
 
 __all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
@@ -80,7 +88,9 @@ class BatchFormer(Generic[T]):
     shapes batches; without, each costs 1 and only a cap learned from
     running out of memory does. ``live(input)``: whether its caller still
     wants it (default: always); ``dropped(input)``: told of each input
-    taken out unrun because it is not live."""
+    taken out unrun because it is not live; ``shed(input)``: told of each
+    live input taken out unrun under overload, to refuse its call (without
+    it, the queue is served in arrival order whatever its length)."""
 
     def __init__(
         self,
@@ -88,6 +98,7 @@ class BatchFormer(Generic[T]):
         costed: bool,
         live: Optional[Callable[[T], bool]] = None,
         dropped: Optional[Callable[[T], None]] = None,
+        shed: Optional[Callable[[T], None]] = None,
     ) -> None:
         self.size = config.batch_size
         #: When a batch that is not full goes: answered callers are awaited, within max_latency.
@@ -96,7 +107,16 @@ class BatchFormer(Generic[T]):
         #: Whether batches are shaped by cost now: a budget, or a cap learned from running out of memory.
         self.shaped = self.shaper.active
         self._live: Callable[[T], bool] = live if live is not None else _always
-        self._drop: Callable[[T], None] = dropped if dropped is not None else _ignore
+        #: Whether the queue is overloaded (serve the newest first, refuse the longest waiting).
+        self.standing = StandingQueue(config.overload_after if shed is not None else None, config.overload_wait)
+        told: Callable[[T], None] = dropped if dropped is not None else _ignore
+        if self.standing.on:
+            told = self._counting_drops(told)
+        self._drop: Callable[[T], None] = told
+        self._shed: Callable[[T], None] = shed if shed is not None else _ignore
+        # Where batches leave as soon as they are taken (hold_back): how
+        # many more inputs may go now (None: no bound).
+        self._room: Optional[Callable[[], int]] = None
         self._queue: Deque[T] = deque()
         self._alone: Deque[T] = deque()  # inputs to run one at a time, first
         # The inputs of large calls not yet in line: each call's in its
@@ -155,10 +175,21 @@ class BatchFormer(Generic[T]):
         self._out_limit = out_limit
         self._unanswered = unanswered
 
+    def hold_back(self, room: Callable[[], int]) -> None:
+        """Take no more than ``room()`` inputs at a time, and none while it
+        is 0: for an owner whose batches leave as soon as they are taken (a
+        Redis web process), so that what its workers cannot take in time
+        waits here, where an overload's rule serves it
+        (:mod:`streamer_core.overload`), not in the broker's queue. The
+        owner calls :meth:`decide` again as answers make room.
+        ``room`` is called under the owner's lock: cheap, no lock of its
+        own but leaf ones."""
+        self._room = room
+
     @property
     def gated(self) -> bool:
-        """Whether parked inputs wait that a gate may hold (see :meth:`gate_parked`)."""
-        return self._out_limit is not None and bool(self._parked)
+        """Whether inputs wait that a gate may hold (see :meth:`gate_parked`, :meth:`hold_back`)."""
+        return (self._out_limit is not None and bool(self._parked)) or (self._room is not None and self.in_queue() > 0)
 
     def add_alone(self, inputs: Sequence[T]) -> None:
         """Queue ``inputs`` to run one by one, before the others."""
@@ -261,22 +292,41 @@ class BatchFormer(Generic[T]):
         if not queue:
             self._dead = 0
             return None, now + GATED_RECHECK_S if self.gated else math.inf
-        if go_now or len(queue) >= self.size or (self.shaped and self.over_budget()):
-            return self.take(), now
+        size = self.size
+        if self._room is not None:
+            size = min(size, self._room())
+            if size <= 0:  # held back until answers make room: everything waiting is left behind
+                if self.standing.on:
+                    self.standing.taken(True, now)
+                return None, now + GATED_RECHECK_S
+        if go_now or len(queue) >= size or (self.shaped and self.over_budget()):
+            return self.take(size), now
         hold_until = self.policy.hold_until(queue[0].arrival, now)
         if now >= hold_until:
-            return self.take(), now
+            return self.take(size), now
         return None, hold_until
 
-    def take(self) -> List[T]:
-        """The next batch: the oldest inputs, or shaped by cost."""
+    def take(self, size: Optional[int] = None) -> List[T]:
+        """The next batch, of at most ``size`` inputs (default
+        ``batch_size``): the oldest inputs, or shaped by cost; while the
+        queue stands, the newest, those waiting too long refused first."""
+        size = self.size if size is None else size
+        standing = self.standing
+        newest = False
+        if standing.on:
+            now = time.monotonic()
+            newest = standing.overloaded(now)
+            if newest:
+                self._shed_waited(standing.oldest_kept(now, self.policy.service))
         if not self.shaped:
-            batch = self._pop(self.size)
+            batch = self._pop(size, newest)
         else:
-            batch = self._pop_shaped()
+            batch = self._pop_shaped(size, newest)
             self._rebound()
         if self._parked:
             self._unpark(len(batch))
+        if standing.on:
+            standing.taken(self.in_queue() > 0, now)
         return batch
 
     def learn(self, costs: Sequence[float], out_of_memory: bool, ran: Sequence[Tuple[int, int]]) -> None:
@@ -342,35 +392,63 @@ class BatchFormer(Generic[T]):
             self._drop(queue.popleft())
         return queue
 
-    def _pop(self, size: int) -> List[T]:
+    def _pop(self, size: int, newest: bool = False) -> List[T]:
+        """The ``size`` oldest live inputs in line (``newest``: the newest)."""
         queue, live = self._queue, self._live
+        pop = queue.pop if newest else queue.popleft
         batch: List[T] = []
         while queue and len(batch) < size:
-            first = queue.popleft()
+            first = pop()
             if live(first):
                 batch.append(first)
             else:
                 self._drop(first)
         return batch
 
-    def _pop_shaped(self) -> List[T]:
-        """A batch led by the oldest waiting input, shaped by
+    def _pop_shaped(self, size: int, newest: bool = False) -> List[T]:
+        """A batch of at most ``size`` led by the oldest waiting input
+        (``newest``: the newest), shaped by
         :func:`~streamer_core.shaping.shape_batch` from the next
-        :data:`SHAPING_WINDOW` batches' worth of waiting inputs; the rest
-        wait on, in their order."""
+        :data:`SHAPING_WINDOW` batches' worth of waiting inputs from that
+        end; the rest wait on, in their order."""
+        window = self._pop(SHAPING_WINDOW * self.size, newest)
+        taken = self.shaper.shape([each.cost for each in window])[:size]
+        chosen = set(taken)
+        self._give_back([each for i, each in enumerate(window) if i not in chosen], newest)
+        return [window[i] for i in taken]
+
+    def _counting_drops(self, told: Callable[[T], None]) -> Callable[[T], None]:
+        """``told``, each drop also counted as a caller seen leaving (see
+        :meth:`~streamer_core.overload.StandingQueue.caller_left`)."""
+        left = self.standing.caller_left
+
+        def dropped(each: T) -> None:
+            left(time.monotonic())
+            told(each)
+
+        return dropped
+
+    def _give_back(self, inputs: List[T], newest: bool) -> None:
+        """Put back what :meth:`_pop` took and a batch did not hold, in
+        line where it was (``newest``: taken from the back)."""
+        if newest:
+            self._queue.extend(reversed(inputs))
+        else:
+            self._queue.extendleft(reversed(inputs))
+
+    def _shed_waited(self, oldest_kept: float) -> None:
+        """Take out every input in line that arrived before ``oldest_kept``:
+        under overload, refused (``shed``) if its call still waits, else
+        dropped. Inputs wait in line in their order of arrival but for a
+        large call's, which join it later: those are met as their call's
+        first inputs are refused, their call then over."""
         queue, live = self._queue, self._live
-        window: List[T] = []
-        room = SHAPING_WINDOW * self.size
-        while queue and len(window) < room:
+        while queue and queue[0].arrival < oldest_kept:
             first = queue.popleft()
             if live(first):
-                window.append(first)
+                self._shed(first)
             else:
                 self._drop(first)
-        taken = self.shaper.shape([each.cost for each in window])
-        chosen = set(taken)
-        queue.extendleft(reversed([each for i, each in enumerate(window) if i not in chosen]))
-        return [window[i] for i in taken]
 
     def _kept(self, inputs: Deque[T]) -> Iterator[T]:
         """The live ones of ``inputs``; the others told to the owner as dropped."""

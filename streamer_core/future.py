@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from .errors import StreamerTimeoutError
+from .errors import OverloadedError, StreamerTimeoutError
 from .green import green_waiter, in_greenlet, unpatched, wait_green
 from .stats import Level, ModelStats
 
@@ -132,8 +132,8 @@ class BatchFuture(concurrent.futures.Future[List[Any]]):
         self._wake()
 
     def set_exception(self, exception: Optional[BaseException]) -> None:
-        if isinstance(exception, StreamerTimeoutError):
-            self._why = "expired"
+        if isinstance(exception, (StreamerTimeoutError, OverloadedError)):
+            self._why = "expired"  # its deadline, or under overload the longest it may wait, passed
         super().set_exception(exception)
         stats = self._stats
         if stats is not None and exception is not None:

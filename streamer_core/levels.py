@@ -72,8 +72,9 @@ class LeveledFormer(BatchFormer[L]):
         costed: bool,
         live: Optional[Callable[[L], bool]] = None,
         dropped: Optional[Callable[[L], None]] = None,
+        shed: Optional[Callable[[L], None]] = None,
     ) -> None:
-        super().__init__(config, costed, live, dropped)
+        super().__init__(config, costed, live, dropped, shed)
         self._lines: List[Deque[L]] = [deque() for _ in range(config.priority_levels)]
         #: Seconds of waiting that raise an input one level (``None``: never).
         self.aging_s = config.priority_aging
@@ -148,26 +149,59 @@ class LeveledFormer(BatchFormer[L]):
 
     # -- what a batch holds --------------------------------------------------------
 
-    def _pop(self, size: int) -> List[L]:
+    def _pop(self, size: int, newest: bool = False) -> List[L]:
+        """Up to ``size`` inputs in serving order: the line served next
+        (its level, aging counted) gives its oldest (``newest``: its
+        newest; the levels keep their order, and aging its turns)."""
         batch: List[L] = []
         now = time.monotonic()
+        live = self._live
         while len(batch) < size:
             line = self._next_line(now)
             if line is None:
                 break
-            batch.append(line.popleft())
-            self._count -= 1
+            if not newest:
+                batch.append(line.popleft())
+                self._count -= 1
+                continue
+            while line:  # the newest live input of this line; given-up ones met are dropped
+                last = line.pop()
+                self._count -= 1
+                if live(last):
+                    batch.append(last)
+                    break
+                self._drop(last)
         return batch
 
-    def _pop_shaped(self) -> List[L]:
+    def _pop_shaped(self, size: int, newest: bool = False) -> List[L]:
         """Shaped by cost among the next :data:`~streamer_core.former.SHAPING_WINDOW`
         batches' worth of inputs in serving order, led by the first; the
-        rest go back to the heads of their lines, in their order."""
-        window = self._pop(SHAPING_WINDOW * self.size)
-        taken = self.shaper.shape([each.cost for each in window])
+        rest go back to their lines where they were, in their order."""
+        window = self._pop(SHAPING_WINDOW * self.size, newest)
+        taken = self.shaper.shape([each.cost for each in window])[:size]
         chosen = set(taken)
-        self.put_back([each for index, each in enumerate(window) if index not in chosen])
+        self._give_back([each for index, each in enumerate(window) if index not in chosen], newest)
         return [window[index] for index in taken]
+
+    def _give_back(self, inputs: List[L], newest: bool) -> None:
+        if not newest:
+            self.put_back(inputs)
+            return
+        for each in reversed(inputs):
+            self._lines[each.level].append(each)
+        self._count += len(inputs)
+        self._rebound()
+
+    def _shed_waited(self, oldest_kept: float) -> None:
+        live = self._live
+        for line in self._lines:
+            while line and line[0].arrival < oldest_kept:
+                first = line.popleft()
+                self._count -= 1
+                if live(first):
+                    self._shed(first)
+                else:
+                    self._drop(first)
 
     def _next_line(self, now: float) -> Optional[Deque[L]]:
         """The line whose head is served next: the highest level it is

@@ -235,7 +235,10 @@ class Cycle(Generic[R]):
             running = streamer()
             if inspect.isawaitable(running):
                 running = await running
-            future = running.submit(inputs, timeout, level)
+            if level is None and timeout is None:
+                future = running.submit(inputs)
+            else:
+                future = running.submit(inputs, timeout, level)
             outputs = await await_call(future)
             response = respond(outputs if many is not None else outputs[0])
             if inspect.isawaitable(response):

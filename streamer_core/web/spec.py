@@ -55,6 +55,8 @@ MODEL_SETTINGS: Tuple[str, ...] = (
     "priority_aging",
     "priority_max_queue",
     "priority_timeout",
+    "overload_after",
+    "overload_wait",
 )
 _BATCHING = tuple(field.name for field in fields(BatchingConfig))
 
@@ -245,6 +247,8 @@ class ModelSpec:
             default_priority=config.default_priority,
             priority_max_queue=config.priority_max_queue,
             priority_timeout=config.priority_timeout,
+            overload_after=config.overload_after,
+            overload_wait=config.overload_wait,
         )
 
     def worker_group(self, worker_num: Optional[int] = None, cuda_devices: Any = None) -> Any:

@@ -214,7 +214,9 @@ def test_requests_a_stopping_worker_holds_unknowingly_are_still_taken_over(broke
     nothing it knew of, dropping requests pending under its name that it
     never saw (a read whose reply was lost), so nobody took them over."""
     first = start_worker(broker, gate, batch_size=1, claim_after=0.5)
-    streamer = make_streamer(broker, timeout=8)
+    # Every request sent as it comes (no overload rule, which would hold the
+    # third back while the worker's two batches are out).
+    streamer = make_streamer(broker, timeout=8, overload_after=None)
     held = streamer.submit(["hold"])
     assert gate.entered.wait(5)
     ahead = streamer.submit(["ahead"])  # the worker reads it as its next batch, and reads no more

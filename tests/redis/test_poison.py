@@ -142,7 +142,7 @@ def test_an_answer_for_a_call_nobody_waits_for_is_dropped_and_cannot_complete_an
 
 
 def test_request_ids_are_random(broker, make_streamer):
-    streamer = make_streamer(broker)
+    streamer = make_streamer(broker, overload_after=None)  # every request sent, no worker to take them
     for start in (0, 100, 200):  # calls of 100: no worker counted, a larger one would wait in part (test_large_calls)
         streamer.submit(list(range(start, start + 100)))
     broker.wait_queued(300)

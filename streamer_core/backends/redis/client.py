@@ -87,8 +87,11 @@ class RedisClientBackend(Backend):
         require_workers: bool = False,
         item_cost: Optional[Callable[[Any], float]] = None,
         levels: int = 1,
+        hold_back: bool = False,
     ) -> None:
         self._item_cost = item_cost
+        #: Whether what its workers cannot take waits here (see _room), for the overload rule.
+        self._hold_back = hold_back
         self._codec = get_codec(codec)
         self._errors_codec = get_codec("msgpack")
         self._keys = Keys(prefix, address.is_cluster)
@@ -131,6 +134,8 @@ class RedisClientBackend(Backend):
             logger.warning("%s; calls fail until it answers", broker_problem(exc, self._address))
         scheduler.add_slot()
         scheduler.gate_parked(self._out_limit)
+        if self._hold_back:
+            scheduler.hold_back(self._room)
         if scheduler.stats is not None:
             self._dead.stats = scheduler.stats
             scheduler.stats.watch_broker(self)
@@ -387,6 +392,15 @@ class RedisClientBackend(Backend):
     def _out_limit(self) -> int:
         """How many of a large call's inputs may be out at once (under the scheduler's lock: no I/O)."""
         return BATCHES_PER_WORKER * (sum(self.roster.batch_sizes) or OPTIONS["batch_size"].default)
+
+    def _room(self) -> int:
+        """How many more inputs this process may send now: what its workers
+        take in :data:`BATCHES_PER_WORKER` batches each, less those out
+        unanswered. The rest waits here, where an overload is seen and
+        served newest first (:mod:`streamer_core.overload`), not in the
+        stream, which workers read oldest first. Under the scheduler's lock
+        (the ledger's is a leaf: never held while the scheduler's is taken)."""
+        return self._out_limit() - self.ledger.unanswered()
 
     def _let_callers_return(self, scheduler: Scheduler) -> None:
         """Before answering a batch, let the callers of the one answered

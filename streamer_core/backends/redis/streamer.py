@@ -53,7 +53,11 @@ class RedisStreamer(BaseStreamer):
     ``default_priority``, ``priority_max_queue``, ``priority_timeout``): a
     call's ``priority`` chooses the stream its inputs go to, one per level,
     which workers started with as many ``priority_levels`` read highest
-    first (see :mod:`.roster` for workers that read fewer).
+    first (see :mod:`.roster` for workers that read fewer). A web process
+    sends no more than its live workers take in two batches each, out
+    unanswered; what waits beyond that waits here, where an overload
+    (``overload_after``, ``overload_wait``: :mod:`streamer_core.overload`)
+    is served newest first, its longest waiting refused.
     Same signature as service_streamer's ``RedisStreamer``.
     """
 
@@ -73,6 +77,8 @@ class RedisStreamer(BaseStreamer):
         default_priority: Optional[int] = default("default_priority"),
         priority_max_queue: Optional[Sequence[Optional[int]]] = default("priority_max_queue"),
         priority_timeout: Optional[Sequence[Optional[float]]] = default("priority_timeout"),
+        overload_after: Optional[float] = default("overload_after"),
+        overload_wait: float = default("overload_wait"),
     ) -> None:
         # Batches here are sends to Redis, the highest level's first; workers
         # form the model's, costs sent along (see encode).
@@ -86,13 +92,16 @@ class RedisStreamer(BaseStreamer):
             default_priority=default_priority,
             priority_max_queue=priority_max_queue,
             priority_timeout=priority_timeout,
+            overload_after=overload_after,
+            overload_wait=overload_wait,
         )
         if not isinstance(require_workers, bool):
             raise TypeError(f"require_workers must be True or False, got {require_workers!r}")
         item_cost = OPTIONS["item_cost"].checked(item_cost)
         address = RedisAddress.of(redis_broker)
+        hold_back = config.overload_after is not None  # the overload rule sees what waits here, not in Redis
         backend = functools.partial(
-            RedisClientBackend, address, prefix, codec, require_workers, item_cost, config.priority_levels
+            RedisClientBackend, address, prefix, codec, require_workers, item_cost, config.priority_levels, hold_back
         )
         super().__init__(config, backend, name=(prefix or "redis") if name is None else name)
 
