@@ -474,8 +474,8 @@ class Scheduler:
         with self._cond:
             self._former.policy.delivered(n, seconds, time.monotonic())
 
-    def hold_back(self, room: Callable[[], int]) -> None:
-        """Hand out no more than ``room()`` inputs at a time, none while it is
+    def hold_back(self, room: Callable[[int], int]) -> None:
+        """Hand out no more than ``room(level)`` inputs at a time, none while it is
         0 (:meth:`BatchFormer.hold_back`): for a backend whose batches leave
         as soon as they are taken, a Redis web process, whose workers can
         take only so many in time. It calls :meth:`wake_parked` as answers

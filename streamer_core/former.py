@@ -115,8 +115,8 @@ class BatchFormer(Generic[T]):
         self._drop: Callable[[T], None] = told
         self._shed: Callable[[T], None] = shed if shed is not None else _ignore
         # Where batches leave as soon as they are taken (hold_back): how
-        # many more inputs may go now (None: no bound).
-        self._room: Optional[Callable[[], int]] = None
+        # many more inputs of a level may go now (None: no bound).
+        self._room: Optional[Callable[[int], int]] = None
         self._queue: Deque[T] = deque()
         self._alone: Deque[T] = deque()  # inputs to run one at a time, first
         # The inputs of large calls not yet in line: each call's in its
@@ -175,15 +175,17 @@ class BatchFormer(Generic[T]):
         self._out_limit = out_limit
         self._unanswered = unanswered
 
-    def hold_back(self, room: Callable[[], int]) -> None:
-        """Take no more than ``room()`` inputs at a time, and none while it
-        is 0: for an owner whose batches leave as soon as they are taken (a
-        Redis web process), so that what its workers cannot take in time
-        waits here, where an overload's rule serves it
-        (:mod:`streamer_core.overload`), not in the broker's queue. The
-        owner calls :meth:`decide` again as answers make room.
-        ``room`` is called under the owner's lock: cheap, no lock of its
-        own but leaf ones."""
+    def hold_back(self, room: Callable[[int], int]) -> None:
+        """Take no more than ``room(level)`` inputs at a time, and none
+        while it is 0, ``level`` the priority level served next (0 where
+        there is one): for an owner whose batches leave as soon as they
+        are taken (a Redis web process), so that what its workers cannot
+        take in time waits here, where an overload's rule serves it
+        (:mod:`streamer_core.overload`), not in the broker's queue. Room by
+        level keeps a higher level's input from waiting behind a lower
+        level's that are out. The owner calls :meth:`decide` again as
+        answers make room. ``room`` is called under the owner's lock:
+        cheap, no lock of its own but leaf ones."""
         self._room = room
 
     @property
@@ -294,7 +296,7 @@ class BatchFormer(Generic[T]):
             return None, now + GATED_RECHECK_S if self.gated else math.inf
         size = self.size
         if self._room is not None:
-            size = min(size, self._room())
+            size = min(size, self._room(self._level_next()))
             if size <= 0:  # held back until answers make room: everything waiting is left behind
                 if self.standing.on:
                     self.standing.taken(True, now)
@@ -350,6 +352,10 @@ class BatchFormer(Generic[T]):
             self._unpark(self._turn())
             queue = self._skip_given_up()
         return queue
+
+    def _level_next(self) -> int:
+        """The priority level whose input a batch would take first (one level here)."""
+        return 0
 
     def _turn(self) -> int:
         """How many of a large call's inputs wait in line at a time."""

@@ -149,6 +149,10 @@ class LeveledFormer(BatchFormer[L]):
 
     # -- what a batch holds --------------------------------------------------------
 
+    def _level_next(self) -> int:
+        line = self._next_line(time.monotonic())
+        return 0 if line is None else line[0].level
+
     def _pop(self, size: int, newest: bool = False) -> List[L]:
         """Up to ``size`` inputs in serving order: the line served next
         (its level, aging counted) gives its oldest (``newest``: its

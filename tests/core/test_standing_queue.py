@@ -87,6 +87,25 @@ def test_a_standing_queue_callers_leave_is_served_newest_first_then_in_order_aga
     assert steps.batches[5:] == [["hold"], ["c0", "c1"], ["c2", "c3"], ["c4"]]
 
 
+def test_callers_whose_deadlines_pass_count_as_leaving_though_never_met_in_line(closing, steps):
+    """Callers whose timeouts pass together (a retry storm's) are dropped
+    from the queue at once, more than half of it, without a batch meeting
+    them: they count as callers leaving all the same."""
+    streamer = closing(ThreadedStreamer(steps, batch_size=2, max_latency=0.01, overload_after=0.05, overload_wait=30))
+    _calls(streamer, ["hold"])
+    assert steps.started(1)
+    _calls(streamer, ["a0", "a1"])  # handed ahead to the busy model
+    leaving = _calls(streamer, [f"t{i}" for i in range(7)], timeout=0.2)  # more than half
+    patient = _calls(streamer, [f"p{i}" for i in range(6)])
+    for call in leaving:
+        assert call.exception(5) is not None
+    assert wait_for(lambda: streamer.queued() == 6, 5), "the expired are taken out of the queue"
+    for _ in range(5):
+        steps.step(0.1)
+    assert [call.result(5) for call in patient] == [[f"ok:p{i}"] for i in range(6)]
+    assert steps.batches == [["hold"], ["a0", "a1"], ["p5", "p4"], ["p3", "p2"], ["p1", "p0"]]
+
+
 def test_a_standing_queue_of_patient_callers_is_served_in_order(closing, steps):
     """A closed loop of more callers than a batch holds keeps the queue
     standing without anyone leaving: newest first would serve the same few

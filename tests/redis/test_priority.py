@@ -83,6 +83,10 @@ def test_a_busy_worker_takes_the_next_interactive_request_before_the_bulk_it_rea
 ):
     worker = start_worker(broker, gate, batch_size=4, max_latency=0.01, name=f"worker-{broker.prefix}", **TWO)
     streamer = make_streamer(broker, **TWO)
+    # Once the web process knows the worker's batch size, it sends no more
+    # than two batches' worth at a time (BATCHES_PER_WORKER): the bulk
+    # below fills that, and the interactive request goes all the same.
+    assert wait_for(lambda: streamer._backend.roster.batch_sizes == [4], 10), "the worker's batch size is seen"
     held = streamer.submit(["hold"], priority=2)
     assert gate.entered.wait(10)
     bulk = [streamer.submit([f"bulk{i}"], priority=2) for i in range(8)]

@@ -393,14 +393,17 @@ class RedisClientBackend(Backend):
         """How many of a large call's inputs may be out at once (under the scheduler's lock: no I/O)."""
         return BATCHES_PER_WORKER * (sum(self.roster.batch_sizes) or OPTIONS["batch_size"].default)
 
-    def _room(self) -> int:
-        """How many more inputs this process may send now: what its workers
-        take in :data:`BATCHES_PER_WORKER` batches each, less those out
-        unanswered. The rest waits here, where an overload is seen and
-        served newest first (:mod:`streamer_core.overload`), not in the
-        stream, which workers read oldest first. Under the scheduler's lock
-        (the ledger's is a leaf: never held while the scheduler's is taken)."""
-        return self._out_limit() - self.ledger.unanswered()
+    def _room(self, level: int) -> int:
+        """How many more inputs this process may send now, ``level`` the
+        priority level served next: what its workers take in
+        :data:`BATCHES_PER_WORKER` batches each, less those out unanswered
+        at that level and higher ones (a worker reads a higher level's
+        stream first, so what a lower level has out does not hold it back).
+        The rest waits here, where an overload is seen and served newest
+        first (:mod:`streamer_core.overload`), not in the stream, which
+        workers read oldest first. Under the scheduler's lock (the ledger's
+        is a leaf: never held while the scheduler's is taken)."""
+        return self._out_limit() - self.ledger.unanswered_up_to(level)
 
     def _let_callers_return(self, scheduler: Scheduler) -> None:
         """Before answering a batch, let the callers of the one answered

@@ -98,6 +98,11 @@ class Ledger:
         with self.lock:
             return len(self._pending) if level is None else self._by_level[level]
 
+    def unanswered_up_to(self, level: int) -> int:
+        """Inputs sent and not answered yet at ``level`` and every higher one."""
+        with self.lock:
+            return sum(self._by_level[: level + 1])
+
     def make_room(self, n: int, queued: int, limit: int, level: Optional[int] = None) -> None:
         """Raise :class:`QueueFullError` unless ``n`` more inputs fit under
         ``limit`` with those unanswered (at ``level``, where given: a

@@ -152,6 +152,8 @@ class Handover:
                         self.cond.notify_all()  # the reader may fill the next one
                         return batch, alone
                     if self.expired:
+                        # The reader may be waiting for the room these left.
+                        self.cond.notify_all()
                         return [], False
                     self.cond.wait(None if hold_until == math.inf else hold_until - now)
                 elif self.reader_done:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ...codec import Codec, get_codec
 from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
-from ...errors import WorkerStartError
+from ...errors import StreamerTimeoutError, WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...oom import load_failure
 from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
@@ -401,12 +401,21 @@ class RedisWorker:
         return run
 
     def _skip(self, dropped: List[Input], reason: str) -> None:
-        """Acknowledge and delete ``dropped`` unrun (nobody waits for them),
-        counted as dropped for ``reason``."""
+        """Acknowledge and delete ``dropped`` unrun, counted as dropped for
+        ``reason``. One whose deadline has not passed yet (dropped because
+        no batch could answer it in time) is answered ``StreamerTimeoutError``
+        at once, as in-process: its caller hears now, and its web process
+        has room to send another; nobody waits for the others."""
         if dropped:
             self._stats.dropped(reason, len(dropped))
+            now_ms = self._clock.now_ms(refresh=False)
+            outcomes: List[Outcome] = []
+            for held in dropped:
+                request = held.request
+                left_ms = request.created_ms() + request.timeout_ms - now_ms
+                outcomes.append(None if left_ms <= 0 else (False, _late(request.timeout_ms)))
             assert self._writer is not None  # made by run_forever
-            self._writer.put([held.request for held in dropped], [None] * len(dropped))
+            self._writer.put([held.request for held in dropped], outcomes)
 
     def _withdrawn(self, batch: List[Input]) -> Set[Tuple[int, bytes]]:
         """The requests of ``batch`` whose callers gave up since they were
@@ -450,3 +459,11 @@ class RedisWorker:
                 raise
         finally:
             conn.close()
+
+
+def _late(timeout_ms: int) -> StreamerTimeoutError:
+    """The answer to a request no batch could answer in time."""
+    return StreamerTimeoutError(
+        f"the call could not finish within its timeout of {timeout_ms / 1000:.3g}s: the model's batches take "
+        "longer than it had left; it was not run"
+    )
