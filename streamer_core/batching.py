@@ -405,12 +405,14 @@ class Scheduler:
 
     def _expire(self, now: float) -> float:
         """Fail every call past its deadline; return the next deadline."""
-        expired = 0
+        expired = calls = 0
         for task in self._deadlines.pop_expired(now):
             if task.future is not None:
                 expired += task.size
+                calls += 1
                 task.fail(StreamerTimeoutError(f"the call did not finish within its timeout of {task.timeout:.3g}s"))
         if expired:
+            self._former.callers_left(calls, now)
             self._former.given_up(expired)
         return self._deadlines.soonest()
 

@@ -49,7 +49,7 @@ from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Prot
 
 from .config import BatchingConfig
 from .hold import HoldPolicy
-from .overload import StandingQueue
+from .overload import LEAVING_MOST, StandingQueue
 from .shaping import CostShaper
 
 __all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
@@ -233,6 +233,19 @@ class BatchFormer(Generic[T]):
         self._dead += count
         if self._dead * 2 > self.in_queue():
             self.compact()
+
+    def callers_left(self, count: int, now: float) -> None:
+        """``count`` calls ended at ``now`` unanswered, their deadline past,
+        wherever their inputs were: still queued, or already out (in a
+        running batch, or sent to a broker and read by a worker too late).
+        Each is a caller seen leaving
+        (:meth:`~streamer_core.overload.StandingQueue.caller_left`): a Redis
+        web process served first come first served sends inputs that are
+        still alive, and its callers leave while those are out, never
+        seen in its queue."""
+        if self.standing.on:
+            for _ in range(min(count, LEAVING_MOST)):
+                self.standing.caller_left(now)
 
     def compact(self) -> None:
         """Drop every given-up input now."""

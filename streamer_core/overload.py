@@ -20,7 +20,8 @@ Where a batch forms (:class:`~streamer_core.former.BatchFormer`):
   has left inputs behind (a batch that takes everything waiting ends it);
 - it is overloaded while it stands and callers are seen leaving it: inputs
   dropped unrun because their caller gave up (a client that went away, a
-  call cancelled, one whose deadline passed), at least
+  call cancelled), or calls whose deadline passed wherever their inputs
+  were (queued, running, sent to a broker), at least
   :data:`LEAVING_MOST` of them in the last :data:`LEAVING_WINDOW_S`
   seconds. A queue that stands with patient callers (a closed loop of
   more clients than a batch holds, each waiting its turn) is served first

@@ -67,6 +67,32 @@ def test_a_standing_queue_callers_leave_is_sent_newest_first_and_its_longest_wai
     assert seen.index("new1") < seen.index("new0"), f"the standing queue was not sent newest first: {seen}"
 
 
+def test_callers_who_leave_while_their_inputs_are_out_make_the_queue_overloaded(
+    broker, make_streamer, start_worker, gate
+):
+    """Served first come first served, a web process sends inputs still
+    alive, and their callers leave while they are out at the workers,
+    never seen leaving its queue: their deadlines passing count."""
+    start_worker(broker, gate, batch_size=2)
+    streamer = make_streamer(broker, timeout=20, overload_after=0.05, overload_wait=30)
+    _workers_seen(streamer, broker)
+    for i in range(5):  # quick answers: a round trip is known to be short
+        assert streamer.predict([f"w{i}"]) == [f"ok:w{i}"]
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    leaving = [streamer.submit([f"s{i}"], timeout=0.3) for i in range(3)]  # sent: the room the worker leaves
+    assert wait_for(lambda: broker.xlen() == 4, 5)
+    patient = [streamer.submit([f"p{i}"]) for i in range(4)]
+    assert wait_for(lambda: streamer.queued() == 4, 5)
+    for call in leaving:
+        assert call.exception(5) is not None  # their deadlines pass while their inputs are out
+    gate.release()
+    assert held.result(10) == ["ok:hold"]
+    assert [call.result(10) for call in patient] == [[f"ok:p{i}"] for i in range(4)]
+    seen = gate.seen()
+    assert seen.index("p3") < seen.index("p0"), f"the standing queue was not sent newest first: {seen}"
+
+
 def test_switched_off_everything_is_sent_as_it_comes(broker, make_streamer, start_worker, gate):
     start_worker(broker, gate, batch_size=2)
     streamer = make_streamer(broker, timeout=20, overload_after=None)
