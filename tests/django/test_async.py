@@ -14,6 +14,7 @@ from typing import Any, Awaitable, List, Tuple
 
 import pytest
 from django.test import AsyncClient
+from django.urls import get_resolver
 
 from tests.helpers import wait_for
 from tests.servers import free_port
@@ -25,7 +26,12 @@ async def _post_all(client: AsyncClient, url: str, values: List[Any]) -> List[An
 
 async def _beside_a_heartbeat(work: Awaitable[Any]) -> Tuple[Any, float]:
     """What ``work`` gives, and the longest the event loop stood still
-    meanwhile: a heartbeat every 10 ms runs only while the loop is free."""
+    meanwhile: a heartbeat every 10 ms runs only while the loop is free.
+    The project's URLconf is imported first: Django imports it on the
+    loop at a process's first request (0.3 to 1.1 s here, the test
+    project's views and Django's auth among them), which is Django's
+    doing, not a view's."""
+    assert get_resolver().url_patterns
     beats: List[float] = []
 
     async def heartbeat() -> None:
@@ -49,8 +55,11 @@ def test_concurrent_async_requests_are_batched_together(url):
     answers = [r.json() for r in responses]
     assert [x for x, _ in answers] == list(range(6))
     assert max(size for _, size in answers) > 1, f"no two requests shared a model call: {answers}"
-    # The model sleeps 0.3 s per call: a view blocking the loop would stop the heartbeat that long.
-    assert longest_gap < 0.2, f"the event loop was blocked for {longest_gap:.2f} s"
+    # The model sleeps 0.3 s per call: a view blocking the loop would stop
+    # the heartbeat that long or longer. A loaded machine delays a free
+    # loop's beats too (0.204 s seen in a full run at a load of 6), so the
+    # bound is 90% of a model call, not two thirds.
+    assert longest_gap < 0.27, f"the event loop was blocked for {longest_gap:.2f} s"
 
 
 def test_async_views_map_errors_as_sync_ones_do(streamer_settings):
