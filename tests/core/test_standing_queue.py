@@ -15,6 +15,11 @@ from typing import Any, Iterator, List
 import pytest
 
 from streamer_core import OverloadedError, Streamer, ThreadedStreamer
+from streamer_core.backends.redis.reader import Handover
+from streamer_core.config import BatchingConfig
+from streamer_core.former import BatchFormer
+from streamer_core.levels import LeveledFormer
+from streamer_core.overload import LEAVING_MOST, LEAVING_WINDOW_S, StandingQueue
 from tests.core import models
 from tests.helpers import wait_for
 
@@ -221,3 +226,35 @@ def test_on_the_process_backend_a_standing_queue_callers_leave_is_served_newest_
     batches = models.ran_batches(tmp_path)
     assert batches[:2] == [["hold"], ["a0", "a1"]] and batches[2] in (["a4", "a5"], ["a9", "a8"]), batches
     assert ["a9", "a8"] in batches and ["a6", "a7"] not in batches, "the standing queue was served in order"
+
+
+def test_a_standing_queue_is_overloaded_by_two_callers_leaving_within_the_window_not_one():
+    queue = StandingQueue(0.5, 2.0)
+    queue.taken(True, 0.0)  # every batch since has left inputs behind
+    queue.caller_left(0.6)
+    assert LEAVING_MOST == 2 and not queue.overloaded(1.0), "one caller leaving is not an overload"
+    queue.caller_left(0.9)
+    assert queue.overloaded(1.0)
+    queue.taken(False, 1.1)  # a batch took everything waiting
+    assert not queue.overloaded(1.2)
+
+
+def test_callers_leaving_further_apart_than_the_window_are_no_overload():
+    queue = StandingQueue(0.5, 2.0)
+    queue.taken(True, 0.0)
+    queue.caller_left(0.0)
+    queue.caller_left(LEAVING_WINDOW_S + 1.0)
+    assert not queue.overloaded(LEAVING_WINDOW_S + 1.1), "the two latest left more than the window apart"
+    queue.caller_left(LEAVING_WINDOW_S + 1.05)
+    assert queue.overloaded(LEAVING_WINDOW_S + 1.1)
+
+
+def test_a_former_that_cannot_refuse_a_call_never_sheds():
+    """Where nobody can answer a refused input (a Redis worker's read-ahead,
+    which has no caller to tell), the overload rule is off whatever the
+    settings: it would take inputs out unrun and unanswered."""
+    config = BatchingConfig(2, 0.01, overload_after=0.05, overload_wait=0.1)
+    assert not BatchFormer(config, False).standing.on
+    assert not LeveledFormer(BatchingConfig(2, 0.01, priority_levels=2, overload_after=0.05), False).standing.on
+    assert not Handover(config).former.standing.on
+    assert BatchFormer(config, False, shed=lambda each: None).standing.on

@@ -69,6 +69,8 @@ def test_the_projects_settings_say_which_headers_are_read(streamer_settings: Any
         "/slow", {"x-envoy-expected-rq-timeout-ms": "300", "X-Patience": "0.2", "X-Request-Timeout": "0.1"}
     )
     assert response.status_code == 504 and "within its timeout of 0.2s" in _message(response)
+    response = _post("/slow", {"x-envoy-expected-rq-timeout-ms": "200"})  # Envoy's alone: the project allows it
+    assert response.status_code == 504 and "within its timeout of 0.2s" in _message(response)
     streamer_settings(TIMEOUT_HEADER=None)
     response = _post("/slow", {"X-Request-Timeout": "0.1"})
     assert response.status_code == 504 and "within its timeout of 0.6s" in _message(response)
