@@ -318,6 +318,27 @@ def test_a_worker_loading_its_model_is_told_apart_from_no_worker(
     assert worker.alive()
 
 
+def test_the_load_so_far_a_web_process_tells_grows_between_its_looks_at_redis(
+    broker: Broker, start_worker: Callable[..., ThreadWorker], tmp_path: Any
+) -> None:
+    """The roster reads the workers' loads once a second (later on a busy
+    machine): a refusal between two reads tells the load as read plus the
+    time since, not the load as it was when read."""
+    from streamer_core.backends.redis.roster import Roster
+    from streamer_core.backends.redis.wire import Keys
+    from tests.redis.models import GatedLoadModel
+
+    start_worker(broker, GatedLoadModel, model_init_kwargs={"folder": str(tmp_path)})
+    assert wait_for(lambda: broker.conn.zcard(f"streamer:{broker.prefix}:loading") == 1, 10), "never said it loads"
+    roster = Roster(Keys(broker.prefix), require_workers=True)
+    assert roster.check(broker.conn) == 0
+    read_at = time.monotonic()
+    time.sleep(1.5)  # no look at Redis meanwhile
+    error = roster.error()
+    assert error.retry_after_s is not None and error.retry_after_s >= time.monotonic() - read_at - 0.05, str(error)
+    (tmp_path / "go").write_text("")
+
+
 def test_with_several_workers_loading_the_longest_load_is_the_one_told(
     broker: Broker, start_worker: Callable[..., ThreadWorker], tmp_path: Any
 ) -> None:

@@ -79,6 +79,7 @@ class Roster:
         self._checked = False
         self._unreachable = False  # the last question to Redis went unanswered
         self._loading: List[LoadingWorker] = []
+        self._loading_read = 0.0  # monotonic time _loading was read: it ages until the next check
         self._rechecked = float("-inf")  # monotonic time missing_now last asked Redis
         #: The batch size of each live worker, as last seen (:meth:`live_batch_sizes`).
         self.batch_sizes: List[int] = []
@@ -177,7 +178,7 @@ class Roster:
             # from now on they have NO_WORKER_S to be seen again.
             self._unreachable = False
             self._seen = max(self._seen, time.monotonic())
-        self._loading = loading
+        self._loading, self._loading_read = loading, time.monotonic()
         self._checked = True
         return live
 
@@ -249,7 +250,8 @@ class Roster:
     def error(self) -> NoWorkerError:
         """What a call gets while no worker serves: the same whether it is new
         or was waiting already."""
-        return self.why_not(self._loading, f"(none has been alive for {NO_WORKER_S:g}s)")
+        aged = time.monotonic() - self._loading_read  # the collector reads it about once a second
+        return self.why_not(self._loading, f"(none has been alive for {NO_WORKER_S:g}s)", aged)
 
     def why_not_ready(self, conn: Any) -> Optional[str]:
         """Why no call can be served now (no live worker: loading, or not
@@ -258,14 +260,16 @@ class Roster:
             return None
         return str(self.why_not(loading_workers(conn, self._keys), ""))
 
-    def why_not(self, loading: List[LoadingWorker], since: str) -> NoWorkerError:
+    def why_not(self, loading: List[LoadingWorker], since: str, aged_s: float = 0.0) -> NoWorkerError:
+        """Why no worker serves: none started, or loading (for as long as
+        the longest has, ``aged_s`` seconds after ``loading`` was read)."""
         key = self._keys.requests
         if not loading:
             return NoWorkerError(
                 f"no worker serves {key}{' ' + since if since else ''}: start workers (streamer-worker, "
                 "flask streamer run-workers or manage.py run_gpu_workers), then retry"
             )
-        seconds = loading[0].seconds
+        seconds = loading[0].seconds + aged_s
         error = NoWorkerError(
             f"the model of {key} is loading on {len(loading)} worker(s), for {seconds:.1f}s so far: retry in a moment"
         )
