@@ -21,7 +21,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -244,19 +244,43 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
 
 
 def test_python_m_example_flask_stops_within_a_second_of_sigterm_when_idle(tmp_path):
-    """A service manager's stop with nothing in flight ends the example in
-    under a second, exit status 0. It took 1.2 to 6 s: as the interpreter
-    exited, its last collections walked every object loading the models had
-    made (the example did not freeze them, as its other servers do)."""
+    """A service manager's stop with nothing in flight ends the example
+    promptly, exit status 0. It took 1.2 to 6 s: as the interpreter exited,
+    its last collections walked every object loading the models had made
+    (the example did not freeze them, as its other servers do). Held by the
+    CPU it spends from SIGTERM to exit (0.2-0.3 s; the walk alone took 1.2
+    s): its wall time, under a second on a quiet machine, is the
+    scheduler's on a busy one (2.19 s in a CI run at a load of 7)."""
     with example_running(tmp_path) as (log, server):
         assert wait_for(lambda: "Running on" in log.read_text(), 120), log.read_text()[-3000:]
         time.sleep(0.5)  # idle
+        before = _cpu_seconds(server.pid)
         started = time.monotonic()
         server.send_signal(signal.SIGTERM)
-        server.wait(30)
+        status, usage = _reap(server, 30)
         took = time.monotonic() - started
-    assert server.returncode == 0, log.read_text()[-3000:]
-    assert took < 1.0, f"{took:.2f} s from SIGTERM to exit"
+    assert status == 0, log.read_text()[-3000:]
+    spent = usage.ru_utime + usage.ru_stime - before
+    assert spent < 0.6, f"{spent:.2f} s of CPU from SIGTERM to exit ({took:.2f} s)"
+    assert took < 10, f"{took:.2f} s from SIGTERM to exit"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds process ``pid`` has spent so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _reap(process: subprocess.Popen, timeout: float) -> Tuple[int, Any]:
+    """Wait for ``process`` to exit: its exit status and its resource usage."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage
+        time.sleep(0.01)
+    raise AssertionError(f"still running {timeout} s after SIGTERM")
 
 
 def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
