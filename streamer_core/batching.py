@@ -237,12 +237,7 @@ class Scheduler:
                 if task.size == 1
                 else f"its inputs still queued were not run ({answered} of its {task.size} had been answered)"
             )
-            task.fail(
-                StreamerTimeoutError(
-                    f"the call could not finish within its timeout of {task.timeout:.3g}s: the model's batches "
-                    f"take longer than it had left; {unrun}"
-                )
-            )
+            task.fail(StreamerTimeoutError.unrun(task.timeout, unrun))
         if self.stats is not None:
             self.stats.dropped(task.why())
 

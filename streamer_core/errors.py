@@ -110,6 +110,17 @@ class StreamerTimeoutError(StreamerError, TimeoutError):
     """A call did not finish within its timeout. Its items are dropped before
     they reach the model if they have not been sent to it yet."""
 
+    @classmethod
+    def unrun(cls, timeout_s: float, what: str = "it was not run") -> StreamerTimeoutError:
+        """The error of a call that no batch could answer within its
+        ``timeout_s``, failed at once rather than at its deadline; ``what``
+        says what of it was not run. One wording in-process and from a
+        Redis worker."""
+        return cls(
+            f"the call could not finish within its timeout of {timeout_s:.3g}s: the model's batches take longer "
+            f"than it had left; {what}"
+        )
+
 
 class UnavailableError(StreamerError):
     """The streamer cannot take this call now; retrying later may succeed

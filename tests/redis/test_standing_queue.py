@@ -22,6 +22,17 @@ def _workers_seen(streamer, broker) -> None:
     assert wait_for(lambda: streamer._backend.roster.batch_sizes == [2], 10)
 
 
+def _holding_after_quick_answers(streamer, broker, gate):
+    """Once the worker is seen and a few quick answers tell the web process
+    a round trip is short: a call the worker holds at the gate."""
+    _workers_seen(streamer, broker)
+    for i in range(5):
+        assert streamer.predict([f"w{i}"]) == [f"ok:w{i}"]
+    held = streamer.submit(["hold"])
+    assert gate.entered.wait(5)
+    return held
+
+
 def test_no_more_is_sent_than_the_workers_take_in_two_batches(broker, make_streamer, start_worker, gate):
     start_worker(broker, gate, batch_size=2)
     streamer = make_streamer(broker, timeout=20, overload_after=0.05, overload_wait=30)
@@ -44,11 +55,7 @@ def test_a_standing_queue_callers_leave_is_sent_newest_first_and_its_longest_wai
 ):
     start_worker(broker, gate, batch_size=2)
     streamer = make_streamer(broker, timeout=20, overload_after=0.05, overload_wait=0.3)
-    _workers_seen(streamer, broker)
-    for i in range(5):  # quick answers: a round trip is known to be short
-        assert streamer.predict([f"w{i}"]) == [f"ok:w{i}"]
-    held = streamer.submit(["hold"])
-    assert gate.entered.wait(5)
+    held = _holding_after_quick_answers(streamer, broker, gate)
     sent = [streamer.submit([f"s{i}"]) for i in range(3)]  # the room the worker's two batches leave
     assert wait_for(lambda: broker.xlen() == 4, 5)
     old = [streamer.submit([f"old{i}"]) for i in range(4)]
@@ -75,11 +82,7 @@ def test_callers_who_leave_while_their_inputs_are_out_make_the_queue_overloaded(
     never seen leaving its queue: their deadlines passing count."""
     start_worker(broker, gate, batch_size=2)
     streamer = make_streamer(broker, timeout=20, overload_after=0.05, overload_wait=30)
-    _workers_seen(streamer, broker)
-    for i in range(5):  # quick answers: a round trip is known to be short
-        assert streamer.predict([f"w{i}"]) == [f"ok:w{i}"]
-    held = streamer.submit(["hold"])
-    assert gate.entered.wait(5)
+    held = _holding_after_quick_answers(streamer, broker, gate)
     leaving = [streamer.submit([f"s{i}"], timeout=0.3) for i in range(3)]  # sent: the room the worker leaves
     assert wait_for(lambda: broker.xlen() == 4, 5)
     patient = [streamer.submit([f"p{i}"]) for i in range(4)]

@@ -413,7 +413,9 @@ class RedisWorker:
             for held in dropped:
                 request = held.request
                 left_ms = request.created_ms() + request.timeout_ms - now_ms
-                outcomes.append(None if left_ms <= 0 else (False, _late(request.timeout_ms)))
+                outcomes.append(
+                    None if left_ms <= 0 else (False, StreamerTimeoutError.unrun(request.timeout_ms / 1000))
+                )
             assert self._writer is not None  # made by run_forever
             self._writer.put([held.request for held in dropped], outcomes)
 
@@ -459,11 +461,3 @@ class RedisWorker:
                 raise
         finally:
             conn.close()
-
-
-def _late(timeout_ms: int) -> StreamerTimeoutError:
-    """The answer to a request no batch could answer in time."""
-    return StreamerTimeoutError(
-        f"the call could not finish within its timeout of {timeout_ms / 1000:.3g}s: the model's batches take "
-        "longer than it had left; it was not run"
-    )
