@@ -84,7 +84,7 @@ print(json.dumps({"calls_per_s": sum(counts) / elapsed, "cpu_us_per_call": cpu /
 
 _RECORDING = r"""
 import json, sys, timeit
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 stats = stats_for("metrics-bench-recording")
 arrivals = [0.001 * i for i in range(64)]
 

@@ -101,11 +101,11 @@ def _worker(url: str, log_path: str) -> None:
 
 
 def _hook_web(events: List[Event]) -> None:
-    from streamer_core import batching
+    from streamer_core.batching import scheduler
     from streamer_core.backends.redis import client
 
     cls: Any = client.RedisClientBackend
-    on_results, send, put = cls._on_results, cls._send, batching.Scheduler.put
+    on_results, send, put = cls._on_results, cls._send, scheduler.Scheduler.put
 
     def logged_on_results(self: Any, entries: Any, pipe: Any) -> None:
         events.append(("read", time.monotonic(), len(entries)))
@@ -124,7 +124,7 @@ def _hook_web(events: List[Event]) -> None:
         return future
 
     cls._on_results, cls._send = logged_on_results, logged_send
-    batching.Scheduler.put = logged_put  # type: ignore[method-assign]
+    scheduler.Scheduler.put = logged_put  # type: ignore[method-assign]
 
 
 STAGES = (

@@ -15,7 +15,7 @@ paused for each sample, so that each stack is whole). A sample is *busy*
 unless its innermost frame is a thread waiting (the event loop in libev,
 the model's thread waiting for a batch, a thread's timed wait); a busy
 sample is *tracing's* when some frame of it is streamer_core's tracing code
-(``streamer_core/tracing.py``, ``streamer_core/span_recorder.py``) or
+(``streamer_core/telemetry/tracing.py``, ``streamer_core/telemetry/span_recorder.py``) or
 OpenTelemetry's, and no frame under that one runs the batch (the model's
 work, which the batch's span wraps, is not tracing's).
 
@@ -49,7 +49,7 @@ from bench.scale_bench import Deployment
 from bench.scale_bench import parse_args as scale_args
 
 #: Where tracing's code lives, in a frame's file name (py-spy's ``--full-filenames``).
-TRACING_FILES = ("streamer_core/tracing.py", "streamer_core/span_recorder.py", "/opentelemetry/")
+TRACING_FILES = ("streamer_core/telemetry/tracing.py", "streamer_core/telemetry/span_recorder.py", "/opentelemetry/")
 #: A frame that runs the batch: what it calls is the model's work.
 BATCH_FRAMES = ("run_batch (",)
 #: A thread waiting, as the innermost frame of its stack (function, the end

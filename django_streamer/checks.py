@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error
 
-from streamer_core.redis_address import ADDRESS_FORMS
+from streamer_core.options.redis_address import ADDRESS_FORMS
 from streamer_core.web.spec import ModelSpec
 
 from .conf import read_settings, setting_path

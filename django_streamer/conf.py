@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.importing import import_target
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
@@ -78,7 +78,7 @@ DEFAULT_PREFIX = "django"
 
 #: Each key a model takes from the top level when its entry does not set it,
 #: with its default; the value is the option it gives (each option, its
-#: default and its check are defined in :data:`streamer_core.config.OPTIONS`).
+#: default and its check are defined in :data:`streamer_core.options.config.OPTIONS`).
 DEFAULTS: Dict[str, Tuple[str, Any]] = {
     name.upper(): (name, OPTIONS[name].default) for name in MODEL_SETTINGS if name != "prefix"
 }

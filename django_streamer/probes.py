@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from streamer_core import metrics
+from streamer_core.telemetry import metrics
 from streamer_core.web import probes
 from streamer_core.web.http import error_body
 

@@ -47,7 +47,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.peer import client_socket
 from streamer_core.web.priority import EndpointPriority
@@ -112,7 +112,7 @@ class _RestCycle(Cycle[Answer]):
             return super().parse_failed(name, exc, span, client)
         stats_for(name).finished("invalid" if exc.status_code < 500 else "model_error")
         if span is not None:
-            from streamer_core.tracing import mark_status
+            from streamer_core.telemetry.tracing import mark_status
 
             mark_status(span, exc.status_code, exc)
         return exc

@@ -9,7 +9,7 @@ from flask import Flask, Request, jsonify, request
 
 from flask_streamer import FlaskStreamer, json_error, request_item, request_upload
 from flask_streamer.settings import written_as
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.errors import ConfigurationError
 from streamer_core.web.deadline import TIMEOUT_HEADER, EndpointDeadline, environ_headers
 from streamer_core.web.http import dumps_json

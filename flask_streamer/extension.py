@@ -13,9 +13,9 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from streamer_core import shortcuts
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.errors import MethodNotAllowed
-from streamer_core.metrics import exposition
+from streamer_core.telemetry.metrics import exposition
 from streamer_core.streamer import BaseStreamer
 from streamer_core.web.body import check_many, default_input
 from streamer_core.web.deadline import EndpointDeadline, environ_headers

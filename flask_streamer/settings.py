@@ -52,9 +52,9 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.errors import ConfigurationError
-from streamer_core.metrics import available as metrics_available
+from streamer_core.telemetry.metrics import available as metrics_available
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ __all__ = [
     "check_ops_routes",
 ]
 
-#: Each setting's default, by option (:data:`streamer_core.config.OPTIONS`,
+#: Each setting's default, by option (:data:`streamer_core.options.config.OPTIONS`,
 #: where each is defined); ``prefix`` ``None`` stands for the app's name.
 DEFAULTS: Dict[str, Any] = dict({name: OPTIONS[name].default for name in MODEL_SETTINGS}, prefix=None)
 

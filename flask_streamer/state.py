@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Protocol
 from flask import Flask, current_app, jsonify
 
 from streamer_core import shortcuts
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.deadline import EndpointDeadline
 from streamer_core.web.spec import LazyStreamer

@@ -14,12 +14,12 @@ import os
 import sys
 from typing import Any, Callable, List, Optional
 
-from . import __version__
+from streamer_core import __version__
 from .backends.redis import run_redis_workers_forever
-from .config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from .importing import import_target
 from .logs import LOG_FORMAT
-from .redis_address import ADDRESS_FORMS, DEFAULT_REDIS
+from streamer_core.options.redis_address import ADDRESS_FORMS, DEFAULT_REDIS
 
 __all__ = ["main"]
 
@@ -36,7 +36,7 @@ def _json(kind: type) -> Callable[[str], Any]:
 
 #: The options given by flag, each ``(flag, option, type, metavar)``: their
 #: defaults, help and checks are the option table's
-#: (:data:`~streamer_core.config.OPTIONS`).
+#: (:data:`~streamer_core.options.config.OPTIONS`).
 OPTION_FLAGS = (
     ("--workers", "worker_num", int, "N"),
     ("--devices", "cuda_devices", str, "0,1"),

@@ -27,8 +27,8 @@ import pickle
 import traceback
 from typing import Any, Dict, List, Sequence, Tuple, Type
 
-from . import errors as _errors
-from .config import OPTIONS
+from streamer_core import errors as _errors
+from streamer_core.options.config import OPTIONS
 from .errors import RemoteError, RemoteTraceback, SerializationError
 
 __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]

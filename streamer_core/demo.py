@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, List
 
-from . import ThreadedStreamer
+from streamer_core import ThreadedStreamer
 
 _device = threading.Lock()
 

@@ -139,7 +139,7 @@ class OverloadedError(QueueFullError):
     """The model is overloaded: the call's input waited longer than
     ``overload_wait`` in a queue that had not emptied for ``overload_after``
     seconds, and was refused unrun so that its caller may retry or go
-    elsewhere now (:mod:`streamer_core.overload`)."""
+    elsewhere now (:mod:`streamer_core.batching.overload`)."""
 
     retry_after_s = 1.0
 

@@ -3,7 +3,7 @@
 A :class:`concurrent.futures.Future`, so ``wait``, ``as_completed`` and
 ``asyncio.wrap_future`` work with it, made cheaper for the one thing almost
 every call does: complete once, wake one waiting caller. The scheduler
-(:mod:`streamer_core.batching`) completes it with :func:`settle` or, for a
+(:mod:`streamer_core.batching.scheduler`) completes it with :func:`settle` or, for a
 batch's results, quietly first and then wakes the callers together.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional
 
 from .errors import OverloadedError, StreamerTimeoutError
 from .green import green_waiter, in_greenlet, unpatched, wait_green
-from .stats import Level, ModelStats
+from streamer_core.telemetry.stats import Level, ModelStats
 
 __all__ = ["BatchFuture", "settle"]
 

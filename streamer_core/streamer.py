@@ -1,6 +1,6 @@
 """The public face shared by every streamer: submit, predict, close.
 
-A streamer is a :class:`~streamer_core.batching.Scheduler` (the queue and the
+A streamer is a :class:`~streamer_core.batching.scheduler.Scheduler` (the queue and the
 batching rule), a dispatcher thread that takes batches from it whenever a
 worker is free, and a backend that owns the workers (a thread, spawned
 processes). The streamer object itself is referenced by none of its threads:
@@ -26,13 +26,13 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from .batching import Scheduler, _Item
-from .config import BatchingConfig, check_cost, check_seconds, checked
+from streamer_core.batching.scheduler import Scheduler, _Item
+from streamer_core.options.config import BatchingConfig, check_cost, check_seconds, checked
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
-from .stats import ModelStats, StreamerStats, stats_for
+from streamer_core.telemetry.stats import ModelStats, StreamerStats, stats_for
 from .threads import background
-from .tracing import capture
+from streamer_core.telemetry.tracing import capture
 
 __all__ = ["BaseStreamer", "Backend"]
 
@@ -98,7 +98,7 @@ class Backend:
     def workers_now(self) -> int:
         """How many of this process's workers can take a batch now (the Redis
         backend: none; the workers Redis knows are asked of it when the stats
-        are read, :meth:`~streamer_core.stats.ModelStats.broker_workers`)."""
+        are read, :meth:`~streamer_core.telemetry.stats.ModelStats.broker_workers`)."""
         return 1
 
     def workers_by_device(self) -> Dict[str, int]:
@@ -297,7 +297,7 @@ class BaseStreamer:
         """This model's numbers in this process so far: calls by outcome,
         batch sizes, queue waits and model seconds (histograms), the inputs
         queued and the workers live now. Every streamer of the same ``name``
-        in the process adds to the same numbers; see :mod:`streamer_core.stats`."""
+        in the process adds to the same numbers; see :mod:`streamer_core.telemetry.stats`."""
         return self._stats.snapshot()
 
     def live_workers(self) -> int:
@@ -330,7 +330,7 @@ class BaseStreamer:
         (its ``priority_timeout`` of the call's level, when set).
         ``priority``: the call's level, 1 the highest, up to
         ``priority_levels``; default ``default_priority``, else the lowest
-        (see :mod:`streamer_core.levels`).
+        (see :mod:`streamer_core.batching.levels`).
 
         Raises at once: :class:`QueueFullError` when ``max_queue`` (of the
         call's level) is reached, :class:`StreamerClosedError` after ``close()``,

@@ -139,7 +139,7 @@ def test_flask_status_json_is_json_when_it_cannot_ask(env_settings: dict, args: 
 def test_streamer_worker_reads_its_redis_address_from_the_environment(monkeypatch):
     """``STREAMER_REDIS_URL``, as ``--help`` says, when ``--redis`` is not given."""
     from streamer_core.cli import build_parser
-    from streamer_core.config import OPTIONS
+    from streamer_core.options.config import OPTIONS
 
     monkeypatch.setenv("STREAMER_REDIS_URL", "redis://10.1.2.3:6380/4")
     args = build_parser().parse_args(["tests.redis.models:double"])

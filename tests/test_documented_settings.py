@@ -1,6 +1,6 @@
 """The settings as documented (the README's tables; the Flask settings
 module's own is checked in tests/flask/test_settings.py) are the option
-table's: each default written once, in ``streamer_core.config.OPTIONS``,
+table's: each default written once, in ``streamer_core.options.config.OPTIONS``,
 and every place that shows it agrees."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Dict
 import pytest
 
 import flask_streamer.settings
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from streamer_core.web.spec import MODEL_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_each_documented_default_is_the_option_tables(where, text, pattern):
     shown = [name for name in MODEL_SETTINGS if name in rows and name not in SHOWN_AS]
     assert len(shown) >= len(MODEL_SETTINGS) - 2, f"{where}: the table was not found ({sorted(rows)})"
     wrong = {name: rows[name] for name in shown if rows[name] != expected(name)}
-    assert wrong == {}, f"{where} shows defaults that are not streamer_core.config.OPTIONS'"
+    assert wrong == {}, f"{where} shows defaults that are not streamer_core.options.config.OPTIONS'"
 
 
 def test_the_flask_and_django_defaults_are_the_option_tables():

@@ -18,8 +18,8 @@ import signal
 from collections import deque
 from typing import Any, Deque, List, NamedTuple, Optional, Tuple
 
-from ..batching import _Item
-from ..config import MAX_SECONDS, DeviceId
+from streamer_core.batching.scheduler import _Item
+from streamer_core.options.config import MAX_SECONDS, DeviceId
 from ..errors import WorkerStartError
 
 __all__ = ["Slot", "Sent", "describe_exit"]

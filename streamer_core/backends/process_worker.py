@@ -128,7 +128,7 @@ def worker_main(
     ``cpus``: the cores to run on, the parent's when its streamer was made
     (a web process pinned to one core since would hand that core down).
     ``trace_as``: the model's name and this worker's, when the streamer
-    traces: each batch is run in its span (:mod:`streamer_core.tracing`),
+    traces: each batch is run in its span (:mod:`streamer_core.telemetry.tracing`),
     exported by the tracer provider the model set up as it loaded."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before anything can touch CUDA
@@ -151,7 +151,7 @@ def worker_main(
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code == _SIGTERM_EXIT:
             raise  # told to stop while loading: not a model that cannot load
-        from ..oom import load_failure
+        from streamer_core.batching.oom import load_failure
 
         conn.send(("init_error", encode_exception(load_failure(exc, oom_errors, device))))
         return
@@ -161,7 +161,7 @@ def worker_main(
     facts = model_facts(predict, device)
     tracing = None
     if trace_as is not None:
-        from ..tracing import BatchFacts
+        from streamer_core.telemetry.tracing import BatchFacts
 
         tracing = BatchFacts(trace_as[0], "process", trace_as[1], facts.device)
     conn.send(("ready", os.getpid(), facts))
@@ -245,7 +245,7 @@ def _run(
     the model ran, and how many times the batch or a part of it was split
     because it ran out of memory, for the parent's stats. ``traced``: the
     batch's facts and trace, when it is run in a span of its own."""
-    from ..runner import run_batch
+    from streamer_core.batching.runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
     inputs, positions = [], []
@@ -263,7 +263,7 @@ def _run(
         run = run_batch(predict, inputs, isolate_errors, oom_errors)
         seconds = time.monotonic() - started
     else:
-        from ..tracing import from_traceparent, traced_run
+        from streamer_core.telemetry.tracing import from_traceparent, traced_run
 
         facts, (cost, sent) = traced
         calls = []

@@ -12,15 +12,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ..batching import Scheduler, _Item, deliver, live_items
-from ..config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
+from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
+from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
-from ..runner import BatchRun, run_batch
-from ..shaping import batch_cost
+from streamer_core.batching.runner import BatchRun, run_batch
+from streamer_core.batching.shaping import batch_cost
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from ..threads import background
-from ..tracing import BatchFacts, traced_run
+from streamer_core.telemetry.tracing import BatchFacts, traced_run
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -122,7 +122,7 @@ class _ThreadBackend(Backend):
             deliver(items, outcomes)
 
     def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[_Item]) -> BatchRun:
-        """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.tracing`;
+        """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.telemetry.tracing`;
         a batch of calls the sampler left out alone runs as an untraced one)."""
         values = [item.value for item in items]
         calls = [item.task.trace for item in items]
@@ -219,7 +219,7 @@ class ThreadedStreamer(BaseStreamer):
     and ``batch_cost`` to shape batches by what their inputs cost (a text's
     tokens, say) rather than by count alone, and ``oom_errors``, the errors
     that mean out of memory: see :class:`BatchingConfig` (each option's
-    default is in :data:`streamer_core.config.OPTIONS`); ``name`` is the
+    default is in :data:`streamer_core.options.config.OPTIONS`); ``name`` is the
     model's name in :meth:`stats` and the metrics (default the function's).
 
     ``model_threads`` (default 1) runs that many batches at once, each on a

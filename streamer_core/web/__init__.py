@@ -5,7 +5,7 @@ How a setting and a request move::
 
     settings (Flask app.config,          spec.py: ModelSpec.from_settings
     Django settings.STREAMER)   ------>    each value checked by its option
-                                           (streamer_core.config.OPTIONS),
+                                           (streamer_core.options.config.OPTIONS),
                                            named as the user wrote it
                                          ModelSpec.build()  --> the streamer, on first use
                                          ModelSpec.worker_group() --> Redis workers (the commands)

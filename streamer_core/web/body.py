@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from ..config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from ..errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from .http import (
     MISSING,

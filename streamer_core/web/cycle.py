@@ -15,7 +15,7 @@ The Flask extension and the Django app are thin adapters around
 parsing raises (``read_error``); they keep only what is theirs (routing, the
 request object, CSRF). So one model behaves alike behind either, in every
 failure: the statuses are :mod:`streamer_core.web.http`'s, every call is
-counted once in :mod:`streamer_core.stats`, and a 5xx is logged as
+counted once in :mod:`streamer_core.telemetry.stats`, and a 5xx is logged as
 :func:`~streamer_core.web.http.log_unavailable` says.
 """
 
@@ -25,10 +25,10 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
-from .. import tracing  # OpenTelemetry itself is imported only when a span is made
+from streamer_core.telemetry import tracing  # OpenTelemetry itself is imported only when a span is made
 from ..errors import ClientDisconnected, InvalidInput, StreamerClosedError
 from ..future import BatchFuture
-from ..stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from ..streamer import BaseStreamer
 from .body import inputs_of
 from .http import error_id, error_response, log_unavailable, status_for
@@ -101,7 +101,7 @@ class Cycle(Generic[R]):
         others', spread over batches and workers), and ``respond`` gets
         their outputs, in order; an input that fails is named in the error.
         ``traced``: the request's method and route when its model traces:
-        it is served inside a span of its own (:mod:`streamer_core.tracing`),
+        it is served inside a span of its own (:mod:`streamer_core.telemetry.tracing`),
         with one for each of parsing and responding. ``client``: the
         client's socket where the server gives it
         (:func:`~streamer_core.web.peer.client_socket`): a client that
@@ -270,7 +270,7 @@ class Cycle(Generic[R]):
         details = self.details() if self.details is not None else None
         status, body, headers = error_response(exc, debug=self.debug(), details=details, error_id=made)
         if span is not None:
-            from ..tracing import mark_status
+            from streamer_core.telemetry.tracing import mark_status
 
             mark_status(span, status, exc)
         if failed_input is not None:
@@ -314,7 +314,7 @@ class Cycle(Generic[R]):
         refusal = StreamerClosedError("this server is shutting down; retry another")
         status, body, headers = error_response(refusal)
         if span is not None:
-            from ..tracing import mark_status
+            from streamer_core.telemetry.tracing import mark_status
 
             mark_status(span, status, refusal)
         return self.reply(status, body, headers)

@@ -40,7 +40,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterable, Optional
 
-from .. import shortcuts
+from streamer_core import shortcuts
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .headers import quick_header_reading, quick_request_reading
 from .settling import GC_THRESHOLD, freeze_after_loading
@@ -71,7 +71,7 @@ def on_starting(server: Any) -> None:
     ``PROMETHEUS_MULTIPROC_DIR`` set, make a fresh temporary directory and
     set it, so that every worker writes its metrics there and a scrape of
     ``/metrics`` on any of them adds up all of them
-    (:func:`streamer_core.metrics.exposition`). Here, not in the config
+    (:func:`streamer_core.telemetry.metrics.exposition`). Here, not in the config
     file's body, because only the hook sees the worker count the command
     line gave (``-w 4`` overrides the file's ``workers``).
 

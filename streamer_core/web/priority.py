@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple, Optional
 
-from ..config import BatchingConfig
+from streamer_core.options.config import BatchingConfig
 from ..errors import InvalidInput
 
 __all__ = ["PRIORITY_HEADER", "EndpointPriority"]

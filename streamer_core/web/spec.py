@@ -4,7 +4,7 @@ The Flask extension (``app.config["STREAMER_*"]``) and the Django app
 (``settings.STREAMER["MODELS"]``) both turn their settings into a
 :class:`ModelSpec` by :meth:`ModelSpec.from_settings`: which backend, which
 model, and its options, each checked by its option's own check
-(:data:`~streamer_core.config.OPTIONS`), with every wrong value listed under
+(:data:`~streamer_core.options.config.OPTIONS`), with every wrong value listed under
 the name the user wrote it by, so each framework can report them its own way
 (an exception at ``init_app``, system checks under Django). A spec then
 builds the streamer (:meth:`ModelSpec.build`) or the Redis workers
@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..config import OPTIONS, BatchingConfig, DeviceId, priority_problem
+from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, priority_problem
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
-from ..redis_address import ADDRESS_FORMS, RedisAddress
+from streamer_core.options.redis_address import ADDRESS_FORMS, RedisAddress
 from ..streamer import BaseStreamer, callable_name, forks, logger
 from ..threads import background
 

@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from streamer_core.future import BatchFuture
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from streamer_core.web.cycle import Cycle
 
 Answer = Tuple[int, Dict[str, Any], Dict[str, str]]

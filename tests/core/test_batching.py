@@ -154,7 +154,7 @@ def test_an_empty_call_returns_an_empty_list(closing, batch):
 def _policy_after_a_slow_comeback(comeback: float, service: float = 0.020, n: int = 64):
     """A policy that answered ``n`` callers of a ``service``-second batch, saw
     them all back ``comeback`` seconds later, and has just answered them again."""
-    from streamer_core.hold import HoldPolicy
+    from streamer_core.batching.hold import HoldPolicy
 
     policy = HoldPolicy(max_latency=1.0)
     policy.delivered(n, service, 100.0)
@@ -188,7 +188,7 @@ def test_the_hold_ends_once_the_answered_callers_are_back():
 
 
 def test_the_hold_never_passes_max_latency():
-    from streamer_core.hold import HoldPolicy
+    from streamer_core.batching.hold import HoldPolicy
 
     policy = HoldPolicy(max_latency=0.005)
     policy.delivered(64, 0.020, 100.0)
@@ -202,8 +202,8 @@ def test_callers_are_returning_while_answered_ones_are_due_and_still_coming():
     it answers a second batch: true from the moment a batch is answered
     while its callers come back, false once they are all back, or once none
     has come back for a millisecond (they may never)."""
-    from streamer_core.batching import Scheduler
-    from streamer_core.config import BatchingConfig
+    from streamer_core.batching.scheduler import Scheduler
+    from streamer_core.options.config import BatchingConfig
 
     scheduler = Scheduler(BatchingConfig(64, max_latency=0.1))
     start = time.monotonic()
@@ -229,8 +229,8 @@ def test_a_batch_a_worker_could_not_take_is_handed_out_again_first_and_whole():
     ahead of the one it runs. Every call is answered once its batch runs."""
     from concurrent.futures import TimeoutError as FutureTimeout
 
-    from streamer_core.batching import Scheduler, deliver
-    from streamer_core.config import BatchingConfig
+    from streamer_core.batching.scheduler import Scheduler, deliver
+    from streamer_core.options.config import BatchingConfig
 
     scheduler = Scheduler(BatchingConfig(4, max_latency=0))
     pool = ThreadPoolExecutor(1)

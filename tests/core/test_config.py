@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamer_core import BatchingConfig, Streamer, ThreadedStreamer
-from streamer_core.config import MAX_SECONDS
+from streamer_core.options.config import MAX_SECONDS
 from tests.core import models
 
 

@@ -1,4 +1,4 @@
-"""The batch former (:mod:`streamer_core.former`) on its own: the one rule
+"""The batch former (:mod:`streamer_core.batching.former`) on its own: the one rule
 by which both the in-process scheduler and a Redis worker form batches."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import List
 import pytest
 
 from streamer_core import BatchingConfig
-from streamer_core.former import BatchFormer
+from streamer_core.batching.former import BatchFormer
 
 
 class Input:

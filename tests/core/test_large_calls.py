@@ -1,5 +1,5 @@
 """Calls of more inputs than a batch holds take turns with the others
-(:meth:`streamer_core.former.BatchFormer.add_call`): one batch's worth of
+(:meth:`streamer_core.batching.former.BatchFormer.add_call`): one batch's worth of
 such a call waits in line, the rest joins it a batch at a time, so a call
 of thousands of inputs delays the calls after it by about a batch."""
 
@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from streamer_core import BatchingConfig, QueueFullError, Streamer, ThreadedStreamer
-from streamer_core.former import GATED_RECHECK_S, BatchFormer
-from streamer_core.levels import LeveledFormer
+from streamer_core.batching.former import GATED_RECHECK_S, BatchFormer
+from streamer_core.batching.levels import LeveledFormer
 from tests.core import models
 from tests.helpers import wait_for
 

@@ -17,8 +17,8 @@ import pytest
 
 from streamer_core import ThreadedStreamer
 from streamer_core.backends.thread import _ThreadBackend
-from streamer_core.batching import Scheduler
-from streamer_core.config import BatchingConfig
+from streamer_core.batching.scheduler import Scheduler
+from streamer_core.options.config import BatchingConfig
 
 
 def _answer_all(streamer: ThreadedStreamer, n: int, callers: int = 16) -> List[Any]:

@@ -15,7 +15,7 @@ from typing import Any, List
 import pytest
 
 from streamer_core import Streamer, ThreadedStreamer, WorkerStartError
-from streamer_core.shaping import GOOD_RUN
+from streamer_core.batching.shaping import GOOD_RUN
 from tests.core import models
 from tests.core.models import FakeOutOfMemory
 
@@ -248,7 +248,7 @@ def test_a_learned_cap_rises_again_after_good_batches_and_is_lifted(closing, cap
 
 
 def test_the_cost_cap_grows_by_its_rule():
-    from streamer_core.shaping import GROWTH, CostCap
+    from streamer_core.batching.shaping import GROWTH, CostCap
 
     cap = CostCap(ceiling=100.0)
     cap.ran_out(cost=64, fitted=16)
@@ -306,7 +306,7 @@ def test_running_out_of_memory_breaks_the_run_of_good_batches_that_lifts_the_cap
     """The cap grows after GOOD_RUN good batches *in a row*: a batch that
     runs out of memory in between (even one whose input alone was too big,
     which leaves the cap as it is) starts the count again."""
-    from streamer_core.shaping import GROWTH, CostCap
+    from streamer_core.batching.shaping import GROWTH, CostCap
 
     cap = CostCap(ceiling=10_000)
     cap.ran_out(100, 40)

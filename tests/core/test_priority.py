@@ -2,7 +2,7 @@
 highest level (1) first and fills from lower ones; aging serves a waiting
 low input as a higher one; each level has its own queue bound and default
 timeout; a priority that is not a level is refused. (The rule itself is
-:mod:`streamer_core.levels`.)"""
+:mod:`streamer_core.batching.levels`.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from streamer_core import QueueFullError, Streamer, StreamerTimeoutError, ThreadedStreamer
-from streamer_core.config import BatchingConfig
+from streamer_core.options.config import BatchingConfig
 from streamer_core.future import BatchFuture
 from streamer_core.streamer import BaseStreamer
 from tests.core import models
@@ -228,7 +228,7 @@ def test_each_level_counts_its_outcomes_its_queue_waits_and_its_depth(make_busy:
 def test_prometheus_has_a_priority_label_only_for_a_model_with_levels(closing: Callable[[Any], Any]) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from streamer_core.metrics import exposition
+    from streamer_core.telemetry.metrics import exposition
 
     leveled, flat = (f"priority-metrics-{uuid.uuid4().hex[:8]}" for _ in range(2))
     two = closing(ThreadedStreamer(models.double, batch_size=4, priority_levels=2, name=leveled))

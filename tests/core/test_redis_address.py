@@ -1,4 +1,4 @@
-"""A Redis address, parsed once (:mod:`streamer_core.redis_address`): the
+"""A Redis address, parsed once (:mod:`streamer_core.options.redis_address`): the
 forms every setting, argument and flag takes, the one default, and the
 password kept out of every message and repr. Nothing here connects."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from streamer_core import RedisStreamer, RedisWorker, run_redis_workers_forever
 from streamer_core.cli import build_parser
-from streamer_core.config import OPTIONS
-from streamer_core.redis_address import ADDRESS_FORMS, DEFAULT_REDIS, RedisAddress
+from streamer_core.options.config import OPTIONS
+from streamer_core.options.redis_address import ADDRESS_FORMS, DEFAULT_REDIS, RedisAddress
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_a_wrong_address_says_how_to_write_it(text, message):
 def test_a_password_holding_an_at_sign_is_hidden_whole(text, shown):
     """The password is read up to the last '@', as redis-py reads it: the
     redacted form hides it up to there too, not only its first part."""
-    from streamer_core.redis_address import redact_url
+    from streamer_core.options.redis_address import redact_url
 
     address = RedisAddress.parse(text)
     assert address.password == "p@ss"

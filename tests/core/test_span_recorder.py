@@ -1,4 +1,4 @@
-"""The span recorder (``streamer_core.span_recorder``): spans made without
+"""The span recorder (``streamer_core.telemetry.span_recorder``): spans made without
 the SDK tracer's per-span machinery, from a provider's own sampler, ids,
 resource, limits and processors. Each test gives it an SDK provider of its
 own, with a real exporter; that the streamer's spans come out the same
@@ -34,8 +34,8 @@ from opentelemetry.sdk.trace.sampling import (  # noqa: E402
     TraceIdRatioBased,
 )
 
-from streamer_core import span_processors, span_recorder  # noqa: E402
-from streamer_core.span_recorder import Recorder, recorder_for  # noqa: E402
+from streamer_core.telemetry import span_processors, span_recorder  # noqa: E402
+from streamer_core.telemetry.span_recorder import Recorder, recorder_for  # noqa: E402
 from tests.helpers import needs_shortcut  # noqa: E402
 
 pytestmark = needs_shortcut("otel-spans", switch=False)

@@ -1,4 +1,4 @@
-"""Overload without deadlines (``streamer_core.overload``): once every batch
+"""Overload without deadlines (``streamer_core.batching.overload``): once every batch
 for ``overload_after`` seconds has left inputs behind while callers leave
 the queue unanswered, the newest inputs go first and those that waited
 longer than ``overload_wait`` are refused (``OverloadedError``, counted
@@ -16,10 +16,10 @@ import pytest
 
 from streamer_core import OverloadedError, Streamer, ThreadedStreamer
 from streamer_core.backends.redis.reader import Handover
-from streamer_core.config import BatchingConfig
-from streamer_core.former import BatchFormer
-from streamer_core.levels import LeveledFormer
-from streamer_core.overload import LEAVING_MOST, LEAVING_WINDOW_S, StandingQueue
+from streamer_core.options.config import BatchingConfig
+from streamer_core.batching.former import BatchFormer
+from streamer_core.batching.levels import LeveledFormer
+from streamer_core.batching.overload import LEAVING_MOST, LEAVING_WINDOW_S, StandingQueue
 from tests.core import models
 from tests.helpers import wait_for
 

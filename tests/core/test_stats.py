@@ -29,8 +29,8 @@ from streamer_core import (
     StreamerTimeoutError,
     ThreadedStreamer,
 )
-from streamer_core.metrics import exposition
-from streamer_core.stats import OUTCOMES, stats_for
+from streamer_core.telemetry.metrics import exposition
+from streamer_core.telemetry.stats import OUTCOMES, stats_for
 
 from ..conftest import Gate
 from ..helpers import stop_each, wait_for
@@ -300,7 +300,7 @@ def test_multiprocess_mode_adds_up_out_of_memory_splits(tmp_path: Path) -> None:
 
 _REDIS_COUNTS = """
 import sys
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 stats = stats_for(sys.argv[1])
 stats.redelivered(2)
 stats.dead_lettered()
@@ -342,7 +342,7 @@ def test_a_batchs_last_look_counts_what_it_drops_by_why_the_call_ended() -> None
     """The backends' look at a formed batch before the model runs it
     (``live_items``): each input of a call that ended since is dropped and
     counted by why, not all as cancelled."""
-    from streamer_core.batching import _Item, _Task, live_items
+    from streamer_core.batching.scheduler import _Item, _Task, live_items
     from streamer_core.errors import StreamerTimeoutError
     from streamer_core.future import BatchFuture
 

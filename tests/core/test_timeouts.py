@@ -285,14 +285,14 @@ def test_the_fastest_recent_batch_decides_so_a_call_that_could_make_it_runs(clos
 def test_an_estimate_of_stale_batches_drops_nothing(closing, monkeypatch):
     """Batches that ended more than 10 s ago tell nothing of the next one:
     a model left idle (by this rule, or by nobody calling) runs again."""
-    import streamer_core.hold
+    import streamer_core.batching.hold
 
     ran: list = []
     streamer = closing(ThreadedStreamer(_slow_recorder(ran), batch_size=4, max_latency=0.0, timeout=10))
     assert [streamer.predict([n]) for n in range(3)] == [[0], [1], [2]]
     with pytest.raises(StreamerTimeoutError, match="it was not run"):
         streamer.predict(["short"], timeout=0.2)
-    monkeypatch.setattr(streamer_core.hold, "_FRESH_S", 0.1)  # as if ten seconds had passed
+    monkeypatch.setattr(streamer_core.batching.hold, "_FRESH_S", 0.1)  # as if ten seconds had passed
     time.sleep(0.2)
     with pytest.raises(StreamerTimeoutError):
         streamer.predict(["stale"], timeout=0.2)

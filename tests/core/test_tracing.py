@@ -21,7 +21,7 @@ pytest.importorskip("opentelemetry.sdk")
 from opentelemetry import trace  # noqa: E402
 
 from streamer_core import Streamer, ThreadedStreamer  # noqa: E402
-from streamer_core.tracing import from_traceparent  # noqa: E402
+from streamer_core.telemetry.tracing import from_traceparent  # noqa: E402
 from tests.core.models import TracedDouble, double  # noqa: E402
 from tests.helpers import needs_shortcut  # noqa: E402
 from tests.spans import finished, in_memory, named, read_file  # noqa: E402
@@ -182,7 +182,7 @@ def test_request_span_names_are_made_once_per_endpoint_and_kept_for_a_bounded_nu
     reused; a route given as a path (Django's fallback) makes as many as it
     has paths, so only the first ones are kept: memory stays bounded, and
     every span is still named by its own route."""
-    from streamer_core import tracing
+    from streamer_core.telemetry import tracing
 
     exporter = in_memory()
     for n in range(tracing._MOST_REQUEST_NAMES + 50):
@@ -209,7 +209,7 @@ def test_a_call_captures_the_current_span_whichever_kind_it_is():
     one, a span class of the application's own; with none, nothing."""
     from opentelemetry import context as otel_context
 
-    from streamer_core import tracing
+    from streamer_core.telemetry import tracing
 
     in_memory()
     assert tracing.recorder() is not None
@@ -360,7 +360,7 @@ def test_with_the_otel_spans_shortcut_off_spans_are_made_by_the_sdks_tracer(swit
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
         "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
-        "from streamer_core import ThreadedStreamer, shortcuts, tracing\n"
+        "from streamer_core import ThreadedStreamer, shortcuts\nfrom streamer_core.telemetry import tracing\n"
         "memory = InMemorySpanExporter()\n"
         "provider = TracerProvider()\n"
         "provider.add_span_processor(SimpleSpanProcessor(memory))\n"

@@ -111,7 +111,7 @@ def coded(exc: Exception, context: Dict[str, Any]) -> Optional[Response]:
 
 def outcomes(request: HttpRequest, model: str) -> JsonResponse:
     """The model's calls in this process, by outcome."""
-    from streamer_core.stats import stats_for
+    from streamer_core.telemetry.stats import stats_for
 
     return JsonResponse(stats_for(model).snapshot().requests)
 

@@ -21,7 +21,7 @@ from django.test import RequestFactory
 from rest_framework.test import APIClient
 
 from django_streamer import started_models
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from tests.django.test_idioms import SESSIONS
 from tests.helpers import failure_behind
 

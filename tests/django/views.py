@@ -146,14 +146,14 @@ def gate(request: HttpRequest) -> Any:
 
 def gate_dropped(request: HttpRequest) -> HttpResponse:
     """The gate model's inputs dropped unrun in this process, by reason."""
-    from streamer_core.stats import stats_for
+    from streamer_core.telemetry.stats import stats_for
 
     return JsonResponse(stats_for("gate").snapshot().dropped)
 
 
 def gate_outcomes(request: HttpRequest) -> HttpResponse:
     """The gate model's calls in this process, by outcome."""
-    from streamer_core.stats import stats_for
+    from streamer_core.telemetry.stats import stats_for
 
     return JsonResponse(stats_for("gate").snapshot().requests)
 

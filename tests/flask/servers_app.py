@@ -119,7 +119,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
         else:
             streamer.add_batched_route(f"/{name}", name, _model(name, seconds))
     if app.config["GATE_FOLDER"]:
-        from streamer_core.stats import stats_for
+        from streamer_core.telemetry.stats import stats_for
         from tests.core.models import RecordingGate
 
         streamer.add_batched_route("/gate", "gate", RecordingGate, init_kwargs={"folder": app.config["GATE_FOLDER"]})

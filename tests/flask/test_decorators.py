@@ -22,7 +22,7 @@ from flask_limiter.util import get_remote_address
 from flask_login import LoginManager, UserMixin, login_required
 
 from flask_streamer import FlaskStreamer
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from tests.flask.apps import double
 from tests.flask.conftest import close_streamers, error_of
 from tests.helpers import failure_behind

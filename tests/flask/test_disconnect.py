@@ -109,7 +109,7 @@ def test_a_call_given_up_for_a_client_that_left_answers_499() -> None:
 def test_a_client_gone_before_its_body_arrived_answers_499_counted_cancelled() -> None:
     """As a call given up for a client that left: no invalid input, no server error."""
     from streamer_core.errors import ClientDisconnected
-    from streamer_core.stats import outcome_of
+    from streamer_core.telemetry.stats import outcome_of
     from streamer_core.web.http import error_response, status_for
 
     gone = ClientDisconnected("the connection closed after 10 of the body's 100 bytes (its Content-Length)")

@@ -18,7 +18,7 @@ import flask_streamer.settings
 from flask_streamer import DEFAULTS, ConfigurationError, FlaskStreamer
 from flask_streamer.settings import APP_DEFAULTS, APP_OPTIONS
 from streamer_core import ThreadedStreamer
-from streamer_core.config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from tests.flask.apps import double, sized, text_cost, with_batch
 from tests.flask.conftest import error_of, queue_behind_hold, spec_of
 

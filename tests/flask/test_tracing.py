@@ -11,7 +11,7 @@ pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace  # noqa: E402
 
-from streamer_core import tracing  # noqa: E402
+from streamer_core.telemetry import tracing  # noqa: E402
 from streamer_core.errors import ConfigurationError  # noqa: E402
 from tests.flask.apps import double, fail_on_boom  # noqa: E402
 from tests.helpers import needs_shortcut  # noqa: E402
@@ -84,7 +84,7 @@ def test_tracing_must_be_a_flag(make_app):
 @needs_shortcut("otel-spans")
 def test_the_spans_recorded_are_those_the_sdks_tracer_makes(make_app, monkeypatch):
     """The streamer makes its spans with a recorder of its own where the
-    provider is the SDK's (streamer_core.span_recorder): an answered
+    provider is the SDK's (streamer_core.telemetry.span_recorder): an answered
     request, one refused at parsing and one whose model failed export the
     same spans, ids and times aside, as when they are made with the SDK's
     tracer."""
@@ -147,7 +147,7 @@ import threading
 from flask import Flask
 from opentelemetry import trace
 from flask_streamer import FlaskStreamer
-from streamer_core import tracing
+from streamer_core.telemetry import tracing
 from streamer_core.web.cycle import Cycle
 
 app = Flask(__name__)

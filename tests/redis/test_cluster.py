@@ -20,7 +20,7 @@ import redis
 
 from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.wire import Keys
-from streamer_core.redis_address import RedisAddress
+from streamer_core.options.redis_address import RedisAddress
 from tests.core.models import double
 from tests.helpers import stop_all, wait_for
 from tests.redis.conftest import ThreadWorker

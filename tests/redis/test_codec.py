@@ -301,7 +301,7 @@ def _our_packer() -> Any:
 def test_a_connection_packs_with_ours_only_where_the_shortcut_is_on(monkeypatch, switch):
     from streamer_core import shortcuts
     from streamer_core.backends.redis.connection import connect
-    from streamer_core.redis_address import RedisAddress
+    from streamer_core.options.redis_address import RedisAddress
 
     monkeypatch.setenv("STREAMER_SHORTCUTS", switch)
     packer = connect(RedisAddress.parse("127.0.0.1:6379")).connection_pool.connection_kwargs.get("command_packer")

@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, Tuple
 
 import pytest
 
-from streamer_core.metrics import exposition
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.metrics import exposition
+from streamer_core.telemetry.stats import stats_for
 from tests.conftest import Gate
 from tests.helpers import metric_samples
 from tests.redis.conftest import GROUP, Broker, ThreadWorker, wait_for

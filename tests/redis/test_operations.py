@@ -156,7 +156,7 @@ def test_a_question_someone_waits_on_is_asked_once_for_a_second(broker: Broker) 
     does not try again (a retry doubled every wait on a frozen Redis); the
     serving connections keep their ten seconds and one retry."""
     from streamer_core.backends.redis.connection import ASK_TIMEOUT_S, connect
-    from streamer_core.redis_address import RedisAddress
+    from streamer_core.options.redis_address import RedisAddress
 
     address = RedisAddress.of(broker.url)
     asking, serving = connect(address, asking=True), connect(address)

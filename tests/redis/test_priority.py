@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from streamer_core import NoWorkerError, QueueFullError, StreamerTimeoutError
-from streamer_core.stats import stats_for
+from streamer_core.telemetry.stats import stats_for
 from tests.redis import models
 from tests.redis.conftest import GROUP, outcomes_of, wait_for
 

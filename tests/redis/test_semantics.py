@@ -26,7 +26,7 @@ from streamer_core import (
     UnavailableError,
     WorkerStartError,
 )
-from streamer_core.config import MAX_SECONDS
+from streamer_core.options.config import MAX_SECONDS
 from tests.helpers import close_answers_every_call, hold_answers
 from tests.redis import models
 from tests.redis.conftest import wait_for

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamer_core import hold
+from streamer_core.batching import hold
 from streamer_core.backends.redis.wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     packed_request_arguments,

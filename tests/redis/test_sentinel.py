@@ -30,7 +30,7 @@ import redis
 from streamer_core import RedisStreamer, RedisWorker
 from streamer_core.backends.redis.client import SEND_RETRY_S
 from streamer_core.errors import BrokerUnavailableError, ConfigurationError
-from streamer_core.redis_address import RedisAddress
+from streamer_core.options.redis_address import RedisAddress
 from tests.core.models import double
 from tests.helpers import stop_all, stop_each, wait_for
 from tests.redis.conftest import ThreadWorker

@@ -1,4 +1,4 @@
-"""Overload over Redis (``streamer_core.overload``): a web process sends no
+"""Overload over Redis (``streamer_core.batching.overload``): a web process sends no
 more than its live workers take in two batches each, out unanswered, so
 that what waits beyond that waits in the web process, where a standing
 queue that callers leave is served newest first and its longest waiting

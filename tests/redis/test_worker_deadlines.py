@@ -14,7 +14,7 @@ from streamer_core import StreamerTimeoutError
 from streamer_core.backends.redis.intake import Input, ServerClock
 from streamer_core.backends.redis.reader import Handover, Reader
 from streamer_core.backends.redis.wire import Request
-from streamer_core.config import BatchingConfig
+from streamer_core.options.config import BatchingConfig
 
 
 class Slow:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...codec import Codec, decode_error, encode_error, get_codec
 from ...errors import SerializationError
-from ...redis_address import RedisAddress
+from streamer_core.options.redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, connect
 from .intake import Hands, ServerClock
 from .wire import (

@@ -10,14 +10,14 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ...batching import Scheduler, _Item, deliver, live_items
+from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
 from ...codec import Buffers, get_codec
-from ...config import OPTIONS
+from streamer_core.options.config import OPTIONS
 from ...errors import BrokerUnavailableError, SerializationError
-from ...redis_address import RedisAddress
+from streamer_core.options.redis_address import RedisAddress
 from ...streamer import Backend, item_cost_of
 from ...threads import background
-from ...tracing import to_traceparent
+from streamer_core.telemetry.tracing import to_traceparent
 from .answers import read_answer
 from .connection import (
     MAX_BACKOFF_S,
@@ -400,7 +400,7 @@ class RedisClientBackend(Backend):
         at that level and higher ones (a worker reads a higher level's
         stream first, so what a lower level has out does not hold it back).
         The rest waits here, where an overload is seen and served newest
-        first (:mod:`streamer_core.overload`), not in the stream, which
+        first (:mod:`streamer_core.batching.overload`), not in the stream, which
         workers read oldest first. Under the scheduler's lock (the ledger's
         is a leaf: never held while the scheduler's is taken)."""
         return self._out_limit() - self.ledger.unanswered_up_to(level)

@@ -1,4 +1,4 @@
-"""Connecting to Redis (at a :class:`~streamer_core.redis_address.RedisAddress`),
+"""Connecting to Redis (at a :class:`~streamer_core.options.redis_address.RedisAddress`),
 the errors that mean "Redis is not there", and waiting for it to answer."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
-from ... import shortcuts
+from streamer_core import shortcuts
 from ...errors import ConfigurationError
-from ...redis_address import AddressLike, RedisAddress
+from streamer_core.options.redis_address import AddressLike, RedisAddress
 
 __all__ = [
     "on_node_of",

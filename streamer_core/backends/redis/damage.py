@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Dict, Optional
 
-from ...stats import ModelStats
+from streamer_core.telemetry.stats import ModelStats
 from .wire import Keys
 
 __all__ = ["DEAD_MAXLEN", "DEAD_FIELD_BYTES", "DeadLetters", "is_wrong_type", "repair_key"]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ...codec import Codec
 from ...errors import ItemCostError, SerializationError, WorkerDiedError
-from ...stats import ModelStats
+from streamer_core.telemetry.stats import ModelStats
 from ...streamer import item_cost_of
 from .connection import server_time_ms
 from .damage import DeadLetters
@@ -59,7 +59,7 @@ class Input:
         self.error = error
         self.cost = cost
         self.arrival = time.monotonic()  # when this worker read it
-        self.level = request.level  # its priority level, 0 the highest (streamer_core.levels)
+        self.level = request.level  # its priority level, 0 the highest (streamer_core.batching.levels)
 
 
 class Hands:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...batching import _Item
+from streamer_core.batching.scheduler import _Item
 from ...errors import QueueFullError
 from .wire import new_request_id
 

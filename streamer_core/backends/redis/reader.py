@@ -2,7 +2,7 @@
 stream while the model runs, and how they reach the model's thread.
 
 :class:`Handover` is what the two threads share, under one condition: a
-:class:`~streamer_core.former.BatchFormer` of the requests read (so a
+:class:`~streamer_core.batching.former.BatchFormer` of the requests read (so a
 worker forms its batches by the in-process rule), whether the model is
 running and on how many, and whether the reader has stopped. :class:`Reader`
 is the reader thread's loop: how much to read ahead, when to block, taking
@@ -12,7 +12,7 @@ blips.
 With priority levels (a stream per level) the reader reads the highest
 level's stream first and a lower one only for the room left, so every
 worker reads a level's requests before a lower level's; what it holds is a
-:class:`~streamer_core.levels.LeveledFormer`, so its next batch is formed
+:class:`~streamer_core.batching.levels.LeveledFormer`, so its next batch is formed
 by the in-process rule. A worker whose model is busy and whose read-ahead
 holds lower levels' requests keeps looking at the higher streams, and
 reads what would go into its next batch ahead of them: an interactive
@@ -28,11 +28,11 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from ...config import BatchingConfig
-from ...former import BatchFormer
+from streamer_core.options.config import BatchingConfig
+from streamer_core.batching.former import BatchFormer
 from ...green import Condition
-from ...levels import LeveledFormer
-from ...redis_address import RedisAddress
+from streamer_core.batching.levels import LeveledFormer
+from streamer_core.options.redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem
 from .damage import is_wrong_type, repair_key
 from .intake import Input, Intake, ServerClock
@@ -52,7 +52,7 @@ _HOLD_POLL_S = 0.001
 class Handover:
     """The requests read and not yet run, and when the model's thread takes
     them as a batch: by the in-process rule, through a
-    :class:`~streamer_core.former.BatchFormer`. A request taken over from a
+    :class:`~streamer_core.batching.former.BatchFormer`. A request taken over from a
     dead worker runs alone, and the next is claimed only once it has run.
     Batches are shaped by cost as in-process; the costs may be the web
     side's, so a learned cap has no ceiling but the budget. A request whose
@@ -61,7 +61,7 @@ class Handover:
     ``expired`` for the model's thread to acknowledge unrun; so is one that
     a batch forming now could not answer in time, its deadline sooner than
     the fastest of this worker's latest batches could end, as in-process
-    (:mod:`streamer_core.batching`)."""
+    (:mod:`streamer_core.batching.scheduler`)."""
 
     def __init__(self, config: BatchingConfig) -> None:
         self.cond = Condition()

@@ -36,8 +36,8 @@ import logging
 import time
 from typing import Any, Dict, List, Optional
 
-from ...config import OPTIONS
-from ...devices import shown_device
+from streamer_core.options.config import OPTIONS
+from streamer_core.options.devices import shown_device
 from ...errors import NoWorkerError
 from .connection import broker_errors
 from .wire import (

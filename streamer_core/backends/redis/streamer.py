@@ -7,9 +7,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, List, Optional, Sequence, cast
 
-from ...config import OPTIONS, BatchingConfig, default
+from streamer_core.options.config import OPTIONS, BatchingConfig, default
 from ...errors import BrokerUnavailableError
-from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
+from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import BaseStreamer
 from .client import RedisClientBackend
 from .connection import broker_errors, broker_problem
@@ -35,7 +35,7 @@ class RedisStreamer(BaseStreamer):
 
     ``redis_broker`` is ``"host:port"``, a ``redis://`` / ``rediss://`` /
     ``unix://`` URL, a ``redis+sentinel://`` or ``redis+cluster://`` URL
-    (see :mod:`streamer_core.redis_address`), or a :class:`RedisAddress`;
+    (see :mod:`streamer_core.options.redis_address`), or a :class:`RedisAddress`;
     ``prefix`` keeps models apart on one Redis (workers use the same one).
     Keyword-only: ``timeout`` (seconds a call may take, default 20),
     ``max_queue`` (the most inputs of this web process waiting for an answer,
@@ -48,7 +48,7 @@ class RedisStreamer(BaseStreamer):
     cost: computed here, it travels with the request to workers started with
     a ``max_batch_cost``), ``name`` (this model's name in :meth:`stats`
     and the metrics, default ``prefix``), and ``tracing`` (each call's span
-    context goes with its inputs to workers that trace: :mod:`streamer_core.tracing`),
+    context goes with its inputs to workers that trace: :mod:`streamer_core.telemetry.tracing`),
     and the priority options of every streamer (``priority_levels``,
     ``default_priority``, ``priority_max_queue``, ``priority_timeout``): a
     call's ``priority`` chooses the stream its inputs go to, one per level,
@@ -56,7 +56,7 @@ class RedisStreamer(BaseStreamer):
     first (see :mod:`.roster` for workers that read fewer). A web process
     sends no more than its live workers take in two batches each, out
     unanswered; what waits beyond that waits here, where an overload
-    (``overload_after``, ``overload_wait``: :mod:`streamer_core.overload`)
+    (``overload_after``, ``overload_wait``: :mod:`streamer_core.batching.overload`)
     is served newest first, its longest waiting refused.
     Same signature as service_streamer's ``RedisStreamer``.
     """

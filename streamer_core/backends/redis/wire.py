@@ -55,7 +55,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ...config import MAX_SECONDS
+from streamer_core.options.config import MAX_SECONDS
 from .connection import server_time_ms
 
 __all__ = [
@@ -227,7 +227,7 @@ class Keys:
 
     def request_stream(self, level: int) -> str:
         """The requests stream of priority ``level`` (0 the highest, as
-        :mod:`streamer_core.levels` counts them): :attr:`requests` for the
+        :mod:`streamer_core.batching.levels` counts them): :attr:`requests` for the
         highest, so that a model of one level keeps its one stream and
         its wire format; ``<requests>:<level + 1>`` for the others. Every
         level's stream has the workers' group, and workers read them

@@ -38,17 +38,17 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ...codec import Codec, get_codec
-from ...config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
+from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
 from ...errors import StreamerTimeoutError, WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
-from ...oom import load_failure
-from ...redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-from ...runner import BatchRun, run_batch
-from ...shaping import batch_cost
-from ...stats import StreamerStats, stats_for
+from streamer_core.batching.oom import load_failure
+from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
+from streamer_core.batching.runner import BatchRun, run_batch
+from streamer_core.batching.shaping import batch_cost
+from streamer_core.telemetry.stats import StreamerStats, stats_for
 from ...streamer import callable_name
 from ...threads import background
-from ...tracing import BatchFacts
+from streamer_core.telemetry.tracing import BatchFacts
 from .answers import AnswerWriter, Outcome
 from .connection import (
     broker_errors,
@@ -83,7 +83,7 @@ class RedisWorker:
     Same signature as service_streamer's ``RedisWorker``; ``model_class`` is a
     :class:`ManagedModel` subclass (built in :meth:`run_forever`) or a
     function taking a list; ``redis_broker`` is where Redis is, in any form
-    of :mod:`streamer_core.redis_address` (one server, Sentinels, a
+    of :mod:`streamer_core.options.redis_address` (one server, Sentinels, a
     Cluster), as the web side's. Keyword-only: ``codec`` (``"msgpack"``, or
     ``"pickle"`` to accept pickled inputs from a trusted broker),
     ``isolate_errors``, ``claim_after`` (seconds an entry may go without a
@@ -94,7 +94,7 @@ class RedisWorker:
     used for requests whose web side sent no cost of its own; ``name``, the
     model's name in :meth:`stats` and the metrics (default ``prefix``);
     ``tracing``: run each batch in an OpenTelemetry span linked to its
-    callers' (:mod:`streamer_core.tracing`; the process sets up its tracer
+    callers' (:mod:`streamer_core.telemetry.tracing`; the process sets up its tracer
     provider, e.g. in the model's ``init_model``);
     ``hang_timeout`` (seconds, default 60; ``None``: never): a worker that
     has run one batch this long while none of that batch's callers waits
@@ -382,7 +382,7 @@ class RedisWorker:
         """:func:`run_batch` inside the batch's span, linked to each caller's
         (its ``traceparent`` in the request). A request's queue wait starts
         when Redis took it in, by the server's clock, as the stats count it."""
-        from ...tracing import from_traceparent, traced_run
+        from streamer_core.telemetry.tracing import from_traceparent, traced_run
 
         facts = self._trace_facts
         assert facts is not None

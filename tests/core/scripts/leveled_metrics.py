@@ -17,7 +17,7 @@ import time
 from typing import List
 
 from streamer_core import ThreadedStreamer
-from streamer_core.metrics import exposition
+from streamer_core.telemetry.metrics import exposition
 
 WAITING = 3
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict
 
-from .checks import (
+from streamer_core.options.checks import (
     MAX_SECONDS,
     Check,
     arguments,
@@ -38,10 +38,10 @@ from .checks import (
     seconds,
     text,
     whole,
+    check_oom_errors,
 )
-from .devices import DeviceId, devices_checked, parse_devices, shown_device
-from .oom import check_oom_errors
-from .redis_address import ADDRESS_FORMS, RedisAddress
+from streamer_core.options.devices import DeviceId, devices_checked, parse_devices, shown_device
+from streamer_core.options.redis_address import ADDRESS_FORMS, RedisAddress
 
 __all__ = [
     "BatchingConfig",
@@ -98,7 +98,7 @@ def _tracing(value: Any) -> bool:
     (checked by finding the package: nothing of it is imported here)."""
     on = flag(value)
     if on:
-        from .tracing import missing_api
+        from streamer_core.telemetry.tracing import missing_api
 
         problem = missing_api()
         if problem is not None:
@@ -138,7 +138,7 @@ def _function(value: Any) -> Optional[Callable[[Any], float]]:
         return None
     cost = value
     if isinstance(value, str):
-        from .importing import import_target
+        from streamer_core.importing import import_target
 
         try:
             cost = import_target(value)
@@ -151,7 +151,7 @@ def _function(value: Any) -> Optional[Callable[[Any], float]]:
 
 
 def _redis_url(value: Any) -> Optional[RedisAddress]:
-    """A Redis address (:mod:`streamer_core.redis_address`), parsed; ``None``: not set."""
+    """A Redis address (:mod:`streamer_core.options.redis_address`), parsed; ``None``: not set."""
     if value is None:
         return None
     if not isinstance(value, (str, RedisAddress)):
@@ -439,7 +439,7 @@ class BatchingConfig:
     max_latency
         Seconds the oldest queued item may wait for companions, counted from
         its arrival. A lone request does not wait at all when no companions
-        are arriving (see :mod:`streamer_core.hold`).
+        are arriving (see :mod:`streamer_core.batching.hold`).
     timeout
         Seconds a call may take in all (queue, model, delivery) unless the
         call passes its own; then it fails with ``StreamerTimeoutError``.
@@ -468,21 +468,21 @@ class BatchingConfig:
         The exception types that mean the model ran out of memory: a batch
         raising one is split and its halves retried (even with
         ``isolate_errors`` off), and later batches are capped at the cost of
-        what ran (see :mod:`streamer_core.shaping`). ``None``: torch's
+        what ran (see :mod:`streamer_core.batching.shaping`). ``None``: torch's
         ``torch.cuda.OutOfMemoryError`` when torch is loaded; ``()``: none.
     tracing
         Make OpenTelemetry spans of each request and batch
-        (:mod:`streamer_core.tracing`), through the tracer provider the
+        (:mod:`streamer_core.telemetry.tracing`), through the tracer provider the
         process has set up. Off, the engine never imports OpenTelemetry and
         pays one flag test a call and a batch.
     priority_levels, default_priority, priority_aging, priority_max_queue, priority_timeout
-        Priority levels: see :mod:`streamer_core.levels`. A call names its
+        Priority levels: see :mod:`streamer_core.batching.levels`. A call names its
         level as ``priority``, 1 the highest (as Triton numbers them).
     overload_after, overload_wait
         Overload: once every batch for ``overload_after`` seconds has left
         inputs behind, the newest inputs go first and one that waited
         longer than ``overload_wait`` is refused with ``OverloadedError``
-        (see :mod:`streamer_core.overload`). ``overload_after=None``: never.
+        (see :mod:`streamer_core.batching.overload`). ``overload_after=None``: never.
     """
 
     batch_size: int = default("batch_size")

@@ -2,7 +2,7 @@
 model and the rule that says when a batch goes and what it holds.
 
 One former serves wherever a batch forms: the in-process
-:class:`~streamer_core.batching.Scheduler` (thread and process backends),
+:class:`~streamer_core.batching.scheduler.Scheduler` (thread and process backends),
 which feeds it the calls of this process, and the Redis worker, which feeds
 it the requests it reads from the stream. So a batch is formed by one rule
 everywhere:
@@ -23,11 +23,11 @@ everywhere:
   unanswered, so that they do not all reach the broker's queue at once;
 - a batch goes at once when it is as full as it can be (``batch_size``
   inputs, or more than one batch's budget of cost waiting), else when the
-  hold policy (:mod:`streamer_core.hold`) stops waiting for companions;
+  hold policy (:mod:`streamer_core.batching.hold`) stops waiting for companions;
 - what it holds: the oldest inputs, or, shaped by cost
-  (:mod:`streamer_core.shaping`), the oldest and those closest to it in
+  (:mod:`streamer_core.batching.shaping`), the oldest and those closest to it in
   cost within the budget;
-- under overload (:mod:`streamer_core.overload`), where the owner can
+- under overload (:mod:`streamer_core.batching.overload`), where the owner can
   refuse a call (``shed``): once every batch for ``overload_after`` seconds
   has left inputs behind while callers leave the queue unanswered, the
   newest inputs instead, and those that have waited too long are taken
@@ -47,10 +47,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from .config import BatchingConfig
-from .hold import HoldPolicy
-from .overload import LEAVING_MOST, StandingQueue
-from .shaping import CostShaper
+from streamer_core.options.config import BatchingConfig
+from streamer_core.batching.hold import HoldPolicy
+from streamer_core.batching.overload import LEAVING_MOST, StandingQueue
+from streamer_core.batching.shaping import CostShaper
 
 __all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
 
@@ -181,7 +181,7 @@ class BatchFormer(Generic[T]):
         there is one): for an owner whose batches leave as soon as they
         are taken (a Redis web process), so that what its workers cannot
         take in time waits here, where an overload's rule serves it
-        (:mod:`streamer_core.overload`), not in the broker's queue. Room by
+        (:mod:`streamer_core.batching.overload`), not in the broker's queue. Room by
         level keeps a higher level's input from waiting behind a lower
         level's that are out. The owner calls :meth:`decide` again as
         answers make room. ``room`` is called under the owner's lock:
@@ -239,7 +239,7 @@ class BatchFormer(Generic[T]):
         wherever their inputs were: still queued, or already out (in a
         running batch, or sent to a broker and read by a worker too late).
         Each is a caller seen leaving
-        (:meth:`~streamer_core.overload.StandingQueue.caller_left`): a Redis
+        (:meth:`~streamer_core.batching.overload.StandingQueue.caller_left`): a Redis
         web process served first come first served sends inputs that are
         still alive, and its callers leave while those are out, never
         seen in its queue."""
@@ -349,7 +349,7 @@ class BatchFormer(Generic[T]):
         out of memory (``ran``: the spans of it whose model calls returned),
         cap later batches at the cost of the costliest part that ran; if
         not, count it towards lifting such a cap (see
-        :class:`~streamer_core.shaping.CostCap`)."""
+        :class:`~streamer_core.batching.shaping.CostCap`)."""
         self.shaper.learn(costs, out_of_memory, ran)
         self.shaped = self.shaper.active
 
@@ -427,7 +427,7 @@ class BatchFormer(Generic[T]):
     def _pop_shaped(self, size: int, newest: bool = False) -> List[T]:
         """A batch of at most ``size`` led by the oldest waiting input
         (``newest``: the newest), shaped by
-        :func:`~streamer_core.shaping.shape_batch` from the next
+        :func:`~streamer_core.batching.shaping.shape_batch` from the next
         :data:`SHAPING_WINDOW` batches' worth of waiting inputs from that
         end; the rest wait on, in their order."""
         window = self._pop(SHAPING_WINDOW * self.size, newest)
@@ -438,7 +438,7 @@ class BatchFormer(Generic[T]):
 
     def _counting_drops(self, told: Callable[[T], None]) -> Callable[[T], None]:
         """``told``, each drop also counted as a caller seen leaving (see
-        :meth:`~streamer_core.overload.StandingQueue.caller_left`)."""
+        :meth:`~streamer_core.batching.overload.StandingQueue.caller_left`)."""
         left = self.standing.caller_left
 
         def dropped(each: T) -> None:

@@ -1,9 +1,9 @@
 """Out-of-memory errors: telling them apart, and making room after one.
 
 A GPU that runs out of memory on a long batch would run each half of it.
-The batch runner (:mod:`streamer_core.runner`) splits such a batch and
+The batch runner (:mod:`streamer_core.batching.runner`) splits such a batch and
 retries the halves, whatever ``isolate_errors`` says, so no caller sees the
-error unless one input alone is too big; :class:`~streamer_core.shaping.CostCap`
+error unless one input alone is too big; :class:`~streamer_core.batching.shaping.CostCap`
 then keeps later batches from failing the same way first.
 
 ``oom_errors`` is the tuple of exception types taken for out of memory. By
@@ -16,32 +16,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Optional, Tuple, Type
+from typing import Any, Tuple, Type
 
-from .errors import WorkerStartError
+from streamer_core.errors import WorkerStartError
+from streamer_core.options.checks import OomErrors
 
-__all__ = ["OomErrors", "check_oom_errors", "is_out_of_memory", "free_cached_memory", "load_failure"]
+__all__ = ["is_out_of_memory", "free_cached_memory", "load_failure"]
 
 logger = logging.getLogger("streamer_core")
-
-OomErrors = Optional[Tuple[Type[BaseException], ...]]
-
-
-def check_oom_errors(value: Any) -> OomErrors:
-    """``None`` (torch's error, when torch is loaded), or a tuple of exception types."""
-    if value is None:
-        return None
-    if isinstance(value, type) and issubclass(value, BaseException):
-        return (value,)
-    if not isinstance(value, (tuple, list)) or not all(
-        isinstance(kind, type) and issubclass(kind, BaseException) for kind in value
-    ):
-        raise TypeError(
-            "oom_errors must be a tuple of exception types (e.g. (torch.cuda.OutOfMemoryError,)), "
-            f"() for none, or None for torch's when torch is loaded; got {value!r}"
-        )
-    return tuple(value)
-
 
 def _torch_oom() -> Tuple[Type[BaseException], ...]:
     torch = sys.modules.get("torch")

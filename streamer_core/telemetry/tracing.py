@@ -43,12 +43,12 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
-from . import shortcuts
+from streamer_core import shortcuts
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from .span_recorder import Recorder
+    from streamer_core.telemetry.span_recorder import Recorder
 
 __all__ = [
     "TRACER_NAME",
@@ -160,7 +160,7 @@ def _version() -> Optional[str]:
 
 def recorder() -> Optional[Recorder]:
     """The recorder of the process's tracer provider where it is the SDK's
-    (:mod:`streamer_core.span_recorder`: the same spans at a fraction of the
+    (:mod:`streamer_core.telemetry.span_recorder`: the same spans at a fraction of the
     SDK tracer's cost), else ``None``: spans are made with the provider's
     tracer. The SDK is never imported from here: a provider of the SDK's
     was made by code that imported it."""
@@ -174,11 +174,11 @@ def recorder() -> Optional[Recorder]:
 
         found = None
         if "opentelemetry.sdk.trace" in sys.modules and shortcuts.allowed("otel-spans"):
-            from .span_recorder import recorder_for
+            from streamer_core.telemetry.span_recorder import recorder_for
 
             found = recorder_for(provider, _version())
             if found is not None:
-                from .span_recorder import SPAN_KEY, SPAN_TYPES
+                from streamer_core.telemetry.span_recorder import SPAN_KEY, SPAN_TYPES
 
                 global _span_key, _span_types
                 _span_key, _span_types = SPAN_KEY, SPAN_TYPES

@@ -11,7 +11,7 @@ The rule, everywhere a batch forms (the Scheduler of the thread and process
 backends, a Redis worker):
 
 - each level waits in a line of its own, in arrival order;
-- *when* a batch goes is the one-level rule (:mod:`streamer_core.former`),
+- *when* a batch goes is the one-level rule (:mod:`streamer_core.batching.former`),
   over every level together: ``batch_size`` inputs waiting, or the oldest
   of them held as long as the hold policy says;
 - *what* it holds: the inputs of the highest level first, oldest first,
@@ -23,14 +23,14 @@ backends, a Redis worker):
   as level 1 after ``(p - 1) * priority_aging`` seconds, and from then on
   only inputs older than it go before it.
 - a worker busy with a batch is handed the next one ahead only when the
-  highest level's inputs fill it (:class:`~streamer_core.batching.Scheduler`):
+  highest level's inputs fill it (:class:`~streamer_core.batching.scheduler.Scheduler`):
   a lower batch handed ahead would hold up every higher input that comes
   meanwhile. A Redis worker, which reads its next batch ahead itself, reads
   the higher levels' requests beside it instead (:mod:`streamer_core.backends.redis.reader`);
 - shaped by cost (``item_cost``, ``max_batch_cost``), a batch is led by the
   input that goes first by that rule, and its companions are chosen by
   cost among the next inputs in that order;
-- the parked inputs of large calls (:meth:`~streamer_core.former.BatchFormer.add_call`)
+- the parked inputs of large calls (:meth:`~streamer_core.batching.former.BatchFormer.add_call`)
   join their level's line in turns taken by level: the calls served at the
   highest level (aging counted) first, those of one level in turn.
 
@@ -46,8 +46,8 @@ import time
 from collections import deque
 from typing import Callable, Deque, Iterator, List, Optional, Protocol, Sequence, TypeVar, overload
 
-from .config import BatchingConfig
-from .former import SHAPING_WINDOW, BatchFormer, Waiting
+from streamer_core.options.config import BatchingConfig
+from streamer_core.batching.former import SHAPING_WINDOW, BatchFormer, Waiting
 
 __all__ = ["LeveledFormer", "Leveled"]
 
@@ -62,7 +62,7 @@ L = TypeVar("L", bound=Leveled)
 
 
 class LeveledFormer(BatchFormer[L]):
-    """A :class:`~streamer_core.former.BatchFormer` with one line per
+    """A :class:`~streamer_core.batching.former.BatchFormer` with one line per
     priority level (see the module's doc). Its owner checks each level's
     bound with :meth:`in_level` before :meth:`add`."""
 
@@ -178,7 +178,7 @@ class LeveledFormer(BatchFormer[L]):
         return batch
 
     def _pop_shaped(self, size: int, newest: bool = False) -> List[L]:
-        """Shaped by cost among the next :data:`~streamer_core.former.SHAPING_WINDOW`
+        """Shaped by cost among the next :data:`~streamer_core.batching.former.SHAPING_WINDOW`
         batches' worth of inputs in serving order, led by the first; the
         rest go back to their lines where they were, in their order."""
         window = self._pop(SHAPING_WINDOW * self.size, newest)

@@ -1,7 +1,7 @@
 """What a read of a model's numbers gives: :class:`StreamerStats` (with
 its :class:`Histogram` and, per priority level, :class:`PriorityStats`),
 and the names and buckets they are counted by. Values only: the counting
-itself is :mod:`streamer_core.stats`, which re-exports all of these."""
+itself is :mod:`streamer_core.telemetry.stats`, which re-exports all of these."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from the same provider's parts, and hands them to the same span processors
   called; under the SDK's synchronous multi-processor, each processor's
   ``on_end`` is called in turn, as it calls them, but for the SDK's own
   batch processor, whose queue the span is put on as its ``on_end`` would
-  put it, without a system call each (:mod:`streamer_core.span_processors`).
+  put it, without a system call each (:mod:`streamer_core.telemetry.span_processors`).
 
 A span is an :class:`opentelemetry.trace.Span` while it runs and the SDK's
 :class:`~opentelemetry.sdk.trace.ReadableSpan` once it has ended, as the
@@ -70,7 +70,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from .span_processors import does_nothing, ender
+from streamer_core.telemetry.span_processors import does_nothing, ender
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler

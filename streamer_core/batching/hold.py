@@ -1,6 +1,6 @@
 """When a free worker should stop waiting for companions: :class:`HoldPolicy`.
 
-Shared by the in-process scheduler (:mod:`streamer_core.batching`) and the
+Shared by the in-process scheduler (:mod:`streamer_core.batching.scheduler`) and the
 Redis worker, so a batch is held by the same rule wherever it forms: never
 past ``max_latency`` from its oldest input's arrival, and, short of that, only
 while callers just answered are expected back (a closed loop: a client pool,

@@ -1,4 +1,4 @@
-"""What a :class:`~streamer_core.span_recorder.Recorder` calls of the span
+"""What a :class:`~streamer_core.telemetry.span_recorder.Recorder` calls of the span
 processors of the provider it records for, and how: a processor's hook
 whose body is empty is not called (:func:`does_nothing`), and the SDK's own
 ``BatchSpanProcessor`` is handed each ended span on its queue

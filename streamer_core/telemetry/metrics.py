@@ -2,7 +2,7 @@
 
 Optional: with ``prometheus_client`` not installed nothing here is imported
 and nothing is exported (the plain-Python numbers of
-:mod:`streamer_core.stats` are still kept). Installed, every model name gets,
+:mod:`streamer_core.telemetry.stats` are still kept). Installed, every model name gets,
 with the label ``model``:
 
 ======================================  =========  ==============================================
@@ -46,7 +46,7 @@ such series, and its other series are as they were):
 ============================================  =========  ========================================
 
 In one process (the usual case) the numbers are read from
-:mod:`streamer_core.stats` when Prometheus scrapes, by a collector in
+:mod:`streamer_core.telemetry.stats` when Prometheus scrapes, by a collector in
 ``prometheus_client``'s default registry: recording costs nothing more than
 the plain-Python counting. Under several processes (gunicorn with several
 workers, the Redis worker supervisor) set ``PROMETHEUS_MULTIPROC_DIR``, as
@@ -82,7 +82,7 @@ import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from .stats import (
+from streamer_core.telemetry.stats import (
     BATCH_SIZE_BUCKETS,
     DROP_REASONS,
     OUTCOMES,
@@ -92,7 +92,7 @@ from .stats import (
     all_stats,
     export_new_stats,
 )
-from .threads import background
+from streamer_core.threads import background
 
 __all__ = ["available", "exposition", "multiprocess_mode", "render"]
 #: Seconds between two updates of a process's gauges in multiprocess mode.
@@ -119,7 +119,7 @@ def multiprocess_mode() -> bool:
 
 def install(stats: ModelStats) -> None:
     """Export ``stats`` (a new model's) to Prometheus, if ``prometheus_client``
-    is installed: called by :func:`streamer_core.stats.stats_for` for each
+    is installed: called by :func:`streamer_core.telemetry.stats.stats_for` for each
     model, once this module is imported (``streamer_core`` imports it)."""
     global _installed, _mirrors
     with _install_lock:

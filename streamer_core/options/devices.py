@@ -1,6 +1,6 @@
 """CUDA devices as the options name them (``cuda_devices``, ``--devices``):
 how a value is read and checked, and how a device is shown. Apart from
-:mod:`streamer_core.config` because they are one subject of their own."""
+:mod:`streamer_core.options.config` because they are one subject of their own."""
 
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
-from .batching import Outcome
-from .errors import BatchLengthError
-from .oom import OomErrors, free_cached_memory, is_out_of_memory
+from streamer_core.batching.scheduler import Outcome
+from streamer_core.errors import BatchLengthError
+from streamer_core.batching.oom import free_cached_memory, is_out_of_memory
+from streamer_core.options.checks import OomErrors
 
 __all__ = ["run_batch", "BatchRun"]
 
@@ -37,7 +38,7 @@ def run_batch(
     When the call raises and ``isolate_errors`` is on, the two halves of the
     batch are run again, recursively, so only the inputs that raise on their
     own get the exception and every other input gets its result. An
-    out-of-memory error (``oom_errors``, see :mod:`streamer_core.oom`) is
+    out-of-memory error (``oom_errors``, see :mod:`streamer_core.batching.oom`) is
     split the same way whether ``isolate_errors`` is on or not, after
     freeing torch's cached memory: only an input too big alone fails.
     A result list of the wrong length fails the whole batch with

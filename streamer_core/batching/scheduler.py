@@ -3,7 +3,7 @@ their batches: the :class:`Scheduler` of the thread and process backends.
 
 One call (``submit(batch)``) is a :class:`_Task` with one :class:`BatchFuture`;
 each of its inputs is an :class:`_Item`, waiting in the scheduler's
-:class:`~streamer_core.former.BatchFormer`, which says when a batch goes and
+:class:`~streamer_core.batching.former.BatchFormer`, which says when a batch goes and
 what it holds (the same rule as a Redis worker's). A dispatcher thread asks
 :meth:`Scheduler.next_batch` for work whenever a worker has room, and the
 backend hands the batch to that worker. Results come back per item and
@@ -20,7 +20,7 @@ quarter of the model's recent service time, or for as long as answered callers
 have lately taken to come back (through a broker, that is longer), within one
 service time; when nobody is due, a lone request goes to the model immediately. A
 single client therefore sees the model's own latency, while 64 clients fill
-batches of 64 (:mod:`streamer_core.hold`).
+batches of 64 (:mod:`streamer_core.batching.hold`).
 
 An input that could not be answered within its call's timeout is not run:
 as a batch forms, an input whose deadline comes sooner than the fastest of
@@ -39,15 +39,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from .config import BatchingConfig
-from .deadlines import Deadlines
-from .errors import OverloadedError, QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
-from .former import BatchFormer
-from .future import BatchFuture, settle
-from .green import Condition
-from .levels import LeveledFormer
-from .stats import ModelStats
-from .tracing import CallTrace
+from streamer_core.options.config import BatchingConfig
+from streamer_core.batching.deadlines import Deadlines
+from streamer_core.errors import OverloadedError, QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
+from streamer_core.batching.former import BatchFormer
+from streamer_core.future import BatchFuture, settle
+from streamer_core.green import Condition
+from streamer_core.batching.levels import LeveledFormer
+from streamer_core.telemetry.stats import ModelStats
+from streamer_core.telemetry.tracing import CallTrace
 
 __all__ = ["Scheduler", "Outcome", "deliver", "live_items"]
 
@@ -130,7 +130,7 @@ class _Item:
         self.arrival = arrival
         self.crashes = 0
         self.cost = cost
-        #: Its call's priority level, 0 the highest (see :mod:`streamer_core.levels`).
+        #: Its call's priority level, 0 the highest (see :mod:`streamer_core.batching.levels`).
         self.level = level
 
 
@@ -200,7 +200,7 @@ class Scheduler:
         # each input costs 1).
         costed = config.item_cost is not None
         self._former: BatchFormer[_Item] = BatchFormer(config, costed, self._live, self._dropped, self._shed)
-        # With priority levels, one line per level (see streamer_core.levels).
+        # With priority levels, one line per level (see streamer_core.batching.levels).
         self._leveled: Optional[LeveledFormer[_Item]] = None
         if config.priority_levels > 1:
             self._former = self._leveled = LeveledFormer(config, costed, self._live, self._dropped, self._shed)
@@ -243,7 +243,7 @@ class Scheduler:
 
     def _shed(self, item: _Item) -> None:
         """Under overload the former refused ``item``, which waited too long
-        in a queue that stands (:mod:`streamer_core.overload`): its call
+        in a queue that stands (:mod:`streamer_core.batching.overload`): its call
         fails with :class:`OverloadedError` (503, ``Retry-After``)."""
         task = item.task
         standing = self._former.standing
@@ -427,7 +427,7 @@ class Scheduler:
         times it or a part was split for it, counted in the stats), cap
         later batches at the cost of the costliest part that ran; if not,
         count it towards lifting such a cap (see
-        :class:`~streamer_core.shaping.CostCap`)."""
+        :class:`~streamer_core.batching.shaping.CostCap`)."""
         former = self._former
         if not out_of_memory and not former.shaper.cap.active:
             return  # the common case: no lock taken, no list made

@@ -1,4 +1,4 @@
-"""The checks the options of :mod:`streamer_core.config` are made of: each
+"""The checks the options of :mod:`streamer_core.options.config` are made of: each
 takes a value and returns it as kept, or raises ``TypeError``/``ValueError``
 saying what is wrong without the option's name (:func:`checked` puts it in
 front). Apart from the option table so that the table reads as one list."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 #: The longest timeout, max_latency or claim_after taken, seconds (a day).
 #: A wait longer than that is a hang by another name; a request through Redis
@@ -19,8 +19,14 @@ MAX_SECONDS = 86_400.0
 
 Check = Callable[[Any], Any]
 
+#: ``oom_errors`` as kept: the exception types taken for out of memory, or
+#: ``None`` for torch's when torch is loaded (streamer_core.batching.oom).
+OomErrors = Optional[Tuple[Type[BaseException], ...]]
+
 __all__ = [
     "Check",
+    "OomErrors",
+    "check_oom_errors",
     "MAX_SECONDS",
     "checked",
     "whole",
@@ -152,7 +158,7 @@ def header_name(value: Any) -> Optional[str]:
 
 
 def optional_flag(value: Any) -> Optional[bool]:
-    """None, or a flag (:func:`~streamer_core.checks.flag`)."""
+    """None, or a flag (:func:`~streamer_core.options.checks.flag`)."""
     return None if value is None else flag(value)
 
 
@@ -185,3 +191,19 @@ def body_bytes(value: Any) -> Optional[int]:
         f"must be a whole number of bytes, at least 1 (e.g. {10 * 1024 * 1024} for 10 MiB), or None for no limit; "
         f"got {value!r}"
     )
+
+
+def check_oom_errors(value: Any) -> OomErrors:
+    """``None`` (torch's error, when torch is loaded), or a tuple of exception types."""
+    if value is None:
+        return None
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return (value,)
+    if not isinstance(value, (tuple, list)) or not all(
+        isinstance(kind, type) and issubclass(kind, BaseException) for kind in value
+    ):
+        raise TypeError(
+            "oom_errors must be a tuple of exception types (e.g. (torch.cuda.OutOfMemoryError,)), "
+            f"() for none, or None for torch's when torch is loaded; got {value!r}"
+        )
+    return tuple(value)

@@ -1,5 +1,5 @@
 """Call deadlines, soonest first: :class:`Deadlines`, kept by the
-:class:`~streamer_core.batching.Scheduler` so that every call ends by its
+:class:`~streamer_core.batching.scheduler.Scheduler` so that every call ends by its
 timeout wherever its inputs are."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ a short bound, so that their callers hear it and back off rather than wait
 for an answer that will not come in time. When the queue empties again,
 first come first served returns.
 
-Where a batch forms (:class:`~streamer_core.former.BatchFormer`):
+Where a batch forms (:class:`~streamer_core.batching.former.BatchFormer`):
 
 - the queue stands once every batch taken for ``overload_after`` seconds
   has left inputs behind (a batch that takes everything waiting ends it);

@@ -5,7 +5,7 @@ streamer's ``name``) has one :class:`ModelStats` per process, shared by every
 streamer of that name the process has started: counters survive a streamer
 being closed and started again (after a fork, say), as Prometheus expects of
 counters. Recording is a few integer additions per batch and one per input,
-under a lock no caller waits on for long; :mod:`streamer_core.metrics` reads
+under a lock no caller waits on for long; :mod:`streamer_core.telemetry.metrics` reads
 the same numbers for Prometheus, and :meth:`BaseStreamer.stats` returns them
 as a :class:`StreamerStats` for people who do not use Prometheus.
 
@@ -19,7 +19,7 @@ What is counted, and where:
 * ``queue_wait_seconds``: per input, from its arrival to the start of the
   model call that ran it;
 * ``oom_splits``: batches (or parts of one) split in halves because the
-  model ran out of memory on them (see :mod:`streamer_core.oom`), by
+  model ran out of memory on them (see :mod:`streamer_core.batching.oom`), by
   whoever learns from them: the web process for the thread and process
   backends (workers report their splits to it), each worker for Redis;
   ``batch_cost_cap``, the cap on a batch's cost learned from those errors,
@@ -56,7 +56,7 @@ import threading
 import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from .errors import (
+from streamer_core.errors import (
     ClientDisconnected,
     ItemCostError,
     QueueFullError,
@@ -65,7 +65,7 @@ from .errors import (
     StreamerTimeoutError,
     UnavailableError,
 )
-from .snapshots import (
+from streamer_core.telemetry.snapshots import (
     BATCH_SIZE_BUCKETS,
     DROP_REASONS,
     OUTCOMES,
@@ -91,7 +91,7 @@ __all__ = [
     "export_new_stats",
 ]
 
-logger = logging.getLogger("streamer_core.stats")
+logger = logging.getLogger("streamer_core.telemetry.stats")
 #: What a broker streamer is asked for (:meth:`ModelStats._most_of_brokers`).
 B = TypeVar("B")
 
@@ -150,7 +150,7 @@ class Level:
     future's stats): in the model's numbers and the level's alike."""
 
     __slots__ = ("model", "level", "requests", "queue_wait")
-    #: Whether a batch's calls may count through different objects (see :func:`~streamer_core.batching.deliver`).
+    #: Whether a batch's calls may count through different objects (see :func:`~streamer_core.batching.scheduler.deliver`).
     leveled = True
 
     def __init__(self, model: ModelStats, level: int) -> None:
@@ -200,7 +200,7 @@ class ModelStats:
         # never keep a streamer (or its model) alive.
         self._sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
         self._brokers: weakref.WeakSet[BrokerSource] = weakref.WeakSet()
-        self._mirror: Optional[Callable[..., None]] = None  # see streamer_core.metrics
+        self._mirror: Optional[Callable[..., None]] = None  # see streamer_core.telemetry.metrics
         #: With priority levels, each level's numbers, the highest first (see use_levels).
         self.levels: List[Level] = []
 
@@ -479,7 +479,7 @@ def stats_for(model: str) -> ModelStats:
 
 def export_new_stats(exporter: Callable[[ModelStats], None]) -> None:
     """Have ``exporter`` called with every model's :class:`ModelStats` as it
-    is made (:mod:`streamer_core.metrics` exports each to Prometheus)."""
+    is made (:mod:`streamer_core.telemetry.metrics` exports each to Prometheus)."""
     with _registry_lock:
         _exporters.append(exporter)
         made = list(_registry.values())

@@ -1,7 +1,7 @@
 """Batches shaped by what their inputs cost, and the cap learned from running out of memory.
 
 One shaper, :class:`CostShaper`, serves wherever a batch forms: the
-in-process scheduler (:mod:`streamer_core.batching`) and the Redis worker.
+in-process scheduler (:mod:`streamer_core.batching.scheduler`) and the Redis worker.
 It holds the rule (``batch_cost``: a padding model pays its batch's length
 times its costliest input, another the sum), the budget (``max_batch_cost``)
 and the :class:`CostCap` learned from out-of-memory errors, and picks a
@@ -9,7 +9,7 @@ batch out of the inputs waiting (:func:`shape_batch`): the oldest first,
 then those closest to it in cost, within ``batch_size`` and the budget.
 
 A GPU that ran out of memory on a batch runs its halves (see
-:mod:`streamer_core.runner`); the cap then keeps later batches below the
+:mod:`streamer_core.batching.runner`); the cap then keeps later batches below the
 cost of the largest part that ran, and creeps back up after a run of good
 batches, since memory is shared and what did not fit once may fit later.
 """
@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
-    from .config import BatchingConfig
+    from streamer_core.options.config import BatchingConfig
 
 __all__ = ["CostShaper", "CostCap", "batch_cost", "shape_batch", "GOOD_RUN", "GROWTH"]
 
