@@ -32,8 +32,8 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from streamer_core import ManagedModel, Streamer
-from streamer_core.batching import scheduler as _batching
 from streamer_core.backends import process_backend as _process
+from streamer_core.batching import scheduler as _batching
 
 from . import sim
 

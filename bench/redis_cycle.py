@@ -101,8 +101,8 @@ def _worker(url: str, log_path: str) -> None:
 
 
 def _hook_web(events: List[Event]) -> None:
-    from streamer_core.batching import scheduler
     from streamer_core.backends.redis import client
+    from streamer_core.batching import scheduler
 
     cls: Any = client.RedisClientBackend
     on_results, send, put = cls._on_results, cls._send, scheduler.Scheduler.put

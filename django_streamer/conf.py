@@ -56,8 +56,8 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from streamer_core.options.config import OPTIONS
 from streamer_core.importing import import_target
+from streamer_core.options.config import OPTIONS
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 
 __all__ = [

@@ -13,10 +13,10 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from streamer_core import shortcuts
-from streamer_core.options.config import OPTIONS
 from streamer_core.errors import MethodNotAllowed
-from streamer_core.telemetry.metrics import exposition
+from streamer_core.options.config import OPTIONS
 from streamer_core.streamer import BaseStreamer
+from streamer_core.telemetry.metrics import exposition
 from streamer_core.web.body import check_many, default_input
 from streamer_core.web.deadline import EndpointDeadline, environ_headers
 from streamer_core.web.http import FAST_JSON, error_body, json_answer, to_jsonable

@@ -52,8 +52,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
-from streamer_core.options.config import OPTIONS
 from streamer_core.errors import ConfigurationError
+from streamer_core.options.config import OPTIONS
 from streamer_core.telemetry.metrics import available as metrics_available
 from streamer_core.web.spec import MODEL_SETTINGS, ModelSpec
 

@@ -14,11 +14,12 @@ service_streamer: change ``from service_streamer import ...`` to
     future = streamer.submit(inputs)            # or: a concurrent.futures.Future of the list
 """
 
+from streamer_core.options.config import BatchingConfig
 from streamer_core.telemetry import metrics as _metrics  # noqa: F401  (exports every model's numbers to Prometheus, if installed)
+
 from .backends.process import Streamer
 from .backends.redis import RedisStreamer, RedisWorker, run_redis_workers_forever
 from .backends.thread import ThreadedStreamer
-from streamer_core.options.config import BatchingConfig
 from .errors import (
     BatchLengthError,
     BrokerUnavailableError,

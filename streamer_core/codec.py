@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Type
 
 from streamer_core import errors as _errors
 from streamer_core.options.config import OPTIONS
+
 from .errors import RemoteError, RemoteTraceback, SerializationError
 
 __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]

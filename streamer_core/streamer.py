@@ -28,11 +28,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from streamer_core.batching.scheduler import Scheduler, _Item
 from streamer_core.options.config import BatchingConfig, check_cost, check_seconds, checked
+from streamer_core.telemetry.stats import ModelStats, StreamerStats, stats_for
+from streamer_core.telemetry.tracing import capture
+
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
-from streamer_core.telemetry.stats import ModelStats, StreamerStats, stats_for
 from .threads import background
-from streamer_core.telemetry.tracing import capture
 
 __all__ = ["BaseStreamer", "Backend"]
 

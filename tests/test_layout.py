@@ -85,7 +85,10 @@ def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 def test_no_module_imports_itself_round_a_circle():
     known = modules()
     graph = {name: imports_of(name, path, known) for name, path in known.items()}
-    assert graph["streamer_core.batching.scheduler"] >= {"streamer_core.options.config", "streamer_core.batching.former"}, "the graph is read"
+    assert graph["streamer_core.batching.scheduler"] >= {
+        "streamer_core.options.config",
+        "streamer_core.batching.former",
+    }, "the graph is read"
     assert circles(graph) == []
 
 

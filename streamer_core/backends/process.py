@@ -10,6 +10,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
+
 from ..managed_model import check_model
 from ..streamer import BaseStreamer, callable_name
 from .process_backend import ProcessBackend

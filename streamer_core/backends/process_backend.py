@@ -44,14 +44,15 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
+from streamer_core.batching.shaping import batch_cost
 from streamer_core.options.config import BatchingConfig, DeviceId, shown_device
+from streamer_core.telemetry.tracing import to_traceparent
+
 from ..errors import StreamerError, WorkerStartError
 from ..green import Condition
 from ..managed_model import ready_line
-from streamer_core.batching.shaping import batch_cost
 from ..streamer import Backend, callable_name, logger
 from ..threads import background
-from streamer_core.telemetry.tracing import to_traceparent
 from .process_slots import Sent, Slot, describe_exit
 from .process_worker import IN_WORKER_ENV, BatchTrace, decode_exception, decode_outcome, worker_main
 from .shared_memory import BlockPool, PeerBlocks, block_names, encode_input, new_prefix, unlink_leftovers, wire_of

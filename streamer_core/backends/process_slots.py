@@ -20,6 +20,7 @@ from typing import Any, Deque, List, NamedTuple, Optional, Tuple
 
 from streamer_core.batching.scheduler import _Item
 from streamer_core.options.config import MAX_SECONDS, DeviceId
+
 from ..errors import WorkerStartError
 
 __all__ = ["Slot", "Sent", "describe_exit"]

@@ -12,15 +12,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
+from streamer_core.batching.runner import BatchRun, run_batch
 from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
+from streamer_core.batching.shaping import batch_cost
 from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
+from streamer_core.telemetry.tracing import BatchFacts, traced_run
+
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
-from streamer_core.batching.runner import BatchRun, run_batch
-from streamer_core.batching.shaping import batch_cost
 from ..streamer import Backend, BaseStreamer, callable_name, logger
 from ..threads import background
-from streamer_core.telemetry.tracing import BatchFacts, traced_run
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -47,10 +47,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from streamer_core.options.config import BatchingConfig
 from streamer_core.batching.hold import HoldPolicy
 from streamer_core.batching.overload import LEAVING_MOST, StandingQueue
 from streamer_core.batching.shaping import CostShaper
+from streamer_core.options.config import BatchingConfig
 
 __all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
 

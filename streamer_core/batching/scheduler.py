@@ -39,13 +39,19 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from streamer_core.options.config import BatchingConfig
 from streamer_core.batching.deadlines import Deadlines
-from streamer_core.errors import OverloadedError, QueueFullError, StreamerClosedError, StreamerTimeoutError, WorkerDiedError
 from streamer_core.batching.former import BatchFormer
+from streamer_core.batching.levels import LeveledFormer
+from streamer_core.errors import (
+    OverloadedError,
+    QueueFullError,
+    StreamerClosedError,
+    StreamerTimeoutError,
+    WorkerDiedError,
+)
 from streamer_core.future import BatchFuture, settle
 from streamer_core.green import Condition
-from streamer_core.batching.levels import LeveledFormer
+from streamer_core.options.config import BatchingConfig
 from streamer_core.telemetry.stats import ModelStats
 from streamer_core.telemetry.tracing import CallTrace
 

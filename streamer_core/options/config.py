@@ -27,6 +27,7 @@ from streamer_core.options.checks import (
     body_bytes,
     budget,
     check_cost,
+    check_oom_errors,
     check_seconds,
     checked,
     flag,
@@ -38,7 +39,6 @@ from streamer_core.options.checks import (
     seconds,
     text,
     whole,
-    check_oom_errors,
 )
 from streamer_core.options.devices import DeviceId, devices_checked, parse_devices, shown_device
 from streamer_core.options.redis_address import ADDRESS_FORMS, RedisAddress

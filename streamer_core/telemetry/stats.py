@@ -150,7 +150,8 @@ class Level:
     future's stats): in the model's numbers and the level's alike."""
 
     __slots__ = ("model", "level", "requests", "queue_wait")
-    #: Whether a batch's calls may count through different objects (see :func:`~streamer_core.batching.scheduler.deliver`).
+    #: Whether a batch's calls may count through different objects
+    #: (see :func:`~streamer_core.batching.scheduler.deliver`).
     leveled = True
 
     def __init__(self, model: ModelStats, level: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from streamer_core.options.config import OPTIONS
+
 from ..errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from .http import (
     MISSING,

@@ -26,9 +26,10 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
 from streamer_core.telemetry import tracing  # OpenTelemetry itself is imported only when a span is made
+from streamer_core.telemetry.stats import stats_for
+
 from ..errors import ClientDisconnected, InvalidInput, StreamerClosedError
 from ..future import BatchFuture
-from streamer_core.telemetry.stats import stats_for
 from ..streamer import BaseStreamer
 from .body import inputs_of
 from .http import error_id, error_response, log_unavailable, status_for

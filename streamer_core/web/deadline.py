@@ -34,6 +34,7 @@ import re
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from streamer_core.options.config import BatchingConfig
+
 from ..errors import InvalidInput
 
 __all__ = ["TIMEOUT_HEADER", "ENVOY_TIMEOUT_HEADER", "EndpointDeadline", "environ_headers"]

@@ -31,6 +31,7 @@ import re
 from typing import Any, NamedTuple, Optional
 
 from streamer_core.options.config import BatchingConfig
+
 from ..errors import InvalidInput
 
 __all__ = ["PRIORITY_HEADER", "EndpointPriority"]

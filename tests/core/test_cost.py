@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamer_core import BatchingConfig, ItemCostError, Streamer, ThreadedStreamer
-from streamer_core.batching.scheduler import Scheduler
 from streamer_core.batching.former import SHAPED_TURN
+from streamer_core.batching.scheduler import Scheduler
 from streamer_core.batching.shaping import batch_cost
 from tests.conftest import Gate
 from tests.core import models

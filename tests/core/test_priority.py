@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from streamer_core import QueueFullError, Streamer, StreamerTimeoutError, ThreadedStreamer
-from streamer_core.options.config import BatchingConfig
 from streamer_core.future import BatchFuture
+from streamer_core.options.config import BatchingConfig
 from streamer_core.streamer import BaseStreamer
 from tests.core import models
 from tests.helpers import ROOT, metric_samples, stop_each, wait_for

@@ -16,10 +16,10 @@ import pytest
 
 from streamer_core import OverloadedError, Streamer, ThreadedStreamer
 from streamer_core.backends.redis.reader import Handover
-from streamer_core.options.config import BatchingConfig
 from streamer_core.batching.former import BatchFormer
 from streamer_core.batching.levels import LeveledFormer
 from streamer_core.batching.overload import LEAVING_MOST, LEAVING_WINDOW_S, StandingQueue
+from streamer_core.options.config import BatchingConfig
 from tests.core import models
 from tests.helpers import wait_for
 

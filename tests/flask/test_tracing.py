@@ -11,8 +11,8 @@ pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace  # noqa: E402
 
-from streamer_core.telemetry import tracing  # noqa: E402
 from streamer_core.errors import ConfigurationError  # noqa: E402
+from streamer_core.telemetry import tracing  # noqa: E402
 from tests.flask.apps import double, fail_on_boom  # noqa: E402
 from tests.helpers import needs_shortcut  # noqa: E402
 from tests.spans import finished, in_memory, named, shape  # noqa: E402

@@ -15,11 +15,11 @@ from typing import Any, List
 import pytest
 
 from streamer_core import StreamerTimeoutError
-from streamer_core.batching import former
 from streamer_core.backends.redis import client
 from streamer_core.backends.redis.client import BATCHES_PER_WORKER
 from streamer_core.backends.redis.roster import Roster
 from streamer_core.backends.redis.wire import Keys
+from streamer_core.batching import former
 from streamer_core.batching.scheduler import Scheduler
 from tests.redis.conftest import wait_for
 

@@ -13,7 +13,6 @@ from typing import Any, Dict, List
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamer_core.batching import hold
 from streamer_core.backends.redis.wire import (
     ADD_PACKED_REQUESTS_SCRIPT,
     packed_request_arguments,
@@ -21,6 +20,7 @@ from streamer_core.backends.redis.wire import (
     request_fields,
     result_entry,
 )
+from streamer_core.batching import hold
 from streamer_core.codec import get_codec
 from tests.redis.conftest import Broker
 

@@ -21,8 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from streamer_core.backends.redis import run_worker_groups
-from streamer_core.options.config import OPTIONS
 from streamer_core.logs import show_logs
+from streamer_core.options.config import OPTIONS
 from streamer_core.web.spec import ModelSpec
 
 from ...conf import model_specs

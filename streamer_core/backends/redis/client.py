@@ -11,13 +11,14 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
-from ...codec import Buffers, get_codec
 from streamer_core.options.config import OPTIONS
-from ...errors import BrokerUnavailableError, SerializationError
 from streamer_core.options.redis_address import RedisAddress
+from streamer_core.telemetry.tracing import to_traceparent
+
+from ...codec import Buffers, get_codec
+from ...errors import BrokerUnavailableError, SerializationError
 from ...streamer import Backend, item_cost_of
 from ...threads import background
-from streamer_core.telemetry.tracing import to_traceparent
 from .answers import read_answer
 from .connection import (
     MAX_BACKOFF_S,

@@ -9,8 +9,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
 from streamer_core import shortcuts
-from ...errors import ConfigurationError
 from streamer_core.options.redis_address import AddressLike, RedisAddress
+
+from ...errors import ConfigurationError
 
 __all__ = [
     "on_node_of",

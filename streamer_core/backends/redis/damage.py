@@ -12,6 +12,7 @@ import time
 from typing import Any, Dict, Optional
 
 from streamer_core.telemetry.stats import ModelStats
+
 from .wire import Keys
 
 __all__ = ["DEAD_MAXLEN", "DEAD_FIELD_BYTES", "DeadLetters", "is_wrong_type", "repair_key"]

@@ -23,9 +23,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from streamer_core.telemetry.stats import ModelStats
+
 from ...codec import Codec
 from ...errors import ItemCostError, SerializationError, WorkerDiedError
-from streamer_core.telemetry.stats import ModelStats
 from ...streamer import item_cost_of
 from .connection import server_time_ms
 from .damage import DeadLetters

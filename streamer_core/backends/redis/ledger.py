@@ -15,6 +15,7 @@ import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from streamer_core.batching.scheduler import _Item
+
 from ...errors import QueueFullError
 from .wire import new_request_id
 

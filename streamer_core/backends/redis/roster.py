@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional
 
 from streamer_core.options.config import OPTIONS
 from streamer_core.options.devices import shown_device
+
 from ...errors import NoWorkerError
 from .connection import broker_errors
 from .wire import (

@@ -16,9 +16,10 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from streamer_core.options.config import MAX_SECONDS, OPTIONS, DeviceId, default, shown_device
+from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
+
 from ...errors import WorkerStartError
 from ...logs import LOG_FORMAT
-from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import callable_name
 from ...threads import background
 from ..spawning import spawn_context, thread_locks_for_progress_bars

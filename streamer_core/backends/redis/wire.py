@@ -56,6 +56,7 @@ import re
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from streamer_core.options.config import MAX_SECONDS
+
 from .connection import server_time_ms
 
 __all__ = [

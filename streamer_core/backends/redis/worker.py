@@ -37,18 +37,19 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ...codec import Codec, get_codec
-from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
-from ...errors import StreamerTimeoutError, WorkerStartError
-from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from streamer_core.batching.oom import load_failure
-from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from streamer_core.batching.runner import BatchRun, run_batch
 from streamer_core.batching.shaping import batch_cost
+from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
+from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from streamer_core.telemetry.stats import StreamerStats, stats_for
+from streamer_core.telemetry.tracing import BatchFacts
+
+from ...codec import Codec, get_codec
+from ...errors import StreamerTimeoutError, WorkerStartError
+from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...streamer import callable_name
 from ...threads import background
-from streamer_core.telemetry.tracing import BatchFacts
 from .answers import AnswerWriter, Outcome
 from .connection import (
     broker_errors,
