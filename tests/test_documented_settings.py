@@ -1,10 +1,12 @@
-"""The settings as documented (the README's tables; the Flask settings
-module's own is checked in tests/flask/test_settings.py) are the option
+"""The settings as documented (the docs' settings reference, which
+docs/hooks.py writes from the table; the Django example's README; the Flask
+settings module's own is checked in tests/flask/test_settings.py) are the option
 table's: each default written once, in ``streamer_core.options.config.OPTIONS``,
 and every place that shows it agrees."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Dict
@@ -18,6 +20,16 @@ from streamer_core.web.spec import MODEL_SETTINGS
 ROOT = Path(__file__).resolve().parents[1]
 #: What a default looks like written down, where it is not its Python repr.
 SHOWN_AS = {"prefix": None}  # the app's name (Flask), "django:<model>" (Django): each layer's own rule
+
+
+def settings_reference() -> str:
+    """docs/reference/settings.md as the site shows it: its table written by docs/hooks.py."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = (ROOT / "docs" / "reference" / "settings.md").read_text()
+    return page.replace(hooks.SETTINGS_PLACEHOLDER, hooks.settings_table())
 
 
 def documented(text: str, row: str) -> Dict[str, str]:
@@ -34,7 +46,11 @@ def expected(name: str) -> str:
 @pytest.mark.parametrize(
     "where, text, pattern",
     [
-        ("README.md, Flask", (ROOT / "README.md").read_text(), r"^\| `STREAMER_([A-Z_]+)` \| `([^`]+)` \|"),
+        (
+            "docs/reference/settings.md, Flask's keys",
+            settings_reference(),
+            r"^\| `[a-z_]+` \| `STREAMER_([A-Z_]+)` \|[^|]*\|[^|]*\| `([^`]+)` \|",
+        ),
         (
             "example_django/README.md",
             (ROOT / "example_django" / "README.md").read_text(),

@@ -1,5 +1,6 @@
-"""The README's shell commands run as pasted into a fresh checkout, where
-what the project installs is in ``.venv/bin`` and nowhere on ``PATH``."""
+"""The shell commands of the README and the docs (docs/**/*.md) run as
+pasted into a fresh checkout, where what the project installs is in
+``.venv/bin`` and nowhere on ``PATH``."""
 
 from __future__ import annotations
 
@@ -39,8 +40,13 @@ def commands(text: str) -> List[str]:
     return found
 
 
+def documentation() -> str:
+    """The README and every page of the docs site, one text."""
+    return "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+
+
 def test_every_command_of_the_project_is_run_from_the_virtual_environment():
-    found = commands((ROOT / "README.md").read_text())
+    found = commands(documentation())
     bare = [command for command in found if command.split()[0] in INSTALLED]
     assert not bare, f"as pasted into a fresh shell these are 'command not found': {bare}"
     assert any(command.startswith(".venv/bin/streamer-worker ") for command in found), "the worker command is shown"
