@@ -15,10 +15,9 @@ With ``threading`` monkey-patched (gunicorn's gevent workers), a lock wait
 yields to the hub already, but each lock released by the model's thread
 costs the hub a cross-thread callback and each wait a ``Timeout`` of its
 own; the shared watcher wakes a batch's greenlets with one signal. Under
-``patch_all()``, 128 greenlets calling a thread-backend streamer spent
-0.86x the CPU a call this way (32-34 µs against 37-39 by the lock) and made
-1.08x the calls a second (``bench/green_wait.py``). So a greenlet waits
-here, patched or not.
+``patch_all()``, greenlets calling a thread-backend streamer spent less
+CPU a call this way than by the lock and made more calls a second (the
+docs' Performance page). So a greenlet waits here, patched or not.
 gevent is imported only if the program has imported it.
 """
 

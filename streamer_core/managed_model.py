@@ -116,7 +116,7 @@ def freeze_loaded() -> None:
     alive now (the model's, and the modules of torch and its kin, often some
     hundreds of thousands) out of the cyclic garbage collector's sight
     (``gc.freeze()``). They live as long as the worker, and a full collection
-    that walked them all took about 350 ms with all-MiniLM-L6-v2 loaded,
+    that walked them all took hundreds of milliseconds with a model loaded,
     stalling every batch in hand; frozen, it takes milliseconds."""
     gc.freeze()
 

@@ -35,8 +35,8 @@ class BatchQueue:
     handed, to find out whether the process was forked since it started,
     though its fork hook (``os.register_at_fork``) has started its worker
     again in a forked child already. Where a system call costs what it does
-    in a virtual machine, that call was 40% of what recording every trace
-    cost a served request (bench/README.md, "What tracing costs"). Here the
+    in a virtual machine, that call was most of what recording a trace cost
+    a served request (the docs' Performance page, "What tracing costs"). Here the
     span goes onto the processor's queue as ``emit`` puts it there, and
     what is not that plain case (a full queue, a processor shut down) goes
     to ``emit`` itself, which logs and counts it as it does. What is lost:

@@ -1,10 +1,10 @@
 """Spans of requests and batches at a fraction of what the SDK's tracer
 costs, for a process whose tracer provider is OpenTelemetry's SDK.
 
-The SDK's ``Tracer.start_span`` and ``Span.end`` cost some 35 µs a span in a
-web process (bench/README.md, "What tracing costs"): a request recorded
-whole makes five spans and its share of a sixth, which is more than a
-stubbed request costs altogether. Almost none of that is what a span
+The SDK's ``Tracer.start_span`` and ``Span.end`` cost more a span than a
+stubbed request costs altogether, and a request recorded whole makes five
+spans and its share of a sixth (the docs' Performance page, "What tracing
+costs"). Almost none of that is what a span
 *is*: it is validating attributes already known to be good, a lock, a
 bounded list and a bounded mapping made for every span, and a fresh copy
 made at its end. A :class:`Recorder` makes spans as the SDK's tracer does,

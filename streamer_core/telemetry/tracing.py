@@ -33,7 +33,8 @@ spans made under it follow its decision. Nothing else: no ``parse`` or
 batch whose every input was left out of the sample runs with no span at all
 (a batch holding a call made with no span current still gets one, a root
 span the sampler decides on). A sampled request gets every span above;
-each costs the SDK some 120,000 instructions (bench/README.md, "What tracing costs").
+each costs CPU in the web process, so the sample is the knob (the docs'
+Performance page, "What tracing costs").
 """
 
 from __future__ import annotations

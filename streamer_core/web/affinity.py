@@ -6,10 +6,8 @@ time, but the scheduler moves it, and the threads beside its event loop
 (the thread backend's model thread, the tokenizer inside it), from core to
 core; each move, and each hand-over of the GIL between threads on two
 cores, costs caches that were warm. Pinned to one core each, the examples'
-web processes spent 0.62 ms of CPU per request instead of 0.89 on the
-thread backend, and 0.59 instead of 0.77 on the Redis backend, serving 30%
-more requests per second (2-core machine, ``bench/scale_bench.py``; the
-README's Deploy section). Where the process's own model computes on the
+web processes spent less CPU per request and served more requests a second
+(the docs' Performance page, and the docs' Deploy section). Where the process's own model computes on the
 CPU with cores to spare, pinning would take them from it: :func:`pin_wanted`
 tells the two apart.
 

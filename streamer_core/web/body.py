@@ -40,8 +40,8 @@ __all__ = [
 
 #: A multipart body up to this size is read whole and cut at its boundaries
 #: in C (:mod:`streamer_core.web.multipart`) rather than by the framework's
-#: parser: the example's 35 KB upload cost 0.93 ms of CPU through
-#: werkzeug's, 0.34 ms cut so (bench/README.md).
+#: parser, which costs a few times the CPU for the same upload (the docs'
+#: Performance page).
 READ_WHOLE_BYTES = 1 << 20
 
 

@@ -140,7 +140,7 @@ def settle(worker: Any, backends: Iterable[str], shortcuts_setting: bool = True)
     (the process backend's workers, spawned already, keep every core; a
     quarter less CPU per request than a process the scheduler moves about),
     and freeze what loading made (:func:`~streamer_core.web.settling.freeze_after_loading`).
-    Together about 50 microseconds of CPU a request (bench/README.md).
+    Each saves CPU on every request (the docs' Performance page).
     The handler's shortcuts through gevent's and gunicorn's workings are
     taken where :mod:`streamer_core.shortcuts` allows them
     (``shortcuts_setting``: the app's own switch)."""
@@ -162,8 +162,8 @@ def skip_unlogged_access(worker: Any) -> None:
     access log is written: give the process a request handler whose
     ``log_request`` does nothing. gunicorn's handler builds two datetimes
     and a response object for every request before its logger finds that
-    access logging is off: about 5% of a request's CPU in the web process
-    with the forward pass stubbed (bench/README.md). Left as it is where an
+    access logging is off: a share of each request's CPU worth saving (the
+    docs' Performance page). Left as it is where an
     access log is written (``--access-logfile``, a logging config), where
     the logger is another class (``--statsd-host``'s counts requests in
     ``access``), and where the logger does not say whether it logs access
@@ -184,10 +184,10 @@ def read_headers_quickly(worker: Any) -> None:
     """Under gevent's own HTTP server (``-k gevent_pywsgi``): give the
     process a request handler that reads each request's headers without
     the email package's parser, into the same object
-    (:mod:`streamer_core.web.headers`): 1.07x the requests a second at
-    0.955x the CPU a request, forward pass stubbed (bench/README.md); and
+    (:mod:`streamer_core.web.headers`), more requests a second for less CPU
+    each (the docs' Performance page); and
     that then looks each header up once to read the request and make its
-    environ (6% fewer instructions a request). Left as it is where the
+    environ (fewer instructions a request). Left as it is where the
     handler reads headers or requests its own way.
     Runs before the worker starts its server, which takes the handler then."""
     handler: Any = getattr(worker, "wsgi_handler", None)

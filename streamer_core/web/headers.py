@@ -3,10 +3,10 @@ the examples' worker class), read without the email package's parser.
 
 gevent's ``WSGIHandler`` reads a request's headers with
 ``http.client.parse_headers``, which joins the lines and hands them to the
-``email`` package's parser: 166,000 instructions for three headers, of the
-1.43 million a request with the forward pass stubbed costs the example's
-web process (bench/README.md, "Reading request headers without the e-mail
-parser"); 54,000 read here. Almost every request's
+``email`` package's parser, a tenth of what a request with the forward
+pass stubbed costs the example's web process, and three times what reading
+them here costs (the docs' Performance page, "Reading request headers
+without the e-mail parser"). Almost every request's
 headers are lines of ``Name: value``. :func:`read_headers` reads the lines
 as ``http.client`` does (the same limits on a line's length and on their
 number) and, where every one has that shape, stores each in gevent's own

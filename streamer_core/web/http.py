@@ -417,9 +417,9 @@ def _orjson_default(value: Any) -> Any:
 def dumps_json(value: Any) -> bytes:
     """A model output as a JSON body, UTF-8. With orjson, NumPy arrays and
     scalars and CPU tensors are written as they are, without ``tolist()``
-    (a 384-float32 embedding in about 10 µs, against 170 µs for the standard
-    library's), float32 values as the shortest text that reads back as the
-    same float32, and NaN and infinities as ``null`` (JSON has no NaN).
+    (an embedding in a fraction of the standard library's time), float32
+    values as the shortest text that reads back as the same float32, and
+    NaN and infinities as ``null`` (JSON has no NaN).
     Without orjson, :func:`to_jsonable` and the standard library. Raises
     ``TypeError`` or ``ValueError`` for a value that has no JSON form."""
     if _orjson is not None:

@@ -35,9 +35,8 @@ def freeze_after_loading() -> None:
     """Keep what loading made (the model, torch's and the framework's
     modules: some 450,000 objects, never garbage) out of the garbage
     collector's sight, and collect the first generation less often: a full
-    collection then takes milliseconds, not the 200 to 350 ms that stall
-    every request waiting in this process (p99 over 200 ms under granian
-    with a model thread, against 56 frozen; bench/README.md), and the
+    collection then takes milliseconds, not the hundreds that stall every
+    request waiting in this process (the docs' Performance page), and the
     interpreter's last collections as the process exits do not walk it all
     (most of an idle process's stop). Call it once the process has loaded
     its models and before it serves."""
