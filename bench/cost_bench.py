@@ -9,7 +9,7 @@ closed loop, each a different way round the list. The model is the
 examples' own ``SentenceEmbedder`` on the CPU; a transformer pads each batch
 to its longest text, so one paragraph among short queries makes the whole
 batch pay for its length. Shaped batches use the examples' settings:
-``item_cost=example_flask.embedding.token_estimate`` (characters / 3.7) and
+``item_cost=example_models.embedding.token_estimate`` (characters / 3.7) and
 ``max_batch_cost`` (padded tokens per batch; ``--budgets``, default 512).
 
 Every run is a child interpreter (``--child``) in a process group of its own,
@@ -93,7 +93,7 @@ def _percentile(values: Sequence[float], pct: float) -> float:
 
 def _build(run: Dict[str, Any]) -> Any:
     """The streamer of one run (its workers, for Redis, run elsewhere)."""
-    from example_flask.embedding import SentenceEmbedder, embed, load_sentence_model, token_estimate
+    from example_models.embedding import SentenceEmbedder, embed, load_sentence_model, token_estimate
 
     library, backend, budget = run["library"], run["backend"], run.get("budget")
     shaped: Dict[str, Any] = dict(item_cost=token_estimate, max_batch_cost=budget) if budget else {}
@@ -205,7 +205,7 @@ def workers_main(run: Dict[str, Any]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     if run["library"] == "ours":
         import streamer_core
-        from example_flask.embedding import SentenceEmbedder
+        from example_models.embedding import SentenceEmbedder
 
         return streamer_core.run_redis_workers_forever(
             SentenceEmbedder, BATCH_SIZE, MAX_LATENCY_S, worker_num=1, redis_broker=run["broker"],
@@ -288,7 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return workers_main(json.loads(args.workers_for))
 
     texts = stdlib_texts()
-    from example_flask.embedding import token_estimate
+    from example_models.embedding import token_estimate
 
     estimates = sorted(token_estimate(t) for t in texts)
     print(

@@ -140,7 +140,7 @@ class Server:
                            str(self.port), "--workers", str(self.args.web_workers), "--blocking-threads", threads,
                            "--no-ws", "--log-level", "warning", "example_flask.wsgi:app"]  # fmt: skip
         else:
-            from example_flask.embedding import resolve_model
+            from example_models.embedding import resolve_model
 
             env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0")
             command = [os.path.join(self.args.infinity, "bin", "infinity_emb"), "v2", "--model-id",

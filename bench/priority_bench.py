@@ -20,7 +20,7 @@ process; ``redis``: a private ``redis-server``, two workers started by
 - the model: ``sim``, the simulated device of :mod:`bench.sim` (a batch
   costs ``--fixed-ms + --per-item-ms`` per input, slept in libc with the
   GIL released, holding the OS thread as a device call does), or
-  ``minilm``, ``example_flask.embedding.SentenceEmbedder`` (the examples'
+  ``minilm``, ``example_models.embedding.SentenceEmbedder`` (the examples'
   all-MiniLM-L6-v2) on short sentences.
 
 Printed per backend: interactive p50 and p99, bulk inputs per second, the
@@ -148,7 +148,7 @@ def process_streamer(args: argparse.Namespace, levels: bool) -> Any:
 
         kwargs: Dict[str, Any] = {"fixed_ms": args.fixed_ms, "per_item_ms": args.per_item_ms}
     else:
-        from example_flask.embedding import SentenceEmbedder as model  # type: ignore[assignment]
+        from example_models.embedding import SentenceEmbedder as model  # type: ignore[assignment]
 
         kwargs = {}
     return Streamer(model, args.batch_size, args.max_latency, model_init_kwargs=kwargs,
@@ -164,7 +164,7 @@ def thread_streamer(args: argparse.Namespace, levels: bool) -> Any:
 
         predict = sim.make_predict(args.fixed_ms, args.per_item_ms)
     else:
-        from example_flask.embedding import SentenceEmbedder
+        from example_models.embedding import SentenceEmbedder
         from streamer_core.managed_model import load_predict
 
         predict = load_predict(SentenceEmbedder, None, (), {})
@@ -183,7 +183,7 @@ class RedisWorkers:
             model = ["bench.sim:SimModel", "--init-kwargs", json.dumps({"fixed_ms": args.fixed_ms,
                                                                         "per_item_ms": args.per_item_ms})]  # fmt: skip
         else:
-            model = ["example_flask.embedding:SentenceEmbedder"]
+            model = ["example_models.embedding:SentenceEmbedder"]
         command = base + model + [
             "--workers", "2", "--batch-size", str(args.batch_size), "--max-latency", str(args.max_latency),
             "--redis", redis_url, "--prefix", prefix, "--priority-levels", "2" if levels else "1",

@@ -279,7 +279,7 @@ class Deployment:
     def peer_command(self) -> Tuple[List[str], Dict[str, str]]:
         """The command line of a peer's server, from its venv, and what it
         needs in its environment."""
-        from example_flask.embedding import resolve_model
+        from example_models.embedding import resolve_model
 
         model, venv = resolve_model(MODEL), self.args.peer_venvs[self.variant]
         python = peer_venvs.python_of(venv)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def main() -> None:
     # The repository root, so that example_django, django_streamer and
-    # example_flask import without an install (python puts only this file's
+    # example_models import without an install (python puts only this file's
     # folder on sys.path).
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_django.settings")

@@ -31,8 +31,8 @@ import os
 import tempfile
 from typing import Any
 
-from example_flask.embedding import DEFAULT_MODEL
-from example_flask.vision import DEFAULT_IMAGE_MODEL
+from example_models.embedding import DEFAULT_MODEL
+from example_models.vision import DEFAULT_IMAGE_MODEL
 
 
 def _number(name: str, default: Any) -> Any:
@@ -83,7 +83,7 @@ IMAGE_MODEL = os.environ.get("IMAGE_MODEL", DEFAULT_IMAGE_MODEL)
 
 _BACKEND = os.environ.get("STREAMER_BACKEND", "thread")
 # Two batches of each model at once on the thread backend, each with half of
-# torch's threads on a CPU (example_flask.embedding.share_cpu); the process
+# torch's threads on a CPU (example_models.embedding.share_cpu); the process
 # and redis backends run STREAMER_WORKER_NUM processes instead.
 _MODEL_THREADS = _number("STREAMER_MODEL_THREADS", 2 if _BACKEND == "thread" else 1)
 
@@ -94,14 +94,14 @@ STREAMER = {
     "MODELS": {
         "embed": {
             # The same ManagedModel as example_flask's /stream: one module, not a copy.
-            "MODEL": "example_flask.embedding.SentenceEmbedder",
+            "MODEL": "example_models.embedding.SentenceEmbedder",
             "BATCH_SIZE": _number("STREAMER_BATCH_SIZE", 64),
             "MAX_LATENCY": _number("STREAMER_MAX_LATENCY", 0.05),
             # Batches of texts of like length, at most 1024 padded tokens
             # each: 2.5x the sentences/s of batches by count on mixed-length
             # text, and short sentences still about 48 together
             # (bench/cost_bench.py, bench/web_bench.py).
-            "ITEM_COST": "example_flask.embedding.token_estimate",
+            "ITEM_COST": "example_models.embedding.token_estimate",
             "MAX_BATCH_COST": _number("STREAMER_MAX_BATCH_COST", 1024),
             "WORKER_NUM": _number("STREAMER_WORKER_NUM", 1),
             "CUDA_DEVICES": os.environ.get("STREAMER_CUDA_DEVICES") or None,
@@ -114,7 +114,7 @@ STREAMER = {
         },
         "classify": {
             # example_flask's /classify model, the same module: EfficientNet-Lite0.
-            "MODEL": "example_flask.vision.ImageClassifier",
+            "MODEL": "example_models.vision.ImageClassifier",
             # Batches of 4 run fastest on a 2-core CPU; raise it on a GPU.
             "BATCH_SIZE": _number("CLASSIFY_BATCH_SIZE", 4),
             "MAX_LATENCY": 0.01,
@@ -155,10 +155,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     # The line saying a model is ready (and how long it took) is INFO on
-    # streamer_core; the one naming the precision it computes in, on example_flask.
+    # streamer_core; the one naming the precision it computes in, on example_models.
     "loggers": {
         "django_streamer": {"handlers": ["console"], "level": "INFO"},
         "streamer_core": {"handlers": ["console"], "level": "INFO"},
-        "example_flask": {"handlers": ["console"], "level": "INFO"},
+        "example_models": {"handlers": ["console"], "level": "INFO"},
     },
 }

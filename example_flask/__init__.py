@@ -13,7 +13,11 @@ Settings come from ``FLASK_*`` environment variables (Flask's
 ``FLASK_STREAMER_REDIS_URL``, ``FLASK_STREAMER_WORKER_NUM``,
 ``FLASK_EMBEDDING_MODEL`` (a model name or a local path),
 ``FLASK_EMBEDDING_PRECISION`` (``auto``, ``float32`` or ``bfloat16``: see
-``example_flask.embedding.PRECISIONS``).
+``example_models.embedding.PRECISIONS``).
+
+Its models, and the OpenAI embeddings API it serves one by, are in
+``example_models``, which the Django example imports too. It runs from
+the repository's root (it is not in the wheel).
 """
 
 from .app import create_app

@@ -7,14 +7,7 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, Request, jsonify, request
 
-from flask_streamer import FlaskStreamer, json_error, request_item, request_upload
-from flask_streamer.settings import written_as
-from streamer_core.options.config import OPTIONS
-from streamer_core.errors import ConfigurationError
-from streamer_core.web.deadline import TIMEOUT_HEADER, EndpointDeadline, environ_headers
-from streamer_core.web.http import dumps_json
-
-from .embedding import (
+from example_models.embedding import (
     DEFAULT_MODEL,
     SentenceEmbedder,
     checked_precision,
@@ -24,8 +17,14 @@ from .embedding import (
     sentence_of,
     show_logs,
 )
-from .openai_api import METHODS, method_not_allowed, models_reply, serve_embeddings
-from .vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
+from example_models.openai_api import METHODS, method_not_allowed, models_reply, serve_embeddings
+from example_models.vision import DEFAULT_IMAGE_MODEL, ImageClassifier, image_upload
+from flask_streamer import FlaskStreamer, json_error, request_item, request_upload
+from flask_streamer.settings import written_as
+from streamer_core.errors import ConfigurationError
+from streamer_core.options.config import OPTIONS
+from streamer_core.web.deadline import TIMEOUT_HEADER, EndpointDeadline, environ_headers
+from streamer_core.web.http import dumps_json
 
 DEFAULTS: Dict[str, Any] = {
     "STREAMER_BACKEND": "thread",
@@ -35,7 +34,7 @@ DEFAULTS: Dict[str, Any] = {
     # mixed-length text, 2.5x the sentences/s of batches by count alone, and
     # short sentences still run about 48 together (bench/cost_bench.py,
     # bench/web_bench.py; the README's Performance section).
-    "STREAMER_ITEM_COST": "example_flask.embedding:token_estimate",
+    "STREAMER_ITEM_COST": "example_models.embedding:token_estimate",
     "STREAMER_MAX_BATCH_COST": 1024,
     # Every answer is JSON, an unknown path's 404 and a 405 too.
     "STREAMER_JSON_ERRORS": True,
@@ -46,7 +45,7 @@ DEFAULTS: Dict[str, Any] = {
     "EMBEDDING_MODEL": DEFAULT_MODEL,
     # auto: bfloat16 products on a CPU with AMX or AVX512-BF16 (about 3x float32's speed,
     # every vector within a cosine of 0.9999 of float32's), float32
-    # elsewhere; float32 or bfloat16 to choose (example_flask.embedding).
+    # elsewhere; float32 or bfloat16 to choose (example_models.embedding).
     "EMBEDDING_PRECISION": "auto",
     # /classify: EfficientNet-Lite0 on uploaded images. On this project's
     # 2-core CPU, batches of 4 run fastest (56 images/s, against 40 one by
@@ -123,7 +122,7 @@ def create_app(config: Optional[Dict[str, Any]] = None) -> Flask:
 
     @app.route("/v1/embeddings", methods=METHODS)
     def embeddings() -> Any:
-        """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
+        """OpenAI's embeddings API on /stream's model (example_models.openai_api)."""
         if request.method != "POST":
             return answer(*method_not_allowed(request.method, ["POST"]))
         embed = lambda: streamer.get_streamer("stream")  # noqa: E731
@@ -173,7 +172,7 @@ def _show_streamer_logs() -> None:
     load) and the example's own (the precision its model computes in) reach
     the console, under the dev server and gunicorn alike, unless logging is
     set up already."""
-    show_logs(("streamer_core", "example_flask.embedding"))
+    show_logs(("streamer_core", "example_models.embedding"))
 
 
 def parse_sentence(req: Request) -> str:
@@ -185,7 +184,7 @@ def parse_sentence(req: Request) -> str:
 def parse_image(req: Request) -> Any:
     """The image of a request: the uploaded file ``file`` (``curl -F
     "file=@cat.jpg"``), checked by its first bytes here and decoded in
-    the batch (``example_flask.vision``)."""
+    the batch (``example_models.vision``)."""
     return image_upload(request_upload("file"))
 
 

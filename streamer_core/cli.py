@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="streamer-worker",
         description="Run Redis workers for a model named by import path: a ManagedModel subclass or a batch function.",
         epilog="example, with the model of the Flask and Django examples:\n"
-        "  streamer-worker example_flask.embedding:SentenceEmbedder --workers 1 --prefix embed "
+        "  streamer-worker example_models.embedding:SentenceEmbedder --workers 1 --prefix embed "
         "--redis redis://127.0.0.1:6379/0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

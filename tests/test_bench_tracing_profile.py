@@ -38,7 +38,7 @@ def test_a_sample_is_idle_tracing_or_other_by_its_frames() -> None:
     )
     model = (
         f"{BATCH};{run};run_batch (/srv/streamer_core/batching/scheduler.py:80);"
-        "encode (/srv/example_flask/embedding.py:338)"
+        "encode (/srv/example_models/embedding.py:338)"
     )
     assert classify(model) == "other"
     # Tracing's own work after the batch has run is tracing's.

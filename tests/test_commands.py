@@ -52,12 +52,31 @@ def test_every_command_answers_help(name):
 
 def test_the_streamer_worker_help_gives_an_example_that_names_a_real_model():
     result = _run(COMMANDS["streamer-worker"]())
-    [example] = [line for line in result.stdout.splitlines() if "streamer-worker example_flask" in line] or [""]
+    [example] = [line for line in result.stdout.splitlines() if "streamer-worker example_models" in line] or [""]
     model = example.split("streamer-worker ", 1)[1].split()[0] if example else ""
     module, _, attribute = model.partition(":")
     assert module and attribute, result.stdout
     check = _run([sys.executable, "-c", f"import {module}; print({module}.{attribute}.__name__)"])
     assert check.returncode == 0 and check.stdout.strip() == attribute, check.stderr
+
+
+def test_streamer_worker_finds_the_model_s_module_in_the_folder_it_runs_from(tmp_path):
+    """``.venv/bin/streamer-worker example_models.embedding:...`` from the
+    checkout's root, as the README runs it: the examples are not installed
+    (the wheel holds the library only), so the command finds the model's
+    module where it runs, as flask and gunicorn do, with no PYTHONPATH."""
+    (tmp_path / "here_only.py").write_text("def double(batch):\n    return [2 * x for x in batch]\n")
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    found = []
+    for model in ("here_only:nothing_here", "not_here:double"):
+        done = subprocess.run(
+            _command("streamer-worker", "streamer_core.cli") + [model, "--redis", "redis://127.0.0.1:1/0"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        found.append(done.stderr)
+    assert "'here_only' has no attribute 'nothing_here'" in found[0], found[0][-2000:]
+    assert "cannot import 'not_here'" in found[1], found[1][-2000:]
 
 
 @pytest.mark.parametrize(

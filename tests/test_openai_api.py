@@ -117,7 +117,7 @@ def test_token_ids_are_the_text_they_spell(example: Example) -> None:
     read, the special ones included."""
     from transformers import AutoTokenizer
 
-    from example_flask.embedding import resolve_model
+    from example_models.embedding import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in TEXTS[:3]]
@@ -223,7 +223,7 @@ def test_the_clients_deadline_header_is_read_as_a_batched_routes(example: Exampl
 
 
 def test_as_many_inputs_as_the_limit_are_taken_and_one_more_refused() -> None:
-    from example_flask.openai_api import MAX_INPUTS, ApiError, EmbeddingsRequest
+    from example_models.openai_api import MAX_INPUTS, ApiError, EmbeddingsRequest
 
     assert MAX_INPUTS == 2048  # OpenAI's own limit, as the README says
     taken = EmbeddingsRequest.parse({"model": MODEL, "input": ["a"] * MAX_INPUTS}, [MODEL])
@@ -245,7 +245,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(clos
     the ``Retry-After`` a client's retry waits for on a 503 only."""
     import logging
 
-    from example_flask.openai_api import serve_embeddings
+    from example_models.openai_api import serve_embeddings
     from streamer_core import ThreadedStreamer
     from streamer_core.web.http import RETRY_AFTER_FULL, check_body_size
 
@@ -270,7 +270,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_timeout_a_504_without(clos
 
 
 def test_a_model_that_is_not_a_string_is_told_so_not_that_it_is_missing() -> None:
-    from example_flask.openai_api import ApiError, EmbeddingsRequest
+    from example_models.openai_api import ApiError, EmbeddingsRequest
 
     for missing in ({"input": "a"}, {"model": "", "input": "a"}):
         with pytest.raises(ApiError, match="you must give 'model'"):
@@ -289,7 +289,7 @@ def test_a_500_says_internal_error_and_an_id_unless_the_app_is_in_debug_mode(
     exception itself only in the app's debug mode."""
     import logging
 
-    from example_flask.openai_api import serve_embeddings
+    from example_models.openai_api import serve_embeddings
     from streamer_core import ThreadedStreamer
 
     def broken(batch: List[Any]) -> List[Any]:

@@ -17,7 +17,7 @@ import pytest
 if importlib.util.find_spec("sentence_transformers") is None:
     pytest.skip("needs the example's model (the 'example' or 'test' extra)", allow_module_level=True)
 
-from example_flask.embedding import (  # noqa: E402
+from example_models.embedding import (  # noqa: E402
     checked_precision,
     cpu_has_bf16,
     embed,

@@ -9,7 +9,7 @@ from typing import Any, List
 
 import service_streamer
 
-from example_flask.embedding import embed, load_sentence_model
+from example_models.embedding import embed, load_sentence_model
 
 
 class LegacySentenceEmbedder(service_streamer.ManagedModel):  # type: ignore[misc]

@@ -101,7 +101,7 @@ def load_model(name: str, batch_size: int) -> BenchModel:
     if name == "zero":
         return BenchModel(name, list, 0.0, batch_size, "returns its inputs at once")
     if name == "minilm":
-        from example_flask.embedding import embed, load_sentence_model
+        from example_models.embedding import embed, load_sentence_model
 
         model = load_sentence_model()
 

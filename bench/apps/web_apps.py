@@ -47,7 +47,7 @@ def _streamer() -> Any:
         from service_streamer import RedisStreamer
 
         return RedisStreamer(os.environ["BENCH_WEB_REDIS"], prefix=os.environ.get("BENCH_WEB_PREFIX", ""))
-    from example_flask.embedding import embed, load_sentence_model
+    from example_models.embedding import embed, load_sentence_model
 
     model = load_sentence_model(precision=os.environ.get("EMBEDDING_PRECISION", "auto"))
 
@@ -84,7 +84,7 @@ def flask_classify_app() -> Any:
     from flask import Flask, jsonify, request
 
     from example_flask.app import DEFAULTS
-    from example_flask.vision import classify, decode_image, load_image_model
+    from example_models.vision import classify, decode_image, load_image_model
 
     model = load_image_model()
 

@@ -10,7 +10,7 @@ class EmbeddingsConfig(AppConfig):
     def ready(self) -> None:
         # A precision the model cannot run in would fail every request:
         # refuse to start instead, naming the setting and its choices.
-        from example_flask.embedding import checked_precision
+        from example_models.embedding import checked_precision
 
         try:
             checked_precision(getattr(settings, "EMBEDDING_PRECISION", "auto"))

@@ -8,7 +8,7 @@ from typing import Any, Dict, Tuple
 
 from django.conf import settings
 
-from example_flask.embedding import load_sentence_model
+from example_models.embedding import load_sentence_model
 
 _lock = threading.Lock()
 _models: Dict[Tuple[str, str], Any] = {}

@@ -12,9 +12,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from django_streamer import batched_view, conf, get_streamer, json_error, request_item, request_upload
-from example_flask.embedding import embed, names_of, sentence_of
-from example_flask.openai_api import method_not_allowed, models_reply, serve_embeddings
-from example_flask.vision import image_upload
+from example_models.embedding import embed, names_of, sentence_of
+from example_models.openai_api import method_not_allowed, models_reply, serve_embeddings
+from example_models.vision import image_upload
 from streamer_core.errors import MethodNotAllowed
 from streamer_core.web.deadline import EndpointDeadline, environ_headers
 from streamer_core.web.http import dumps_json
@@ -46,7 +46,7 @@ async def astream(request: HttpRequest) -> str:
 def classify(request: HttpRequest) -> object:
     """An uploaded image (``curl -F "file=@cat.jpg"``), checked by its first
     bytes here, then decoded and classified in a batch with others
-    (``example_flask.vision``): its top classes as JSON."""
+    (``example_models.vision``): its top classes as JSON."""
     return image_upload(request_upload(request, "file"))
 
 
@@ -66,7 +66,7 @@ def naive(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def embeddings(request: HttpRequest) -> HttpResponse:
-    """OpenAI's embeddings API on /stream's model (example_flask.openai_api)."""
+    """OpenAI's embeddings API on /stream's model (example_models.openai_api)."""
     if request.method != "POST":
         return _answer(*method_not_allowed(str(request.method), ["POST"]))
     served = names_of(settings.EMBEDDING_MODEL)
@@ -85,7 +85,7 @@ def models(request: HttpRequest) -> HttpResponse:
 
 
 def _answer(status: int, body: Dict[str, Any], headers: Dict[str, str]) -> HttpResponse:
-    """A reply of the OpenAI API (example_flask.openai_api) as a response."""
+    """A reply of the OpenAI API (example_models.openai_api) as a response."""
     response = HttpResponse(dumps_json(body), status=status, content_type="application/json")
     for name, value in headers.items():
         response[name] = value

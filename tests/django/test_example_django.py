@@ -124,7 +124,7 @@ def test_the_thread_backend_serves_sentence_embeddings(example, client):
 def test_embedding_precision_decides_what_stream_and_naive_compute_in(example, client, precision):
     """EMBEDDING_PRECISION reaches the batched view's model and /naive's:
     float32 gives sentence-transformers' own numbers, bfloat16 others."""
-    from example_flask.embedding import load_sentence_model
+    from example_models.embedding import load_sentence_model
 
     example(EMBEDDING_PRECISION=precision, STREAMER_BACKEND="thread")
     sentence = "A man is playing a guitar."
@@ -143,14 +143,14 @@ def test_the_log_names_the_precision_the_model_computes_in() -> None:
 
     code = (
         "import django; django.setup()\n"
-        "from example_flask.embedding import SentenceEmbedder\n"
+        "from example_models.embedding import SentenceEmbedder\n"
         "SentenceEmbedder().init_model(precision='bfloat16')\n"  # as a worker loads it
     )
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="example_django.settings", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     tail = done.stderr[-3000:]
     assert done.returncode == 0, tail
-    assert "example_flask.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, tail
+    assert "example_models.embedding" in done.stderr and "computes in bfloat16 on cpu" in done.stderr, tail
     assert done.stderr.count("computes in bfloat16 on cpu") == 1, f"said more than once: {tail}"
 
 

@@ -80,7 +80,7 @@ def test_embed_gives_what_the_models_own_encode_gives():
     """embed() skips what ``model.encode`` redoes on every call (finding the
     device, setting eval mode, telling texts from image paths): the same
     numbers, padding and truncation at 256 tokens included."""
-    from example_flask.embedding import embed, load_sentence_model
+    from example_models.embedding import embed, load_sentence_model
 
     model = load_sentence_model(precision="float32")
     texts = [*SENTENCES, "a much longer sentence " * 80, "x"]
@@ -96,7 +96,7 @@ def test_a_very_long_text_is_tokenized_from_its_start_only_with_the_same_numbers
     characters a token is read from its start, cut at a space, where that
     start fills the model's tokens by itself; otherwise (words of hundreds
     of characters) it is read whole. Both give ``model.encode``'s numbers."""
-    from example_flask.embedding import embed, load_sentence_model
+    from example_models.embedding import embed, load_sentence_model
 
     model = load_sentence_model(precision="float32")
     long_text = "Happy birthday to you, dear friend.\n" * 40_000  # 1.4 MB
@@ -123,7 +123,7 @@ def test_a_very_long_text_is_tokenized_from_its_start_only_with_the_same_numbers
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_the_flask_examples_setting_decides_what_stream_and_naive_compute_in(precision):
-    from example_flask.embedding import load_sentence_model
+    from example_models.embedding import load_sentence_model
 
     app = create_app({"EMBEDDING_PRECISION": precision, "STREAMER_BACKEND": "thread"})
     try:
@@ -236,11 +236,12 @@ def test_python_m_example_flask_loads_the_model_before_serving_and_says_so(tmp_p
         assert wait_for(lambda: "Running on" in log.read_text(), 30), log.read_text()[-3000:]
         text = log.read_text()
         assert text.index("ready on cpu") < text.index("Running on"), "the model loads before the server listens"
-        [said] = re.findall(r"`(model SentenceEmbedder ready on cpu in .*?)`", (ROOT / "README.md").read_text(), re.S)
-        said = " ".join(said.split())  # as the README quotes it, its time aside
+        started = (ROOT / "docs" / "index.md").read_text()  # Getting started, where the README's quote moved
+        [said] = re.findall(r"`(model SentenceEmbedder ready on cpu in .*?)`", started, re.S)
+        said = " ".join(said.split())  # as the docs quote it, its time aside
         line = re.escape(said).replace(re.escape(said.split(" in ")[1].split()[0]), r"[\d.]+", 1)
         assert re.search(rf"INFO thread backend: {line}$", text, re.M), (said, text[-3000:])
-        assert re.search(r"example_flask\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
+        assert re.search(r"example_models\.embedding\[\d+\] INFO \S+ computes in bfloat16 on cpu", text), text[-3000:]
 
 
 def test_python_m_example_flask_stops_within_a_second_of_sigterm_when_idle(tmp_path):
@@ -292,7 +293,7 @@ def test_a_spawned_worker_says_the_precision_its_model_computes_in(tmp_path):
         assert wait_for(lambda: ready.search(log.read_text()), 120), log.read_text()[-3000:]
         text = log.read_text()
         worker = ready.search(text).group(1)  # type: ignore[union-attr]
-        assert re.search(rf"example_flask\.embedding\[{worker}\] INFO \S+ computes in bfloat16 on cpu", text), text
+        assert re.search(rf"example_models\.embedding\[{worker}\] INFO \S+ computes in bfloat16 on cpu", text), text
 
 
 def test_run_workers_serves_the_example_over_redis(app, redis_url, tmp_path):
@@ -365,7 +366,7 @@ def test_the_example_shapes_its_batches_by_estimated_tokens(app):
     embedding, as alone."""
     from transformers import AutoTokenizer
 
-    from example_flask.embedding import resolve_model, token_estimate
+    from example_models.embedding import resolve_model, token_estimate
     from tests.flask.conftest import spec_of
 
     spec = spec_of(app, "stream")
@@ -396,7 +397,7 @@ def test_the_example_serves_metrics_and_probes(app):
 
 
 def test_the_example_runs_two_batches_of_each_model_at_once_on_the_thread_backend(app):
-    from example_flask import embedding
+    from example_models import embedding
     from tests.flask.conftest import spec_of
 
     for name in ("stream", "classify"):  # each model divides torch's threads by its own count
@@ -421,7 +422,7 @@ def test_the_example_on_the_other_backends_runs_one_batch_per_worker():
 
 def test_share_cpu_divides_torch_s_threads_once_and_only_on_the_cpu():
     script = (
-        "import torch; from example_flask.embedding import share_cpu\n"
+        "import torch; from example_models.embedding import share_cpu\n"
         "torch.set_num_threads(4); share_cpu('cuda:0', 2); a = torch.get_num_threads()\n"
         "share_cpu('cpu', 1); b = torch.get_num_threads()\n"
         "share_cpu('cpu', 2); c = torch.get_num_threads()\n"

@@ -165,7 +165,7 @@ def test_an_image_that_cannot_be_decoded_fails_alone_in_its_batch(app):
 
 @pytest.mark.parametrize("kind", ["JPEG", "PNG", "GIF", "BMP", "WEBP"])
 def test_the_web_process_checks_an_upload_by_its_first_bytes_and_leaves_decoding_to_the_batch(kind):
-    from example_flask.vision import image_upload
+    from example_models.vision import image_upload
 
     data = photo("chelsea", kind)
     assert image_upload(data) is data  # handed on as it came, not decoded
@@ -182,7 +182,7 @@ def test_only_whole_rgb_or_grey_jpegs_within_pillows_pixel_limit_go_to_the_gpu_d
     them or says what is wrong; off CUDA nothing goes to nvJPEG."""
     from PIL import Image
 
-    from example_flask.vision import gpu_decodable
+    from example_models.vision import gpu_decodable
 
     def jpeg(image: Any) -> bytes:
         buffer = io.BytesIO()
@@ -217,7 +217,7 @@ def test_the_tensor_preprocessing_of_the_cuda_path_names_the_photos_as_pillows_d
     import torch
     from PIL import Image
 
-    from example_flask.vision import classify, decode_image, load_image_model, to_model_input
+    from example_models.vision import classify, decode_image, load_image_model, to_model_input
 
     model = load_image_model(device="cpu")
     for name, kind in (("chelsea", "JPEG"), ("coffee", "PNG"), ("astronaut", "JPEG")):

