@@ -33,6 +33,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from streamer_core import ManagedModel, Streamer
 from streamer_core.backends import process_backend as _process
+from streamer_core.backends import process_messages as _messages
 from streamer_core.batching import scheduler as _batching
 
 from . import sim
@@ -56,7 +57,7 @@ class TimedModel(ManagedModel):
 
 
 def _hook(events: List[Tuple[str, float]]) -> None:
-    on_done, run, put = _process.ProcessBackend._on_done, _process.ProcessBackend.run, _batching.Scheduler.put
+    on_done, run, put = _messages.WorkerMessages._on_done, _process.ProcessBackend.run, _batching.Scheduler.put
 
     def timed_on_done(self: Any, *args: Any) -> None:
         events.append(("done", time.monotonic()))
@@ -72,7 +73,7 @@ def _hook(events: List[Tuple[str, float]]) -> None:
         events.append(("put", time.monotonic()))
         return future
 
-    _process.ProcessBackend._on_done = timed_on_done  # type: ignore[method-assign]
+    _messages.WorkerMessages._on_done = timed_on_done  # type: ignore[method-assign]
     _process.ProcessBackend.run = timed_run  # type: ignore[method-assign]
     _batching.Scheduler.put = timed_put  # type: ignore[method-assign]
 

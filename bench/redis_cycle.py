@@ -58,6 +58,8 @@ Event = Tuple[str, float, int]  # (what, when, how many)
 def _worker(url: str, log_path: str) -> None:
     """The worker process: a RedisWorker whose steps are logged."""
     from streamer_core.backends.redis import answers as redis_answers
+    from streamer_core.backends.redis import model_loop as redis_model_loop
+    from streamer_core.backends.redis import reader as redis_reader
     from streamer_core.backends.redis import worker as redis_worker
 
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - kept for the process's life
@@ -65,9 +67,10 @@ def _worker(url: str, log_path: str) -> None:
     def note(what: str, count: int = 0) -> None:
         log.write(f"{what} {time.monotonic()} {count}\n")
 
-    cls: Any = redis_worker.RedisWorker
+    loop: Any = redis_model_loop.ModelLoop
+    handover: Any = redis_reader.Handover
     writer: Any = redis_answers.AnswerWriter
-    add, answer, run_batch, entries = cls._add, writer._answer, cls._run, writer._entries
+    add, answer, run_batch, entries = handover.add, writer._answer, loop._run, writer._entries
 
     def logged_run(self: Any, predict: Any, batch: Any) -> Any:
         outcome = run_batch(self, predict, batch)
@@ -87,7 +90,7 @@ def _worker(url: str, log_path: str) -> None:
         note("written")
         return done
 
-    cls._add, cls._run = logged_add, logged_run
+    handover.add, loop._run = logged_add, logged_run
     writer._answer, writer._entries = logged_answer, logged_entries
     run = sim.make_predict(FIXED_MS, PER_ITEM_MS)
 
@@ -101,20 +104,21 @@ def _worker(url: str, log_path: str) -> None:
 
 
 def _hook_web(events: List[Event]) -> None:
-    from streamer_core.backends.redis import client
+    from streamer_core.backends.redis import collector, sender
     from streamer_core.batching import scheduler
 
-    cls: Any = client.RedisClientBackend
-    on_results, send, put = cls._on_results, cls._send, scheduler.Scheduler.put
+    reading: Any = collector.ResultCollector
+    sending: Any = sender.RequestSender
+    on_results, send, put = reading._on_results, sending.send, scheduler.Scheduler.put
 
     def logged_on_results(self: Any, entries: Any, pipe: Any) -> None:
         events.append(("read", time.monotonic(), len(entries)))
         on_results(self, entries, pipe)
         events.append(("delivered", time.monotonic(), 0))
 
-    def logged_send(self: Any, entries: Any) -> Any:
+    def logged_send(self: Any, entries: Any, give_up_at: float) -> Any:
         events.append(("send", time.monotonic(), len(entries)))
-        failure = send(self, entries)
+        failure = send(self, entries, give_up_at)
         events.append(("sent", time.monotonic(), len(entries)))
         return failure
 
@@ -123,7 +127,7 @@ def _hook_web(events: List[Event]) -> None:
         events.append(("put", time.monotonic(), 0))
         return future
 
-    cls._on_results, cls._send = logged_on_results, logged_send
+    reading._on_results, sending.send = logged_on_results, logged_send
     scheduler.Scheduler.put = logged_put  # type: ignore[method-assign]
 
 

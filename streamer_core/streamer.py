@@ -26,7 +26,8 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from streamer_core.batching.scheduler import Scheduler, _Item
+from streamer_core.batching.calls import Item
+from streamer_core.batching.scheduler import Scheduler
 from streamer_core.options.config import BatchingConfig, check_cost, check_seconds, checked
 from streamer_core.telemetry.stats import ModelStats, StreamerStats, stats_for
 from streamer_core.telemetry.tracing import capture
@@ -87,7 +88,7 @@ class Backend:
         ``SerializationError`` for an input that cannot cross to the workers."""
         return value
 
-    def run(self, items: List[_Item], held: int) -> None:
+    def run(self, items: List[Item], held: int) -> None:
         """Hand a batch to a worker that holds ``held`` batches already (0 or
         1), without blocking on the model. When no such worker is left (it
         died meanwhile), give the batch back with ``scheduler.batch_returned``."""

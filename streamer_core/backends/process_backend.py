@@ -23,7 +23,10 @@ How data moves::
 Batches are formed here, in the parent, and each worker holds at most two
 (the one it runs and the next), so the parent always knows which inputs a
 dead worker took with it. Workers exit on their own when this process dies
-(they watch their parent). A slot's life is :mod:`.process_slots`'.
+(they watch their parent). A slot's life is :mod:`.process_slots`'; how a
+worker is started :mod:`.process_launch`'s, what it sends back is read by
+:mod:`.process_messages`, and how it is killed when hung or stopped at
+close is :mod:`.process_ending`'s.
 
 Numpy arrays and CPU tensors of ``shared_memory_min_bytes`` or more travel
 through shared memory instead of the pipe: copied once on each side, and
@@ -37,30 +40,29 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
+from streamer_core.batching.calls import Item, live_items
+from streamer_core.batching.scheduler import Scheduler
 from streamer_core.batching.shaping import batch_cost
 from streamer_core.options.config import BatchingConfig, DeviceId, shown_device
 from streamer_core.telemetry.tracing import to_traceparent
 
 from ..errors import StreamerError, WorkerStartError
 from ..green import Condition
-from ..managed_model import ready_line
-from ..streamer import Backend, callable_name, logger
+from ..streamer import Backend, logger
 from ..threads import background
+from .process_ending import HangWatch, ask_to_stop, stop_workers
+from .process_launch import Launcher, pickled_spec
+from .process_messages import WorkerMessages
 from .process_slots import Sent, Slot, describe_exit
-from .process_worker import IN_WORKER_ENV, BatchTrace, decode_exception, decode_outcome, worker_main
-from .shared_memory import BlockPool, PeerBlocks, block_names, encode_input, new_prefix, unlink_leftovers, wire_of
+from .process_worker import IN_WORKER_ENV, BatchTrace
+from .shared_memory import BlockPool, PeerBlocks, encode_input, new_prefix, unlink_leftovers, wire_of
 from .shared_memory import available as shared_memory_available
 from .spawning import spawn_context
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["ProcessBackend"]
 
@@ -110,29 +112,22 @@ class ProcessBackend(Backend):
         name: str,
     ) -> None:
         self._name = name  # the model's, for the log lines
-        try:
-            self._spec = pickle.dumps((target, tuple(init_args), dict(init_kwargs)), pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise TypeError(
-                f"{callable_name(target)} and its model_init_args/model_init_kwargs must be picklable: "
-                "spawned workers import the model by name, so define it at module level "
-                f"(not a lambda or a nested function) and pass plain init arguments ({exc})"
-            ) from exc
+        spec = pickled_spec(target, init_args, init_kwargs)
         self._config = config
-        self._hang_timeout = hang_timeout
-        self._next_hang_check = 0.0
-        self._isolate = config.isolate_errors
+        self._hangs = HangWatch(hang_timeout)
         self._tracing = config.tracing
         self._min_bytes = shared_memory_min_bytes if shared_memory_available() else None
         self._prefix = new_prefix("")
         self._pool = BlockPool(self._prefix + "p_") if self._min_bytes is not None else None
         self._peer = PeerBlocks()
-        # The cores workers run on, as now: a web process pinned later
-        # (streamer_core.web.affinity) does not hand its one core down.
-        self._cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._launcher = Launcher(spec, config, name, self._prefix, self._min_bytes)
         self._slots = [Slot(i, devices[i % len(devices)] if devices else None, hang_timeout) for i in range(worker_num)]
         self._lock = threading.Lock()
         self._changed = Condition(self._lock)  # a slot changed state
+        # What the workers send, read by the collector thread.
+        self._messages = WorkerMessages(
+            name, config, self._lock, self._changed, self._peer, self._died, self._check_broken
+        )
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
         self._batch_ids = itertools.count()
         self._stopping = False
@@ -141,16 +136,13 @@ class ProcessBackend(Backend):
 
     # -- starting ------------------------------------------------------------
 
-    def _who(self, slot: Slot) -> str:  # a worker as the log lines name it
-        return f"{self._name} worker {slot.index}"
-
     def start(self, scheduler: Scheduler) -> None:
         if os.environ.get(IN_WORKER_ENV):
             raise StreamerError(
                 "a Streamer was created inside one of its own worker processes, most likely by importing the "
                 "module that makes it; create it under `if __name__ == '__main__':` or lazily on first use"
             )
-        self._scheduler = scheduler
+        self._scheduler = self._messages.scheduler = scheduler
         _started.add(self)
         for slot in self._slots:
             self._spawn(slot)
@@ -161,42 +153,13 @@ class ProcessBackend(Backend):
             if self._stopping:
                 return  # a respawn that close() overtook
             slot.spawning = True
-        parent_conn, child_conn = _ctx.Pipe()
-        # Under gevent's monkey-patching the pipe is a socketpair made
-        # non-blocking for the hub, and the flag travels with the descriptor:
-        # the worker's reads failed with EAGAIN (it took that for its parent
-        # gone and exited) and a send to a full pipe was dropped. Both ends
-        # block, as they do unpatched; the collector reads only once wait()
-        # has said a message is there.
-        for conn in (parent_conn, child_conn):
-            os.set_blocking(conn.fileno(), True)
-        with self._lock:
-            slot.generation += 1
-            slot.free, slot.gone = [], []
-            min_bytes = self._min_bytes
-            shared = (slot.block_prefix(self._prefix), min_bytes) if min_bytes is not None else None
-        config = self._config
-        trace_as = (self._name, f"worker {slot.index}") if config.tracing else None
-        args = (
-            child_conn, self._spec, slot.device, os.getpid(), self._isolate, config.oom_errors, shared, self._cpus,
-            trace_as,
-        )  # fmt: skip
-        process = _ctx.Process(
-            target=worker_main,
-            args=args,
-            name=f"streamer-worker-{slot.index}",
-            daemon=True,
-        )
         try:
-            process.start()
+            process, parent_conn = self._launcher.launch(slot, self._lock)
         except BaseException:
-            child_conn.close()
-            parent_conn.close()
             with self._lock:
                 slot.spawning = False
                 self._changed.notify_all()
             raise
-        child_conn.close()
         with self._lock:
             slot.spawning = False
             self._changed.notify_all()
@@ -208,14 +171,14 @@ class ProcessBackend(Backend):
                     parent_conn.send(("stop",))
                 except (OSError, ValueError):
                     pass
-        logger.info("%s (pid %d) starting on device %s", self._who(slot), process.pid, shown_device(slot.device))
+        logger.info("%s (pid %d) starting on device %s", slot.who(self._name), process.pid, shown_device(slot.device))
 
     def encode(self, value: Any, index: int) -> Any:
         return encode_input(value, index, self._pool, self._min_bytes or 0)
 
     # -- running batches -----------------------------------------------------
 
-    def run(self, items: List[_Item], held: int) -> None:
+    def run(self, items: List[Item], held: int) -> None:
         scheduler = self._scheduler
         assert scheduler is not None
         items = live_items(items, scheduler.stats)
@@ -242,7 +205,7 @@ class ProcessBackend(Backend):
         except (OSError, ValueError):
             pass  # the worker is dead; the collector sees it and reruns the batch
 
-    def _trace_of(self, items: List[_Item]) -> BatchTrace:
+    def _trace_of(self, items: List[Item]) -> BatchTrace:
         """What a worker needs to trace a batch: its cost, and each input's
         call as a ``traceparent`` and the call's arrival (ns since the epoch)."""
         calls = [item.task.trace for item in items]
@@ -262,8 +225,9 @@ class ProcessBackend(Backend):
                 if self._stopping and not watched:
                     return
                 wakeups = [s.respawn_at for s in self._slots if s.respawn_at is not None]
-                if self._hang_timeout is not None:  # a batch sent meanwhile may never be answered
-                    wakeups.append(self._next_hang_check)
+                hang_check = self._hangs.next_check()
+                if hang_check is not None:  # a batch sent meanwhile may never be answered
+                    wakeups.append(hang_check)
             timeout = None if not wakeups else max(0.0, min(wakeups) - time.monotonic())
             try:
                 ready = multiprocessing.connection.wait([*watched, self._wake_r], timeout)
@@ -276,83 +240,15 @@ class ProcessBackend(Backend):
                     if slot.conn is None or slot.process.sentinel not in watched:
                         continue
                     if obj is slot.conn:
-                        self._read(slot)
+                        self._messages.read(slot)
                     else:  # the process ended: take what it sent before dying, then bury it
                         while slot.conn is not None and slot.conn.poll():
-                            self._read(slot)
+                            self._messages.read(slot)
                         self._died(slot)
                 self._respawn_due()
-                self._kill_hung()
+                self._hangs.kill_hung(self._slots, self._lock, self._name)
             except Exception:
                 logger.exception("error in the worker collector thread; it keeps running")
-
-    def _read(self, slot: Slot) -> None:
-        try:
-            message = slot.conn.recv()
-        except (EOFError, OSError):
-            self._died(slot)
-            return
-        kind = message[0]
-        if kind == "done":
-            self._peer.forget(message[5])  # its blocks it has unlinked
-            self._on_done(slot, message[1], message[2], message[3], message[4], message[6])
-        elif kind == "ready":
-            # The line is written before wait_ready() can return: once it
-            # says ready, the log says so too.
-            config = self._config
-            line = ready_line(message[2], config.batch_size, config.max_latency)
-            logger.info("%s (pid %d): %s", self._who(slot), message[1], line)
-            with self._lock:
-                slot.state, slot.start_failures, slot.pid = "ready", 0, message[1]
-                self._changed.notify_all()
-            self._scheduler.add_slot()
-        elif kind == "init_error":
-            error = decode_exception(message[1])
-            with self._lock:
-                slot.state, slot.error = "failed", error
-                self._changed.notify_all()
-            logger.error(
-                "%s could not load the model and is not restarted: %s\n%s",
-                self._who(slot),
-                error,
-                error.__cause__,
-            )
-            self._check_broken()
-
-    def _on_done(
-        self,
-        slot: Slot,
-        batch_id: int,
-        wire: List[Any],
-        ran_out: Optional[List[Tuple[int, int]]],
-        model_seconds: float,
-        oom_splits: int,
-    ) -> None:
-        scheduler = self._scheduler
-        with self._lock:
-            now = time.monotonic()
-            answered = slot.answered(batch_id, now)
-            if answered is None:
-                logger.error("worker %d answered batch %d it was not running; ignored", slot.index, batch_id)
-                return
-            sent, elapsed = answered
-            # Counted done under the lock that run() picks a worker under:
-            # the dispatcher never sees this worker holding a batch it has
-            # answered, which it would hand a batch run() finds no worker
-            # for, again and again until this thread got to count it (under
-            # gevent, whose locks are not fair, for seconds on end).
-            scheduler.learn(sent.items, ran_out is not None, ran_out or (), oom_splits)
-            scheduler.batch_done(len(sent.items), elapsed, len(slot.batches))
-        stats = scheduler.stats
-        if stats is not None and model_seconds > 0:  # 0: no input of it could be unpickled
-            levels = [item.level for item in sent.items] if stats.levels else None
-            stats.batch_ran(now - model_seconds, model_seconds, [item.arrival for item in sent.items], levels)
-        outcomes = [decode_outcome(ok, payload, self._peer) for ok, payload in wire]
-        freed = [name for ok, payload in wire if ok for name in block_names(payload)]
-        if freed:
-            with self._lock:
-                slot.free.extend(freed)
-        deliver(sent.items, outcomes)
 
     def _died(self, slot: Slot) -> None:
         with self._lock:
@@ -368,7 +264,7 @@ class ProcessBackend(Backend):
                 # Stopping; or init_model raised, was reported, and the worker
                 # exited: a model that cannot load is not started again.
                 return
-        reason = f"{self._who(slot)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
+        reason = f"{slot.who(self._name)} (pid {slot.pid}) {describe_exit(process.exitcode)}"
         logger.warning("%s; %s", reason, "restarting it" if slot.state == "dead" else "giving it up")
         if state == "ready":
             # A worker runs its batches in turn: only the first can have
@@ -376,38 +272,6 @@ class ProcessBackend(Backend):
             # calls, whose done-callbacks may ask this backend for its workers.
             self._scheduler.worker_lost(lost[:1], reason + " while it held a batch with this input", lost[1:])
         self._check_broken()
-
-    def _kill_hung(self) -> None:
-        """Kill each worker that has run one batch for ``hang_timeout``
-        seconds or more while none of that batch's callers waits any longer
-        (a deadlock, a GPU that stopped answering): its death is handled as
-        any other, so it is restarted and its next batch runs again. A
-        batch with a caller still waiting is left to run, however long.
-        Each kill doubles the slot's ``hang_timeout`` until it answers a
-        batch, so a batch that is only slow (a first call that compiles)
-        ends up finishing rather than being killed for good."""
-        now = time.monotonic()
-        if self._hang_timeout is None or now < self._next_hang_check:
-            return
-        self._next_hang_check = now + min(1.0, self._hang_timeout / 4)
-        hung = []
-        with self._lock:
-            for slot in self._slots:
-                overdue = slot.hung(now)
-                if overdue is not None:
-                    hung.append((slot, slot.process, *overdue))
-        for slot, process, seconds, limit in hung:
-            logger.error(
-                "%s (pid %d) has run one batch for %.0fs and every caller of it has given up: taken for "
-                "hung (hang_timeout=%gs), it is killed and restarted; next time it gets %gs, until it answers "
-                "(raise hang_timeout if batches take that long)",
-                self._who(slot),
-                process.pid,
-                seconds,
-                limit,
-                slot.hang_timeout,
-            )
-            process.kill()
 
     def _release_blocks(self, slot: Slot) -> None:
         """Unmap and unlink what the slot's process left in shared memory:
@@ -491,32 +355,9 @@ class ProcessBackend(Backend):
         # is still theirs) once the deadline passes.
         with self._lock:
             self._stopping = True
-            for slot in self._slots:
-                slot.respawn_at = None
-                if slot.conn is not None:
-                    try:
-                        slot.conn.send(("stop",))
-                    except (OSError, ValueError):
-                        pass
+            ask_to_stop(self._slots)
         self._wake_collector()
-        for escalate in ("terminate", "kill", None):
-            with self._changed:
-                while self._collector.is_alive() and any(s.conn is not None or s.spawning for s in self._slots):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._changed.wait(remaining)
-                lingering = [s.process for s in self._slots if s.conn is not None]
-            if not lingering or escalate is None:
-                break
-            if not self._collector.is_alive():  # nobody else will reap them
-                for process in lingering:
-                    process.join(max(0.0, deadline - time.monotonic()))
-            for process in lingering:
-                if process.exitcode is None:
-                    logger.warning("worker pid %d did not stop in time; %s", process.pid, escalate)
-                    getattr(process, escalate)()
-            deadline = time.monotonic() + 1.0
+        stop_workers(self._slots, self._changed, self._collector, deadline)
         self._wake_collector()
         if threading.current_thread() is not self._collector:
             self._collector.join(2.0)

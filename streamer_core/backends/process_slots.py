@@ -8,7 +8,7 @@ the one it runs and the next), and its state::
                  \\-> failed                            (init_model raised, or it kept dying while loading)
     any -> stopped                                      (the streamer closed)
 
-The backend (:mod:`.process`) does the processes' I/O and holds its lock
+The backend (:mod:`.process_backend`) does the processes' I/O and holds its lock
 while it calls these; nothing here blocks.
 """
 
@@ -18,7 +18,7 @@ import signal
 from collections import deque
 from typing import Any, Deque, List, NamedTuple, Optional, Tuple
 
-from streamer_core.batching.scheduler import _Item
+from streamer_core.batching.calls import Item
 from streamer_core.options.config import MAX_SECONDS, DeviceId
 
 from ..errors import WorkerStartError
@@ -48,7 +48,7 @@ class Sent(NamedTuple):
     """A batch sent to a worker process."""
 
     batch_id: int
-    items: List[_Item]
+    items: List[Item]
     sent_at: float
 
 
@@ -74,6 +74,10 @@ class Slot:
         self.hang_timeout = hang_timeout  # doubled at each kill for hanging, until a batch is answered
         self._configured_hang_timeout = hang_timeout
 
+    def who(self, model: str) -> str:
+        """The worker as the log lines name it, ``model`` the model's name."""
+        return f"{model} worker {self.index}"
+
     def block_prefix(self, prefix: str) -> str:
         """The names of the current process's shared memory blocks start with this."""
         return f"{prefix}w{self.index}g{self.generation}_"
@@ -90,7 +94,7 @@ class Slot:
         self.last_done = now
         return sent, elapsed
 
-    def ended(self, stopping: bool, now: float) -> Tuple[str, List[List[_Item]]]:
+    def ended(self, stopping: bool, now: float) -> Tuple[str, List[List[Item]]]:
         """The process is gone (its pipe closed, it is reaped): the state it
         was in, and the batches it held. The slot is then ``stopped`` (while
         ``stopping``), stays ``failed`` (its model could not load, and was

@@ -80,7 +80,7 @@ def _encode_result(value: Any, pool: Optional[BlockPool], min_bytes: int) -> Wir
         return False, encode_exception(error)
 
 
-def _watch_parent(parent_pid: int) -> None:
+def watch_parent(parent_pid: int) -> None:
     """Exit as soon as the parent is gone, even in the middle of a model call:
     no orphaned worker keeps a GPU busy."""
     sleep = unpatched("time", "sleep")
@@ -144,7 +144,7 @@ def worker_main(
     # through exit, so that what its model made is cleaned up (a named
     # semaphore, shared memory) rather than reported leaked by the resource tracker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    _start_thread(_watch_parent, parent_pid)
+    _start_thread(watch_parent, parent_pid)
 
     try:
         predict = _load_predict(spec, device)

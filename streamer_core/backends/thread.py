@@ -12,8 +12,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
+from streamer_core.batching.calls import Item, deliver, live_items
 from streamer_core.batching.runner import BatchRun, run_batch
-from streamer_core.batching.scheduler import Scheduler, _Item, deliver, live_items
+from streamer_core.batching.scheduler import Scheduler
 from streamer_core.batching.shaping import batch_cost
 from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
 from streamer_core.telemetry.tracing import BatchFacts, traced_run
@@ -36,7 +37,7 @@ class _Lane:
     __slots__ = ("inbox", "held", "thread")
 
     def __init__(self) -> None:
-        self.inbox: queue.SimpleQueue[Optional[List[_Item]]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Optional[List[Item]]] = queue.SimpleQueue()
         self.held = 0  # batches handed to this thread and not finished
         self.thread: Optional[threading.Thread] = None
 
@@ -71,7 +72,7 @@ class _ThreadBackend(Backend):
             lane.thread.start()
             scheduler.add_slot()
 
-    def run(self, items: List[_Item], held: int) -> None:
+    def run(self, items: List[Item], held: int) -> None:
         with self._lock:
             lane = next((lane for lane in self._lanes if lane.held == held), None)
             if lane is not None:
@@ -122,7 +123,7 @@ class _ThreadBackend(Backend):
                 stats.batch_ran(started, seconds, [item.arrival for item in items], levels)
             deliver(items, outcomes)
 
-    def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[_Item]) -> BatchRun:
+    def _traced(self, facts: BatchFacts, predict: Callable[[List[Any]], Sequence[Any]], items: List[Item]) -> BatchRun:
         """:func:`run_batch` inside the batch's span (see :mod:`streamer_core.telemetry.tracing`;
         a batch of calls the sampler left out alone runs as an untraced one)."""
         values = [item.value for item in items]

@@ -1,5 +1,6 @@
-"""Priority levels: :class:`LeveledFormer`, the batch former of a model
-with more than one level (``priority_levels``).
+"""Priority levels: :class:`LeveledQueue`, the line of waiting inputs a
+:class:`~streamer_core.batching.former.BatchFormer` is given for a model with
+more than one level (``priority_levels``; :func:`waiting_queue` picks it).
 
 A call names its level as ``priority``, 1 the highest (as Triton numbers
 them), ``priority_levels`` the lowest; one that names none gets
@@ -30,7 +31,8 @@ backends, a Redis worker):
 - shaped by cost (``item_cost``, ``max_batch_cost``), a batch is led by the
   input that goes first by that rule, and its companions are chosen by
   cost among the next inputs in that order;
-- the parked inputs of large calls (:meth:`~streamer_core.batching.former.BatchFormer.add_call`)
+- the parked inputs of large calls (:meth:`~streamer_core.batching.former.BatchFormer.add_call`,
+  :mod:`~streamer_core.batching.parking`)
   join their level's line in turns taken by level: the calls served at the
   highest level (aging counted) first, those of one level in turn.
 
@@ -41,19 +43,22 @@ take theirs.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
-from typing import Callable, Deque, Iterator, List, Optional, Protocol, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Deque, Iterator, List, Optional, Protocol, Sequence, TypeVar
 
+from streamer_core.batching.queues import FifoQueue, Waiting, WaitingQueue, kept
+from streamer_core.errors import QueueFullError
 from streamer_core.options.config import BatchingConfig
-from streamer_core.batching.former import SHAPING_WINDOW, BatchFormer, Waiting
 
-__all__ = ["LeveledFormer", "Leveled"]
+if TYPE_CHECKING:
+    from streamer_core.batching.former import BatchFormer
+
+__all__ = ["LeveledQueue", "Leveled", "waiting_queue", "make_room"]
 
 
 class Leveled(Waiting, Protocol):
-    """What the leveled former needs of an input: a level, 0 the highest."""
+    """What the leveled queue needs of an input: a level, 0 the highest."""
 
     level: int
 
@@ -61,151 +66,157 @@ class Leveled(Waiting, Protocol):
 L = TypeVar("L", bound=Leveled)
 
 
-class LeveledFormer(BatchFormer[L]):
-    """A :class:`~streamer_core.batching.former.BatchFormer` with one line per
-    priority level (see the module's doc). Its owner checks each level's
-    bound with :meth:`in_level` before :meth:`add`."""
+def waiting_queue(config: BatchingConfig) -> WaitingQueue[L]:
+    """The line a former of ``config`` is given: one per level where it has
+    more than one (``priority_levels``), else one in arrival order."""
+    if config.priority_levels > 1:
+        return LeveledQueue(config)
+    return FifoQueue()
 
-    def __init__(
-        self,
-        config: BatchingConfig,
-        costed: bool,
-        live: Optional[Callable[[L], bool]] = None,
-        dropped: Optional[Callable[[L], None]] = None,
-        shed: Optional[Callable[[L], None]] = None,
-    ) -> None:
-        super().__init__(config, costed, live, dropped, shed)
+
+def make_room(former: BatchFormer[Any], config: BatchingConfig, level: int, n: int) -> None:
+    """Raise :class:`QueueFullError` unless ``n`` more inputs fit in
+    ``former``'s bound (``max_queue``; with priority levels, ``level``'s:
+    ``priority_max_queue``, else ``max_queue``), given-up inputs dropped
+    before it refuses."""
+    if former.levels == 1:
+        limit = config.max_queue
+        if limit is not None and former.in_queue() + n > limit:
+            former.compact()
+            if former.in_queue() + n > limit:
+                raise QueueFullError(
+                    f"the queue holds {former.in_queue()} items and max_queue is {limit}: "
+                    "retry later, add workers, or raise max_queue"
+                )
+        return
+    limit = config.queue_limit(level)
+    if limit is not None and former.in_level(level) + n > limit:
+        former.compact()
+        if former.in_level(level) + n > limit:
+            raise QueueFullError(
+                f"priority {level + 1} holds {former.in_level(level)} items and its bound is {limit}: "
+                "retry later, add workers, or raise its bound (priority_max_queue or max_queue)"
+            )
+
+
+class LeveledQueue(WaitingQueue[L]):
+    """One line per priority level, served as the module's doc says. Its
+    former's owner checks each level's bound with
+    :meth:`~streamer_core.batching.former.BatchFormer.in_level` before adding."""
+
+    def __init__(self, config: BatchingConfig) -> None:
+        self.levels = config.priority_levels
         self._lines: List[Deque[L]] = [deque() for _ in range(config.priority_levels)]
         #: Seconds of waiting that raise an input one level (``None``: never).
         self.aging_s = config.priority_aging
         self._count = 0  # inputs in every line (given-up ones may still be counted)
+        self._live: Callable[[L], bool] = _always
+        self._drop: Callable[[L], None] = _ignore
 
-    # -- what waits --------------------------------------------------------------
+    def attach(self, live: Callable[[L], bool], drop: Callable[[L], None]) -> None:
+        self._live, self._drop = live, drop
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[L]:
+        for line in self._lines:
+            yield from line
 
     def add(self, inputs: Sequence[L]) -> None:
+        lines = self._lines
         for each in inputs:
-            self._lines[each.level].append(each)
-            self._bound_top = max(self._bound_top, each.cost)
-            self._bound_sum += each.cost
+            lines[each.level].append(each)
         self._count += len(inputs)
 
     def put_back(self, inputs: Sequence[L]) -> None:
+        lines = self._lines
         for each in reversed(inputs):
-            self._lines[each.level].appendleft(each)
+            lines[each.level].appendleft(each)
         self._count += len(inputs)
-        self._rebound()
 
-    def in_queue(self) -> int:
-        return self._count + self._parked_count
-
-    def in_level(self, level: int) -> int:
-        """Inputs waiting at ``level``, parked ones included (given-up ones may still be counted)."""
-        return len(self._lines[level]) + sum(len(call) for call in self._parked if call[0].level == level)
-
-    def levels_waiting(self) -> List[int]:
-        """Inputs waiting at each level, the highest first."""
-        return [self.in_level(level) for level in range(len(self._lines))]
-
-    def __iter__(self) -> Iterator[L]:
-        yield from self._alone
-        for line in self._lines:
-            yield from line
-        for call in self._parked:
-            yield from call
-
-    def clear(self) -> None:
-        for line in self._lines:
-            line.clear()
-        self._count = 0
-        super().clear()
-
-    def compact(self) -> None:
-        self._lines = [deque(self._kept(line)) for line in self._lines]
-        self._count = sum(len(line) for line in self._lines)
-        super().compact()
-
-    # -- when a batch goes ---------------------------------------------------------
-
-    def over_budget(self) -> bool:
-        shaper = self.shaper
-        budget = shaper.budget()
-        if math.isinf(budget):
-            return False
-        bound = self._count * self._bound_top if shaper.rule == "max" else self._bound_sum
-        if bound <= budget:
-            return False
-        live = self._live
-        return shaper.over_budget([each.cost for line in self._lines for each in line if live(each)])
-
-    def _skip_given_up(self) -> Sequence[L]:
-        """Every line's given-up head dropped; what waits, as the one-level
-        rule looks at it: its count, and the oldest input first."""
+    def oldest(self) -> Optional[L]:
+        """Every line's given-up head dropped; the oldest of their heads
+        (whose wait says when a batch goes, whatever its level)."""
         oldest: Optional[L] = None
         for line in self._lines:
             self._drop_dead_heads(line)
             if line and (oldest is None or line[0].arrival < oldest.arrival):
                 oldest = line[0]
-        return _Waiting(self._count, oldest)
+        return oldest
 
-    # -- what a batch holds --------------------------------------------------------
-
-    def _level_next(self) -> int:
-        line = self._next_line(time.monotonic())
-        return 0 if line is None else line[0].level
-
-    def _pop(self, size: int, newest: bool = False) -> List[L]:
-        """Up to ``size`` inputs in serving order: the line served next
+    def pop(self, count: int, newest: bool = False) -> List[L]:
+        """Up to ``count`` inputs in serving order: the line served next
         (its level, aging counted) gives its oldest (``newest``: its
         newest; the levels keep their order, and aging its turns)."""
-        batch: List[L] = []
+        taken: List[L] = []
         now = time.monotonic()
         live = self._live
-        while len(batch) < size:
+        while len(taken) < count:
             line = self._next_line(now)
             if line is None:
                 break
             if not newest:
-                batch.append(line.popleft())
+                taken.append(line.popleft())
                 self._count -= 1
                 continue
             while line:  # the newest live input of this line; given-up ones met are dropped
                 last = line.pop()
                 self._count -= 1
                 if live(last):
-                    batch.append(last)
+                    taken.append(last)
                     break
                 self._drop(last)
-        return batch
+        return taken
 
-    def _pop_shaped(self, size: int, newest: bool = False) -> List[L]:
-        """Shaped by cost among the next :data:`~streamer_core.batching.former.SHAPING_WINDOW`
-        batches' worth of inputs in serving order, led by the first; the
-        rest go back to their lines where they were, in their order."""
-        window = self._pop(SHAPING_WINDOW * self.size, newest)
-        taken = self.shaper.shape([each.cost for each in window])[:size]
-        chosen = set(taken)
-        self._give_back([each for index, each in enumerate(window) if index not in chosen], newest)
-        return [window[index] for index in taken]
-
-    def _give_back(self, inputs: List[L], newest: bool) -> None:
+    def give_back(self, inputs: Sequence[L], newest: bool) -> None:
         if not newest:
             self.put_back(inputs)
             return
+        lines = self._lines
         for each in reversed(inputs):
-            self._lines[each.level].append(each)
+            lines[each.level].append(each)
         self._count += len(inputs)
-        self._rebound()
 
-    def _shed_waited(self, oldest_kept: float) -> None:
-        live = self._live
+    def taken_before(self, arrival: float) -> List[L]:
+        taken: List[L] = []
         for line in self._lines:
-            while line and line[0].arrival < oldest_kept:
-                first = line.popleft()
+            while line and line[0].arrival < arrival:
+                taken.append(line.popleft())
                 self._count -= 1
-                if live(first):
-                    self._shed(first)
-                else:
-                    self._drop(first)
+        return taken
+
+    def compact(self) -> None:
+        self._lines = [deque(kept(line, self._live, self._drop)) for line in self._lines]
+        self._count = sum(len(line) for line in self._lines)
+
+    def clear(self) -> None:
+        for line in self._lines:
+            line.clear()
+        self._count = 0
+
+    def level_next(self) -> int:
+        line = self._next_line(time.monotonic())
+        return 0 if line is None else line[0].level
+
+    def level_of(self, each: L) -> int:
+        return each.level
+
+    def in_level(self, level: int) -> int:
+        return len(self._lines[level])
+
+    def turn(self, calls: Sequence[Sequence[L]]) -> int:
+        """Of the parked calls served at the highest level (their own,
+        raised by aging as in :meth:`_next_line`), the first in turn; a
+        lower call's inputs joining the line first would hold up the
+        higher one's in every other batch."""
+        aging_s, now = self.aging_s, time.monotonic()
+
+        def served_as(index: int) -> int:
+            head = calls[index][0]
+            return head.level if aging_s is None else max(0, head.level - int((now - head.arrival) / aging_s))
+
+        return min(range(len(calls)), key=lambda index: (served_as(index), index))
 
     def _next_line(self, now: float) -> Optional[Deque[L]]:
         """The line whose head is served next: the highest level it is
@@ -226,49 +237,16 @@ class LeveledFormer(BatchFormer[L]):
                 best, best_level, best_arrival = line, served_as, head.arrival
         return best
 
-    def _next_parked(self) -> Deque[L]:
-        """The parked call whose turn it is: of those served at the highest
-        level (their own, raised by aging as in :meth:`_next_line`), the first
-        in turn; a lower call's inputs joining the line first would hold up
-        the higher one's in every other batch."""
-        parked, aging_s, now = self._parked, self.aging_s, time.monotonic()
-
-        def served_as(index: int) -> int:
-            head = parked[index][0]
-            return head.level if aging_s is None else max(0, head.level - int((now - head.arrival) / aging_s))
-
-        turn = min(range(len(parked)), key=lambda index: (served_as(index), index))
-        call = parked[turn]
-        del parked[turn]
-        return call
-
     def _drop_dead_heads(self, line: Deque[L]) -> None:
         live = self._live
         while line and not live(line[0]):
             self._drop(line.popleft())
             self._count -= 1
 
-    def _rebound(self) -> None:
-        costs = [each.cost for line in self._lines for each in line]
-        self._bound_top, self._bound_sum = max(costs, default=0.0), float(sum(costs))
+
+def _always(_: Any) -> bool:
+    return True
 
 
-class _Waiting(Sequence[L]):
-    """What waits at every level, as the one-level rule of
-    :meth:`BatchFormer.decide` reads it: its count, and its oldest input at 0."""
-
-    def __init__(self, count: int, oldest: Optional[L]) -> None:
-        self._n = count if oldest is not None else 0
-        self._oldest = oldest
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, index: int) -> L: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[L]: ...
-    def __getitem__(self, index: object) -> object:
-        if index != 0 or self._oldest is None:
-            raise IndexError("only the oldest input waiting is told")
-        return self._oldest
+def _ignore(_: Any) -> None:
+    pass

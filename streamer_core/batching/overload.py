@@ -45,10 +45,13 @@ an input that could not be answered in time is not run.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from typing import Deque, Optional
+from typing import Callable, Deque, Optional, TypeVar
 
 __all__ = ["StandingQueue", "LEAVING_MOST", "LEAVING_WINDOW_S"]
+
+T = TypeVar("T")
 
 #: Callers seen leaving within :data:`LEAVING_WINDOW_S` that make a standing queue an overload.
 LEAVING_MOST = 2
@@ -97,6 +100,22 @@ class StandingQueue:
     def caller_left(self, now: float) -> None:
         """An input was dropped unrun at ``now``: its caller had given up."""
         self._left.append(now)
+
+    def callers_left(self, count: int, now: float) -> None:
+        """``count`` calls ended unanswered at ``now``, their deadline past."""
+        for _ in range(min(count, LEAVING_MOST)):
+            self._left.append(now)
+
+    def counting(self, told: Callable[[T], None]) -> Callable[[T], None]:
+        """``told``, each input told of also counted as a caller seen leaving
+        (:meth:`caller_left`): what a former tells of the inputs it drops."""
+        left = self.caller_left
+
+        def dropped(each: T) -> None:
+            left(time.monotonic())
+            told(each)
+
+        return dropped
 
     def oldest_kept(self, now: float, batch_s: Optional[float]) -> float:
         """The earliest arrival an input may have and still be served while

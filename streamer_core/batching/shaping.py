@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 if TYPE_CHECKING:
+    from streamer_core.batching.queues import Waiting, WaitingQueue
     from streamer_core.options.config import BatchingConfig
 
-__all__ = ["CostShaper", "CostCap", "batch_cost", "shape_batch", "GOOD_RUN", "GROWTH"]
+__all__ = ["CostShaper", "CostCap", "CostBound", "batch_cost", "shape_batch", "take_shaped", "GOOD_RUN", "GROWTH"]
 
 logger = logging.getLogger("streamer_core")
 
@@ -68,6 +69,21 @@ def shape_batch(costs: Sequence[float], size: int, budget: float, rule: str, gro
         taken.append(i)
         top, total = max(top, cost), total + cost
     return taken
+
+
+T = TypeVar("T", bound="Waiting")
+
+
+def take_shaped(queue: WaitingQueue[T], shaper: CostShaper, size: int, window: int, newest: bool = False) -> List[T]:
+    """A batch of at most ``size`` taken out of ``queue``, led by the input
+    it serves first (``newest``: the newest), shaped by :func:`shape_batch`
+    among the next ``window`` inputs in serving order; the rest wait on
+    where they were, in their order."""
+    candidates = queue.pop(window, newest)
+    taken = shaper.shape([each.cost for each in candidates])[:size]
+    chosen = set(taken)
+    queue.give_back([each for i, each in enumerate(candidates) if i not in chosen], newest)
+    return [candidates[i] for i in taken]
 
 
 class CostCap:
@@ -152,6 +168,32 @@ class CostCap:
         return f"{self.name}: " if self.name else ""
 
 
+class CostBound:
+    """At most what the inputs in line cost, given-up ones too: kept as
+    inputs arrive and made tight again per batch, it tells most arrivals at
+    once that the line is not over a batch's budget, without looking at
+    each input (:meth:`CostShaper.line_over_budget`)."""
+
+    __slots__ = ("top", "total")
+
+    def __init__(self) -> None:
+        self.top = 0.0  # the costliest input's cost
+        self.total = 0.0  # the sum of their costs
+
+    def add_one(self, cost: float) -> None:
+        self.top = max(self.top, cost)
+        self.total += cost
+
+    def add(self, costs: Sequence[float]) -> None:
+        if costs:
+            self.top = max(self.top, max(costs))
+            self.total += sum(costs)
+
+    def tighten(self, costs: Sequence[float]) -> None:
+        """The inputs in line cost ``costs`` now."""
+        self.top, self.total = max(costs, default=0.0), float(sum(costs))
+
+
 class CostShaper:
     """How one model's batches are shaped by cost: the configured budget
     and rule, and the cap learned from running out of memory. Not
@@ -190,6 +232,16 @@ class CostShaper:
         batch's budget: a batch of them is as full as it can be."""
         budget = self.budget()
         return bool(costs) and not math.isinf(budget) and batch_cost(self.rule, costs) > budget
+
+    def line_over_budget(self, count: int, bound: CostBound, costs: Callable[[], Sequence[float]]) -> bool:
+        """Whether ``count`` inputs in line, costing at most ``bound``, are
+        more than one batch's budget; ``costs()``: what the live ones cost,
+        asked only where the bound cannot tell."""
+        budget = self.budget()
+        if math.isinf(budget):
+            return False
+        most = count * bound.top if self.rule == "max" else bound.total
+        return most > budget and self.over_budget(costs())  # else even counting each at its most, not over
 
     def shape(self, costs: Sequence[float]) -> List[int]:
         """Which of the waiting inputs (their ``costs``, oldest first) make

@@ -151,7 +151,7 @@ class Level:
 
     __slots__ = ("model", "level", "requests", "queue_wait")
     #: Whether a batch's calls may count through different objects
-    #: (see :func:`~streamer_core.batching.scheduler.deliver`).
+    #: (see :func:`~streamer_core.batching.calls.deliver`).
     leveled = True
 
     def __init__(self, model: ModelStats, level: int) -> None:

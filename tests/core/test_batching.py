@@ -229,7 +229,8 @@ def test_a_batch_a_worker_could_not_take_is_handed_out_again_first_and_whole():
     ahead of the one it runs. Every call is answered once its batch runs."""
     from concurrent.futures import TimeoutError as FutureTimeout
 
-    from streamer_core.batching.scheduler import Scheduler, deliver
+    from streamer_core.batching.calls import deliver
+    from streamer_core.batching.scheduler import Scheduler
     from streamer_core.options.config import BatchingConfig
 
     scheduler = Scheduler(BatchingConfig(4, max_latency=0))

@@ -40,10 +40,10 @@ def test_close_waits_for_answers_on_their_way_to_their_calls(backend, monkeypatc
     between used to fail those calls with StreamerClosedError, their answers
     in hand. The way is made slow here (a loaded machine) by holding each
     batch's answers for 0.3 s before they are handed over."""
-    import streamer_core.backends.process_backend as process_backend
+    import streamer_core.backends.process_messages as process_messages
     import streamer_core.backends.thread as thread_backend
 
-    hold_answers(monkeypatch, thread_backend if backend == "thread" else process_backend, 0.3)
+    hold_answers(monkeypatch, thread_backend if backend == "thread" else process_messages, 0.3)
     if backend == "thread":
         streamer = ThreadedStreamer(models.double, batch_size=4, max_latency=0.01)
     else:

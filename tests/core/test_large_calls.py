@@ -14,7 +14,7 @@ import pytest
 
 from streamer_core import BatchingConfig, QueueFullError, Streamer, ThreadedStreamer
 from streamer_core.batching.former import GATED_RECHECK_S, BatchFormer
-from streamer_core.batching.levels import LeveledFormer
+from streamer_core.batching.levels import LeveledQueue
 from tests.core import models
 from tests.helpers import wait_for
 
@@ -110,9 +110,14 @@ def test_a_given_up_large_calls_parked_inputs_are_dropped_unrun() -> None:
     assert formed.in_queue() == 0
 
 
+def leveled_former(config: BatchingConfig) -> BatchFormer[Input]:
+    """A former of one line per priority level."""
+    return BatchFormer(config, costed=False, live=lambda each: each.live, queue=LeveledQueue(config))
+
+
 def test_with_levels_parked_inputs_count_in_their_level() -> None:
     config = BatchingConfig(4, 0.0, priority_levels=2)
-    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    formed: BatchFormer[Input] = leveled_former(config)
     formed.add_call(call("low", 10, level=1))
     formed.add_call([Input("high", level=0)])
     assert formed.in_level(1) == 10 and formed.in_level(0) == 1 and formed.levels_waiting() == [1, 10]
@@ -240,7 +245,7 @@ def test_with_levels_the_highest_levels_parked_calls_join_the_line_first() -> No
     goes before the lower's (its first batch's worth, in line before the
     higher came, goes first only among the lower's)."""
     config = BatchingConfig(4, 0.0, priority_levels=2)
-    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    formed: BatchFormer[Input] = leveled_former(config)
     formed.add_call(call("low", 12, level=1))
     formed.add_call(call("high", 12, level=0))
     batches = [names(formed.take()) for _ in range(6)]
@@ -253,7 +258,7 @@ def test_with_aging_a_lower_call_that_waited_long_keeps_its_turn() -> None:
     the lower call is served as the higher, and older: its parked inputs
     join the line before the newer higher call's."""
     config = BatchingConfig(4, 0.0, priority_levels=2, priority_aging=1.0)
-    formed: LeveledFormer[Input] = LeveledFormer(config, costed=False, live=lambda each: each.live)
+    formed: BatchFormer[Input] = leveled_former(config)
     low, high = call("low", 12, level=1), call("high", 12, level=0)
     for each in low:
         each.arrival = time.monotonic() - 100.0

@@ -17,7 +17,7 @@ import pytest
 from streamer_core import OverloadedError, Streamer, ThreadedStreamer
 from streamer_core.backends.redis.reader import Handover
 from streamer_core.batching.former import BatchFormer
-from streamer_core.batching.levels import LeveledFormer
+from streamer_core.batching.levels import LeveledQueue
 from streamer_core.batching.overload import LEAVING_MOST, LEAVING_WINDOW_S, StandingQueue
 from streamer_core.options.config import BatchingConfig
 from tests.core import models
@@ -255,6 +255,7 @@ def test_a_former_that_cannot_refuse_a_call_never_sheds():
     settings: it would take inputs out unrun and unanswered."""
     config = BatchingConfig(2, 0.01, overload_after=0.05, overload_wait=0.1)
     assert not BatchFormer(config, False).standing.on
-    assert not LeveledFormer(BatchingConfig(2, 0.01, priority_levels=2, overload_after=0.05), False).standing.on
+    leveled = BatchingConfig(2, 0.01, priority_levels=2, overload_after=0.05)
+    assert not BatchFormer(leveled, False, queue=LeveledQueue(leveled)).standing.on
     assert not Handover(config).former.standing.on
     assert BatchFormer(config, False, shed=lambda each: None).standing.on

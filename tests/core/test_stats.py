@@ -342,7 +342,7 @@ def test_a_batchs_last_look_counts_what_it_drops_by_why_the_call_ended() -> None
     """The backends' look at a formed batch before the model runs it
     (``live_items``): each input of a call that ended since is dropped and
     counted by why, not all as cancelled."""
-    from streamer_core.batching.scheduler import _Item, _Task, live_items
+    from streamer_core.batching.calls import Item, Task, live_items
     from streamer_core.errors import StreamerTimeoutError
     from streamer_core.future import BatchFuture
 
@@ -352,7 +352,7 @@ def test_a_batchs_last_look_counts_what_it_drops_by_why_the_call_ended() -> None
     futures[1].cancel()
     futures[2].disconnected()
     futures[3].set_exception(StreamerTimeoutError("past its deadline"))
-    items = [_Item(_Task(future, 1, 10.0), 0, x, 0.0) for x, future in enumerate(futures)]
+    items = [Item(Task(future, 1, 10.0), 0, x, 0.0) for x, future in enumerate(futures)]
     assert [item.value for item in live_items(items, stats)] == [0]
     assert stats.snapshot().dropped == {"cancelled": 1, "disconnected": 1, "expired": 1}
 

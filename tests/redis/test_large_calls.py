@@ -15,7 +15,7 @@ from typing import Any, List
 import pytest
 
 from streamer_core import StreamerTimeoutError
-from streamer_core.backends.redis import client
+from streamer_core.backends.redis import collector
 from streamer_core.backends.redis.client import BATCHES_PER_WORKER
 from streamer_core.backends.redis.roster import Roster
 from streamer_core.backends.redis.wire import Keys
@@ -146,7 +146,7 @@ def test_the_web_process_looks_again_once_the_answers_are_handed_over(broker, ma
     notes how many batches of answers had been handed over by then."""
     handed_over: List[int] = []
     seen_at_wake: List[int] = []
-    deliver, wake = client.deliver, Scheduler.wake_parked
+    deliver, wake = collector.deliver, Scheduler.wake_parked
 
     def counted(items: Any, outcomes: Any) -> None:
         deliver(items, outcomes)
@@ -156,7 +156,7 @@ def test_the_web_process_looks_again_once_the_answers_are_handed_over(broker, ma
         seen_at_wake.append(len(handed_over))
         wake(self)
 
-    monkeypatch.setattr(client, "deliver", counted)
+    monkeypatch.setattr(collector, "deliver", counted)
     monkeypatch.setattr(Scheduler, "wake_parked", noted)
     streamer = served_at_once(broker, make_streamer, start_worker)
     assert streamer.predict(list(range(80))) == list(range(80))

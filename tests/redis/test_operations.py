@@ -384,18 +384,18 @@ def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(
     assert frozen > 0
 
 
-def test_the_readme_readiness_answer_is_the_examples(broker: Broker) -> None:
-    """README's readiness answer is what the Flask example says on the Redis
-    backend before its workers start, key names and advice as written."""
+def test_the_documented_readiness_answer_is_the_examples(broker: Broker) -> None:
+    """The operations page's readiness answer is what the Flask example says
+    on the Redis backend before its workers start, key names and advice as written."""
     import re
     from pathlib import Path
 
     from example_flask import create_app
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Liveness and readiness", 1)[1]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = page.split("## Liveness and readiness", 1)[1]
     match = re.search(r"```json\n(.*?)```", section, re.S)
-    assert match, "README's readiness section has no JSON answer"
+    assert match, "the docs' readiness section has no JSON answer"
     documented = json.loads(match.group(1))
     # Its own database: the keys' names do not say which, the workers of
     # other tests are not seen.

@@ -196,9 +196,9 @@ def test_close_waits_for_answers_read_but_not_yet_handed_to_their_calls(broker, 
     it is on its way there: close() waits for it rather than failing the
     call with StreamerClosedError. The way is made slow here (a loaded
     machine's GIL, say) by holding each batch of answers for 0.5 s."""
-    from streamer_core.backends.redis import client
+    from streamer_core.backends.redis import collector
 
-    hold_answers(monkeypatch, client, 0.5)
+    hold_answers(monkeypatch, collector, 0.5)
     start_worker(broker, models.double, batch_size=4)
     close_answers_every_call(RedisStreamer(broker.url, broker.prefix, timeout=20))
 

@@ -153,11 +153,11 @@ def test_a_server_whose_lua_lacks_cmsgpack_is_sent_plain_arguments(broker, make_
     assert streamer.predict([0]) == [1]
     backend = streamer._backend
     without = ADD_PACKED_REQUESTS_SCRIPT.replace("cmsgpack.unpack", "cmsgpack_absent.unpack")
-    backend._add_packed = backend._send_conn.register_script(without)
+    backend._sender._add_packed = backend._send_conn.register_script(without)
     with caplog.at_level(logging.INFO, logger="streamer_core.redis"):
         assert streamer.predict([1, 2, 3]) == [2, 3, 4]
         assert streamer.predict([4]) == [5]
-    assert backend._packed is False
+    assert backend._sender._packed is False
     said = [record.getMessage() for record in caplog.records]
     assert said.count("this Redis server's Lua has no cmsgpack: requests go in plain arguments") == 1
 
@@ -185,9 +185,9 @@ def test_a_second_batch_answered_at_once_waits_for_the_first_ones_callers(broker
     with this). So the second batch's callers are woken once the first's are
     back. (The pauses this allows are stretched here, so that a loaded
     machine's scheduling cannot decide the order.)"""
-    from streamer_core.backends.redis import client
+    from streamer_core.backends.redis import collector
 
-    monkeypatch.setattr(client, "_STAGGER_S", 5.0)
+    monkeypatch.setattr(collector, "_STAGGER_S", 5.0)
     monkeypatch.setattr(hold, "STILL_ARRIVING", 2.0)
     # And the sender's patience with them: once it gives up waiting for the
     # callers still due (a few ms here), it counts none due, and the second

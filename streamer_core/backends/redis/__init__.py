@@ -39,12 +39,13 @@ workers recreate the consumer group.
 
 The modules, in the order data meets them: :mod:`.connection` (addresses,
 errors), :mod:`.wire` (every key and field, and what is done with entries
-that do not parse), :mod:`.client` (the web side), :mod:`.worker` (the
-worker, its main thread and its reader) with :mod:`.intake` (entries to
-inputs, requests held, taken over), :mod:`.ledger` (what a web process
-sent and waits for), :mod:`.answers` (the writer) and
-:mod:`.presence` (the heartbeat, hangs), :mod:`.supervisor` (running
-several workers).
+that do not parse), :mod:`.client` (the web side: :mod:`.sender` puts
+requests in, :mod:`.collector` reads answers back), :mod:`.worker` (the
+worker) with :mod:`.model_loop` (its main thread), :mod:`.reader` (its
+reader), :mod:`.intake` (entries to inputs, requests held, taken over),
+:mod:`.ledger` (what a web process sent and waits for), :mod:`.answers`
+(the writer) and :mod:`.presence` (the heartbeat, hangs),
+:mod:`.supervisor` (running several workers).
 
 Nothing read from Redis is unpickled unless both sides chose ``codec="pickle"``:
 see :mod:`streamer_core.codec`.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from streamer_core.batching.scheduler import _Item
+from streamer_core.batching.calls import Item
 
 from ...errors import QueueFullError
 from .wire import new_request_id
@@ -28,14 +28,14 @@ class Ledger:
 
     def __init__(self, levels: int = 1) -> None:
         self.lock = threading.Lock()
-        self._pending: Dict[bytes, _Item] = {}  # sent, not answered yet; by request id
+        self._pending: Dict[bytes, Item] = {}  # sent, not answered yet; by request id
         self._entries: Dict[bytes, bytes] = {}  # their stream entry ids
         self._abandoned: List[Tuple[int, bytes]] = []  # (level, entry) of calls that ended unanswered: to delete
         self._by_level = [0] * levels  # pending inputs at each level
         #: Set when there are entries to delete (see :meth:`take_abandoned`).
         self.abandon = threading.Event()
 
-    def add(self, items: Sequence[_Item]) -> List[Tuple[bytes, _Item]]:
+    def add(self, items: Sequence[Item]) -> List[Tuple[bytes, Item]]:
         """Give each of ``items`` a new request id and wait for its answer."""
         sent = []
         with self.lock:
@@ -54,7 +54,7 @@ class Ledger:
                 if request_id in self._pending:
                     self._entries[request_id] = entry_id
 
-    def unsent(self, sent: Sequence[Tuple[bytes, _Item]]) -> None:
+    def unsent(self, sent: Sequence[Tuple[bytes, Item]]) -> None:
         """Stop waiting for answers to requests that did not reach Redis."""
         with self.lock:
             for request_id, _ in sent:
@@ -78,7 +78,7 @@ class Ledger:
             abandoned, self._abandoned = self._abandoned, []
         return abandoned
 
-    def answered(self, request_ids: Sequence[bytes]) -> List[Optional[_Item]]:
+    def answered(self, request_ids: Sequence[bytes]) -> List[Optional[Item]]:
         """The inputs answered by ``request_ids``, taken out (``None`` for an
         id no call waits for: answered already, or given up). Holds the
         lock: call it under :attr:`lock`."""
@@ -88,7 +88,7 @@ class Ledger:
             found.append(self._pop(request_id))
         return found
 
-    def waiting(self) -> List[Tuple[bytes, _Item]]:
+    def waiting(self) -> List[Tuple[bytes, Item]]:
         """The requests whose calls still wait, by request id."""
         with self.lock:
             return [(request_id, item) for request_id, item in self._pending.items() if item.task.live()]
@@ -126,7 +126,7 @@ class Ledger:
         with self.lock:
             return list(self._by_level)
 
-    def _pop(self, request_id: bytes) -> Optional[_Item]:
+    def _pop(self, request_id: bytes) -> Optional[Item]:
         item = self._pending.pop(request_id, None)
         if item is not None:
             self._by_level[item.level] -= 1

@@ -12,8 +12,8 @@ blips.
 With priority levels (a stream per level) the reader reads the highest
 level's stream first and a lower one only for the room left, so every
 worker reads a level's requests before a lower level's; what it holds is a
-:class:`~streamer_core.batching.levels.LeveledFormer`, so its next batch is formed
-by the in-process rule. A worker whose model is busy and whose read-ahead
+former whose line is a :class:`~streamer_core.batching.levels.LeveledQueue`,
+so its next batch is formed by the in-process rule. A worker whose model is busy and whose read-ahead
 holds lower levels' requests keeps looking at the higher streams, and
 reads what would go into its next batch ahead of them: an interactive
 request waits for the running batch and its own, not for the bulk batch
@@ -29,7 +29,8 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from streamer_core.batching.former import BatchFormer
-from streamer_core.batching.levels import LeveledFormer
+from streamer_core.batching.levels import waiting_queue
+from streamer_core.batching.queues import WaitingQueue
 from streamer_core.options.config import BatchingConfig
 from streamer_core.options.redis_address import RedisAddress
 
@@ -68,11 +69,10 @@ class Handover:
         self.cond = Condition()
         self.clock: Optional[ServerClock] = None
         self.expired: List[Input] = []
-        self.former: BatchFormer[Input] = BatchFormer(config, True, self._live, self.expired.append)
-        #: With priority levels, the same former, one line per level.
-        self.leveled: Optional[LeveledFormer[Input]] = None
-        if config.priority_levels > 1:
-            self.former = self.leveled = LeveledFormer(config, True, self._live, self.expired.append)
+        queue: WaitingQueue[Input] = waiting_queue(config)  # with priority levels, one line per level
+        self.former: BatchFormer[Input] = BatchFormer(config, True, self._live, self.expired.append, queue=queue)
+        #: With priority levels, the same former.
+        self.leveled: Optional[BatchFormer[Input]] = self.former if config.priority_levels > 1 else None
         self.orphan_in_hand = False  # one at a time, each run before the next is claimed
         self.reader_done = False
         self.running = False  # the model is running a batch

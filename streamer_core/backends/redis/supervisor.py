@@ -41,10 +41,10 @@ def _worker_process(options: Dict[str, Any], gpu_id: Optional[DeviceId], parent_
     """A worker process's body. ``failed`` (a shared flag) is set when its
     model could not load: the exit code alone cannot say so, since a model
     may exit with any code (``os._exit(3)``) once it serves."""
-    from ..process_worker import _watch_parent
+    from ..process_worker import watch_parent
 
     thread_locks_for_progress_bars()
-    background(_watch_parent, "streamer-parent-watch", (parent_pid,)).start()
+    background(watch_parent, "streamer-parent-watch", (parent_pid,)).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor handles Ctrl-C
     logging.basicConfig(level=options.pop("log_level", logging.INFO), format=LOG_FORMAT)
     worker = RedisWorker(**options)

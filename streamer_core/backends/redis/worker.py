@@ -18,10 +18,11 @@ worker never has more than two batches' worth pending under its name (plus
 the one being answered): a worker killed at any point loses nothing, since
 what it held is taken over by the others after ``claim_after``.
 
-This module holds the worker itself and its main thread, which composes the
-others: the reader's loop and what it hands the model's thread (a batch
-former, as in-process) are :mod:`.reader`'s, its dealings with the stream
-:mod:`.intake`'s, the writer is :mod:`.answers`, the heartbeat
+This module holds the worker itself, which composes the threads: the main
+thread's loop (what it does with a batch before and after the model) is
+:mod:`.model_loop`'s, the reader's loop and what it hands the model's thread
+(a batch former, as in-process) are :mod:`.reader`'s, its dealings with the
+stream :mod:`.intake`'s, the writer is :mod:`.answers`, the heartbeat
 :mod:`.presence`.
 """
 
@@ -33,34 +34,32 @@ import os
 import signal
 import socket
 import threading
-import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from streamer_core.batching.oom import load_failure
-from streamer_core.batching.runner import BatchRun, run_batch
-from streamer_core.batching.shaping import batch_cost
 from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
 from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from streamer_core.telemetry.stats import StreamerStats, stats_for
 from streamer_core.telemetry.tracing import BatchFacts
 
 from ...codec import Codec, get_codec
-from ...errors import StreamerTimeoutError, WorkerStartError
+from ...errors import WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
 from ...streamer import callable_name
 from ...threads import background
-from .answers import AnswerWriter, Outcome
+from .answers import AnswerWriter
 from .connection import (
     broker_errors,
     connect,
     refuses_setup,
     setup_refused,
 )
-from .intake import Hands, Input, Intake, ServerClock
+from .intake import Hands, Intake, ServerClock
+from .model_loop import ModelLoop
 from .presence import Loading, ModelWatch, Presence
 from .reader import Handover, Reader
-from .wire import GROUP, Keys, by_level
+from .wire import Keys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -68,13 +67,6 @@ if TYPE_CHECKING:
 __all__ = ["RedisWorker"]
 
 logger = logging.getLogger("streamer_core.redis")
-
-# A batch whose requests were all read within this many seconds runs without
-# asking Redis which of them their callers withdrew meanwhile (see
-# RedisWorker._withdrawn): a caller rarely gives up within milliseconds of
-# sending, and the question costs a round trip while every caller of the
-# batch waits.
-_RECHECK_AFTER_S = 0.01
 
 
 class RedisWorker:
@@ -153,14 +145,10 @@ class RedisWorker:
         self._watch = ModelWatch()
         # Made by run_forever, for the threads it starts.
         self._conn: Any = None  # the reader's
-        self._main_conn: Any = None
-        self._clock: ServerClock = ServerClock(None)
-        self._writer: Optional[AnswerWriter] = None
         self.consumer = ""
         self._serving = False
         self._device: Optional[str] = None  # CUDA_VISIBLE_DEVICES as it serves
         self._predict: Optional[Callable[[List[Any]], Sequence[Any]]] = None  # the model's, once loaded
-        self._trace_facts: Optional[BatchFacts] = None  # set by run_forever when tracing
 
     def stats(self) -> StreamerStats:
         """This worker process's numbers: its batches, their queue waits (from
@@ -220,9 +208,9 @@ class RedisWorker:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         info = json.dumps(about)
         self._conn = connect(self._address)
-        self._main_conn = connect(self._address)
+        main_conn = connect(self._address)
         hands, clock = self._hands, ServerClock(self._conn, self._keys.requests)
-        self._clock = self._handover.clock = clock
+        self._handover.clock = clock
         intake = Intake(
             self._conn,
             self.consumer,
@@ -236,7 +224,19 @@ class RedisWorker:
             self._stats,
             levels,
         )
-        writer = self._writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
+        writer = AnswerWriter(self._address, self._keys, self._codec, hands, clock, self._stopping)
+        loop = ModelLoop(
+            self._config,
+            self._stats,
+            self._handover,
+            self._watch,
+            clock,
+            writer,
+            main_conn,
+            self._keys,
+            self.consumer,
+            self._stopping,
+        )
         presence = Presence(
             self._address,
             self._keys,
@@ -259,7 +259,7 @@ class RedisWorker:
             self._handover,
             self._config,
             lambda: presence.sole_worker,
-            self._refuse,
+            loop.refuse,
             self._stopping,
         )
         # Live to the web side before the first request is read: a worker
@@ -273,14 +273,14 @@ class RedisWorker:
             thread.start()
         facts = model_facts(predict, gpu_id)
         if self._config.tracing:
-            self._trace_facts = BatchFacts(self._stats.model, "redis", self.consumer, facts.device)
+            loop.trace_facts = BatchFacts(self._stats.model, "redis", self.consumer, facts.device)
         line = ready_line(facts, self._config.batch_size, self._config.max_latency)
         served = self._keys.requests if levels == 1 else f"{self._keys.requests} and {levels - 1} lower level(s)"
         logger.info("worker %s serving %s: %s", self.consumer, served, line)
         self._serving = True
         self._stats.watch(self)
         try:
-            self._serve(self.model_predict)
+            loop.serve(self.model_predict)
         finally:
             self._serving = False
             self._stats.unwatch(self)
@@ -290,7 +290,7 @@ class RedisWorker:
             threads["writer"].join()
             presence.leave(self._conn)
             self._conn.close()
-            self._main_conn.close()
+            main_conn.close()
         logger.info("worker %s stopped", self.consumer)
 
     def model_predict(self, batch_input: List[Any]) -> Sequence[Any]:
@@ -315,137 +315,6 @@ class RedisWorker:
             if failure is not exc:
                 raise failure from exc
             raise WorkerStartError(f"could not load {callable_name(self._model_class)}: {exc!r}") from exc
-
-    # the main thread: take a batch when the model is free, run it
-
-    def _serve(self, predict: Any) -> None:
-        handover = self._handover
-        while True:
-            batch, alone = handover.take(self._stopping)
-            self._skip(handover.take_expired(), "expired")  # past their deadline while they waited here
-            if batch is None:
-                return
-            if not batch:  # only expired requests, acknowledged above
-                continue
-            answered, seconds = self._run(predict, batch)
-            self._watch.answered = self._watch.answered or seconds > 0
-            handover.ran(answered, seconds, alone, self._clock.now_ms(refresh=False))
-
-    def _run(self, predict: Any, batch: List[Input]) -> Tuple[int, float]:
-        """Run ``batch`` and queue its answers for the writer; return how
-        many callers it answers and the model's seconds (0 if it did not run)."""
-        outcomes: List[Outcome] = [None] * len(batch)
-        inputs, positions = [], []
-        now_ms = self._clock.now_ms(refresh=False)
-        withdrawn = self._withdrawn(batch)
-        for position, held in enumerate(batch):
-            request = held.request
-            # Its caller has given up while it waited here: not run, not answered (acknowledged).
-            if (held.level, request.entry_id) in withdrawn:
-                self._stats.dropped("cancelled")
-                continue
-            if now_ms > request.created_ms() + request.timeout_ms:
-                self._stats.dropped("expired")
-                continue
-            if held.error is not None:
-                outcomes[position] = (False, held.error)
-            else:
-                inputs.append(held.value)
-                positions.append(position)
-        started = time.monotonic()
-        if inputs:
-            config = self._config
-            waits_ms = max(batch[p].request.created_ms() + batch[p].request.timeout_ms - now_ms for p in positions)
-            self._watch.started(started, started + waits_ms / 1000)
-            try:
-                if self._trace_facts is None:
-                    run = run_batch(predict, inputs, config.isolate_errors, config.oom_errors)
-                else:
-                    run = self._traced(predict, inputs, [batch[p] for p in positions], now_ms)
-            finally:
-                self._watch.ended()
-            for position, outcome in zip(positions, run.outcomes):
-                outcomes[position] = outcome
-            if run.oom_splits:
-                self._stats.oom_split(run.oom_splits)
-            self._handover.learn([batch[p].cost for p in positions], run.out_of_memory, run.ran)
-        seconds = time.monotonic() - started if inputs else 0.0
-        if inputs:
-            # Each request's wait, by the server's clock: from its entry's time to now.
-            arrivals = [started - max(0.0, now_ms - batch[p].request.created_ms()) / 1000 for p in positions]
-            levels = [batch[p].level for p in positions] if self._stats.levels else None
-            self._stats.batch_ran(started, seconds, arrivals, levels)
-        assert self._writer is not None  # made by run_forever
-        self._writer.put([held.request for held in batch], outcomes)
-        return sum(outcome is not None for outcome in outcomes), seconds
-
-    def _traced(self, predict: Any, inputs: List[Any], held: List[Input], now_ms: float) -> BatchRun:
-        """:func:`run_batch` inside the batch's span, linked to each caller's
-        (its ``traceparent`` in the request). A request's queue wait starts
-        when Redis took it in, by the server's clock, as the stats count it."""
-        from streamer_core.telemetry.tracing import from_traceparent, traced_run
-
-        facts = self._trace_facts
-        assert facts is not None
-        now_ns = time.time_ns()
-        calls = [
-            from_traceparent(h.request.trace, now_ns - int(max(0.0, now_ms - h.request.created_ms()) * 1e6))
-            if h.request.trace is not None
-            else None
-            for h in held
-        ]
-        config = self._config
-        cost = batch_cost(config.batch_cost, [h.cost for h in held])
-        run, _ = traced_run(
-            lambda: run_batch(predict, inputs, config.isolate_errors, config.oom_errors), facts, calls, cost
-        )
-        return run
-
-    def _skip(self, dropped: List[Input], reason: str) -> None:
-        """Acknowledge and delete ``dropped`` unrun, counted as dropped for
-        ``reason``. One whose deadline has not passed yet (dropped because
-        no batch could answer it in time) is answered ``StreamerTimeoutError``
-        at once, as in-process: its caller hears now, and its web process
-        has room to send another; nobody waits for the others."""
-        if dropped:
-            self._stats.dropped(reason, len(dropped))
-            now_ms = self._clock.now_ms(refresh=False)
-            outcomes: List[Outcome] = []
-            for held in dropped:
-                request = held.request
-                left_ms = request.created_ms() + request.timeout_ms - now_ms
-                outcomes.append(
-                    None if left_ms <= 0 else (False, StreamerTimeoutError.unrun(request.timeout_ms / 1000))
-                )
-            assert self._writer is not None  # made by run_forever
-            self._writer.put([held.request for held in dropped], outcomes)
-
-    def _withdrawn(self, batch: List[Input]) -> Set[Tuple[int, bytes]]:
-        """The requests of ``batch`` whose callers gave up since they were
-        read (their web process deleted them from the stream). Claiming the
-        batch again tells: Redis 7 skips deleted entries (and drops them from
-        the pending list). Asked only when a request of the batch has waited
-        here ``_RECHECK_AFTER_S`` or more (read ahead while the model ran,
-        or held for companions). On older servers, or when Redis does not
-        answer, nothing counts as withdrawn: such a request runs, and its
-        answer is dropped by its web process."""
-        if time.monotonic() - min((held.arrival for held in batch), default=0.0) < _RECHECK_AFTER_S:
-            return set()
-        withdrawn: Set[Tuple[int, bytes]] = set()  # ids are per stream: two levels' may be equal
-        for level, ids in by_level((held.level, held.request.entry_id) for held in batch).items():
-            stream = self._keys.request_stream(level)
-            try:
-                kept = self._main_conn.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
-            except Exception as exc:
-                logger.debug("could not re-claim a batch before running it: %s", exc)
-                continue
-            withdrawn.update((level, entry_id) for entry_id in set(ids).difference(kept))
-        return withdrawn
-
-    def _refuse(self, held: Input, error: BaseException) -> None:
-        """Answer a request with ``error`` without running it."""
-        assert self._writer is not None  # made by run_forever
-        self._writer.put([held.request], [(False, error)])
 
     def _check_setup(self) -> None:
         """Raise ``ConfigurationError`` (a ``ValueError``) when Redis refuses
