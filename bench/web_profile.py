@@ -180,7 +180,7 @@ def profile(
 def flask_profile(args: Any) -> Dict[str, Any]:
     from flask import Flask, Response, jsonify, request
 
-    import flask_streamer.extension as extension
+    import flask_streamer.serving as serving
     import streamer_core.web.http as http
     from flask_streamer import FlaskStreamer
     from streamer_core import ThreadedStreamer
@@ -206,12 +206,11 @@ def flask_profile(args: Any) -> Dict[str, Any]:
 
     core_streamer = ThreadedStreamer(zero_model(as_list), 64, 0.0)
     wraps = [
-        (extension, "_parse", "parse"),
+        (serving, "read_input", "parse"),
         (BaseStreamer, "submit", "submit"),
         (BatchFuture, "result", "wait"),
-        (extension, "_respond", "respond"),
-        (extension, "to_jsonable", "respond"),
-        (extension, "jsonify", "respond"),
+        (serving, "answer_json", "respond"),
+        (serving, "to_jsonable", "respond"),
     ]
     try:
         return profile(
@@ -279,7 +278,7 @@ def django_profile(args: Any) -> Dict[str, Any]:
 
     # The same view for the stages: its steps looked up at each call, so the
     # wrappers see them (the decorator binds its respond hook once).
-    @batched_view("embed", respond=lambda output: views._default_respond(output))
+    @batched_view("embed", respond=lambda output: views.default_respond(output))
     def timed(request: Any) -> Any:
         return views.request_item(request, "s")
 
@@ -294,7 +293,7 @@ def django_profile(args: Any) -> Dict[str, Any]:
         (views, "request_item", "parse"),
         (BaseStreamer, "submit", "submit"),
         (BatchFuture, "result", "wait"),
-        (views, "_default_respond", "respond"),
+        (views, "default_respond", "respond"),
     ]
     try:
         return profile(

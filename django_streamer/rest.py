@@ -50,24 +50,12 @@ from rest_framework.views import APIView
 from streamer_core.telemetry.stats import stats_for
 from streamer_core.web.cycle import Cycle
 from streamer_core.web.peer import client_socket
-from streamer_core.web.priority import EndpointPriority
 
 from . import conf
 from .conf import max_body_bytes
 from .reading import body_length, read_error
 from .registry import draining, get_streamer
-from .views import (
-    PROJECTS,
-    _check_deadline,
-    _check_many,
-    _check_options,
-    _deadline_of,
-    _debug,
-    _level_of,
-    _mark,
-    _traced,
-    logger,
-)
+from .view_options import BatchedOptions, deadline_of, debug, level_of, logger, mark, traced
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -118,7 +106,7 @@ class _RestCycle(Cycle[Answer]):
         return exc
 
 
-_CYCLE = _RestCycle(_reply, logger, "the batched API view of", _debug, read_error, conf.error_details)
+_CYCLE = _RestCycle(_reply, logger, "the batched API view of", debug, read_error, conf.error_details)
 
 
 def _value(value: Any) -> Any:
@@ -126,29 +114,14 @@ def _value(value: Any) -> Any:
     return value.read() if isinstance(value, UploadedFile) else value
 
 
-class BatchedAPIView(APIView):
+class BatchedAPIView(BatchedOptions, APIView):
     """A DRF view whose ``POST`` runs the model input of ``request.data``
     (:meth:`parse`) through the model ``model`` with other requests' inputs
     and answers :meth:`respond`'s ``Response``. Set DRF's
     ``authentication_classes``, ``permission_classes``,
     ``throttle_classes`` and ``parser_classes`` as on any ``APIView``."""
 
-    #: The key of ``STREAMER["MODELS"]`` this view serves.
-    model: Optional[str] = None
-    #: The key of the body (JSON) or the form field holding the input; None: the whole body.
-    field: Optional[str] = None
-    #: Whether a request carries a list of inputs, each run on its own and answered in order.
-    many: bool = False
-    #: The most inputs of a request, with ``many``; None: ``STREAMER["MAX_INPUTS"]``.
-    max_inputs: Optional[int] = None
-    #: The level of the view's requests; None: the model's ``DEFAULT_PRIORITY``.
-    priority: Optional[int] = None
-    #: ``True`` (``X-Priority``) or a header's name: a request may choose its level by it.
-    priority_header: Any = False
-    #: The header a client says its remaining wait in (seconds); default: the project's; None: none.
-    timeout_header: Any = PROJECTS
-    #: Whether Envoy's ``x-envoy-expected-rq-timeout-ms`` is read too; default: the project's.
-    envoy_timeout: Any = PROJECTS
+    _noun = "the batched API view of"
 
     def parse(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """The model input of ``request`` (with ``many``, the list of its
@@ -190,11 +163,11 @@ class BatchedAPIView(APIView):
             lambda: self._parse_within_limit(request, *args, **kwargs),
             self.respond,
             draining(),
-            (self.max_inputs or conf.max_inputs()) if self.many else None,
-            _traced(django_request, model),
+            self._most(),
+            traced(django_request, model),
             client_socket(django_request.META),
-            _level_of(django_request, model, self._priority()),
-            _deadline_of(django_request, model, self.timeout_header, self.envoy_timeout),
+            level_of(django_request, model, self._priority()),
+            deadline_of(django_request, model, self.timeout_header, self.envoy_timeout),
         )
         if isinstance(answer, exceptions.APIException):
             raise answer  # answered by DRF's exception handler (EXCEPTION_HANDLER)
@@ -212,21 +185,9 @@ class BatchedAPIView(APIView):
             django_request._stream = io.BytesIO(django_request._body)
         return self.parse(request, *args, **kwargs)
 
-    def _priority(self) -> EndpointPriority:
-        return EndpointPriority.checked(self.priority, self.priority_header, f"the batched API view of {self.model!r}")
-
     @classonlymethod
     def as_view(cls, **initkwargs: Any) -> Any:
-        model = initkwargs.get("model", cls.model)
-        _check_options(model, None, ("POST",))
-        _check_many(model, initkwargs.get("many", cls.many), initkwargs.get("max_inputs", cls.max_inputs))
-        priority = EndpointPriority.checked(
-            initkwargs.get("priority", cls.priority),
-            initkwargs.get("priority_header", cls.priority_header),
-            f"the batched API view of {model!r}",
-        )
-        header = initkwargs.get("timeout_header", cls.timeout_header)
-        _check_deadline(model, header, initkwargs.get("envoy_timeout", cls.envoy_timeout))
+        model, priority = cls.checked_options(initkwargs)
         view = super().as_view(**initkwargs)
-        _mark(view, model, priority)
+        mark(view, model, priority)
         return view

@@ -38,18 +38,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from typing import Any, Awaitable, Callable, Dict, Iterable, Optional, Sequence, Union, cast
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import classonlymethod
 from django.views import View
 
 from streamer_core.errors import MethodNotAllowed
-from streamer_core.web.body import check_many
-from streamer_core.web.cycle import Cycle, Deadline, Traced
-from streamer_core.web.deadline import EndpointDeadline, environ_headers
+from streamer_core.web.cycle import Cycle
 from streamer_core.web.http import (
     dumps_json,
     error_body,
@@ -60,7 +56,20 @@ from streamer_core.web.priority import EndpointPriority
 
 from . import conf, csrf
 from .reading import json_body, read_error, request_inputs, request_item, request_upload
-from .registry import aget_streamer, draining, get_spec, get_streamer
+from .registry import aget_streamer, draining, get_streamer
+from .view_options import (
+    PROJECTS,
+    BatchedOptions,
+    check_deadline,
+    check_options,
+    check_view_many,
+    deadline_of,
+    debug,
+    level_of,
+    logger,
+    mark,
+    traced,
+)
 
 __all__ = [
     "batched_view",
@@ -74,8 +83,6 @@ __all__ = [
     "page_not_found",
     "server_error",
 ]
-
-logger = logging.getLogger("django_streamer")
 
 ParseFunction = Callable[..., Any]
 Respond = Callable[[Any], Union[HttpResponse, Awaitable[HttpResponse]]]
@@ -125,28 +132,10 @@ def server_error(request: HttpRequest) -> JsonResponse:
     return JsonResponse(body, status=500)
 
 
-def _debug() -> bool:
-    return bool(settings.DEBUG)
+_CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", debug, read_error, conf.error_details)
 
 
-def _traced(request: HttpRequest, model: str) -> Optional[Traced]:
-    """The request's method and route, for its span, when its model traces
-    (``TRACING``); else ``None``. An unknown model or bad settings is not
-    traced: the cycle answers that, as it always has."""
-    try:
-        if not get_spec(model).config.tracing:
-            return None
-    except Exception:
-        return None
-    match = request.resolver_match
-    route = f"/{match.route}" if match is not None and match.route else request.path
-    return request.method or "POST", route
-
-
-_CYCLE: Cycle[HttpResponse] = Cycle(json_reply, logger, "the batched view of", _debug, read_error, conf.error_details)
-
-
-def _default_respond(output: Any) -> HttpResponse:
+def default_respond(output: Any) -> HttpResponse:
     """The output as JSON: NumPy arrays and tensors as they are, by orjson
     where it is installed (see :func:`streamer_core.web.http.dumps_json`)."""
     return HttpResponse(json_answer(output, dumps_json), content_type="application/json")
@@ -166,67 +155,6 @@ async def _arefusal(request: HttpRequest, allowed: Sequence[str], model: str, ex
     if request.method not in allowed:
         return json_error(MethodNotAllowed(str(request.method), allowed), model)
     return await csrf.arefusal(request, csrf.exempt_for(request, exempt))
-
-
-def _check_options(model: Any, respond: Optional[Respond], methods: Iterable[str]) -> Sequence[str]:
-    if not isinstance(model, str) or not model:
-        raise TypeError(f"name the model of a batched view as in STREAMER['MODELS'], e.g. 'embed'; got {model!r}")
-    if respond is not None and not callable(respond):
-        raise TypeError(
-            f"respond of the batched view of {model!r} must be callable (output -> response), got {respond!r}"
-        )
-    allowed = [methods.upper()] if isinstance(methods, str) else [method.upper() for method in methods]
-    if not allowed:
-        raise TypeError(f"the batched view of {model!r} needs at least one HTTP method, e.g. methods=['POST']")
-    return allowed
-
-
-def _check_many(model: Any, many: Any, max_inputs: Any) -> None:
-    check_many(many, max_inputs, max_inputs is not None, f"the batched view of {model!r}")
-
-
-def _level_of(request: HttpRequest, model: str, priority: EndpointPriority) -> Optional[Callable[[], Optional[int]]]:
-    """How the cycle learns the level of ``request`` to a view of ``model``
-    with ``priority``; ``None`` where the view says nothing of levels."""
-    if not priority.given:
-        return None
-    header = priority.header
-    return lambda: priority.level(request.headers.get(header) if header else None, get_spec(model).config)
-
-
-#: A view's deadline option not given: the project's (``STREAMER["TIMEOUT_HEADER"]``, ``["ENVOY_TIMEOUT"]``).
-PROJECTS: Any = type("ProjectsSetting", (), {"__repr__": lambda self: "PROJECTS"})()
-
-
-def _check_deadline(model: Any, timeout_header: Any, envoy_timeout: Any) -> None:
-    """Check a view's own deadline options as it is declared."""
-    header = None if timeout_header is PROJECTS else timeout_header
-    EndpointDeadline.checked(
-        header, False if envoy_timeout is PROJECTS else envoy_timeout, f"the batched view of {model!r}"
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _endpoint_deadline(header: Any, envoy: bool, model: str) -> EndpointDeadline:
-    return EndpointDeadline.checked(header, envoy, f"the batched view of {model!r}")
-
-
-def _deadline_of(request: HttpRequest, model: str, timeout_header: Any, envoy_timeout: Any) -> Optional[Deadline]:
-    """How the cycle learns the timeout of ``request``'s call from its
-    deadline headers (:mod:`streamer_core.web.deadline`), by the view's own
-    options or the project's; ``None`` where no header is read."""
-    header = conf.timeout_header() if timeout_header is PROJECTS else timeout_header
-    envoy = conf.envoy_timeout() if envoy_timeout is PROJECTS else envoy_timeout
-    deadline = _endpoint_deadline(header, envoy, model)
-    if not deadline.reads:
-        return None
-    return lambda level: deadline.timeout(environ_headers(request.META), get_spec(model).config, level)
-
-
-def _mark(view: Any, model: Any, priority: EndpointPriority) -> None:
-    """What the system checks read of a batched view (E010, E011)."""
-    view.streamer_model = model
-    view.streamer_priority = priority
 
 
 def batched_view(
@@ -270,11 +198,11 @@ def batched_view(
 
     The parse function raises :class:`InvalidInput` for a 400 with its
     message; ``ValueError``, ``TypeError`` and ``KeyError`` are 400s too."""
-    allowed = _check_options(model, respond, methods)
-    _check_many(model, many, max_inputs)
+    allowed = check_options(model, respond, methods)
+    check_view_many(model, many, max_inputs)
     levels = EndpointPriority.checked(priority, priority_header, f"the batched view of {model!r}")
-    _check_deadline(model, timeout_header, envoy_timeout)
-    answer = respond or _default_respond
+    check_deadline(model, timeout_header, envoy_timeout)
+    answer = respond or default_respond
 
     def most() -> Optional[int]:
         return (max_inputs or conf.max_inputs()) if many else None
@@ -297,9 +225,9 @@ def batched_view(
                     answer,
                     draining(),
                     most(),
-                    _traced(request, model),
-                    _level_of(request, model, levels),
-                    _deadline_of(request, model, timeout_header, envoy_timeout),
+                    traced(request, model),
+                    level_of(request, model, levels),
+                    deadline_of(request, model, timeout_header, envoy_timeout),
                 )
 
             view = async_view
@@ -317,15 +245,15 @@ def batched_view(
                     answer,
                     draining(),
                     most(),
-                    _traced(request, model),
+                    traced(request, model),
                     client_socket(request.META),
-                    _level_of(request, model, levels),
-                    _deadline_of(request, model, timeout_header, envoy_timeout),
+                    level_of(request, model, levels),
+                    deadline_of(request, model, timeout_header, envoy_timeout),
                 )
 
             view = sync_view
         marked: Any = view  # a function: these attributes are its own
-        _mark(marked, model, levels)
+        mark(marked, model, levels)
         # Django's middleware skips the view; it checks CSRF itself unless exempt,
         # so that a failure is answered as JSON.
         marked.csrf_exempt = True
@@ -334,31 +262,16 @@ def batched_view(
     return decorator
 
 
-class BatchedView(View):
+class BatchedView(BatchedOptions, View):
     """A class-based batched view: ``POST`` parses the request with
     :meth:`parse`, runs the input through the model ``model`` and answers
     :meth:`respond`'s response. Configure it in ``as_view(model="embed",
     field="s")`` or in a subclass, overriding :meth:`parse` and
-    :meth:`respond` as needed."""
+    :meth:`respond` as needed. Its options (``model``, ``field``, ``many``,
+    ...) are :class:`~django_streamer.view_options.BatchedOptions`'s."""
 
-    #: The key of ``STREAMER["MODELS"]`` this view serves.
-    model: Optional[str] = None
-    #: The JSON key or form field holding the input; None: the whole JSON body.
-    field: Optional[str] = None
     #: Whether the view skips Django's CSRF check (it is an API for programs).
     csrf_exempt: bool = True
-    #: Whether a request carries a list of inputs (see :func:`batched_view`).
-    many: bool = False
-    #: The most inputs of a request, with ``many``; None: ``STREAMER["MAX_INPUTS"]``.
-    max_inputs: Optional[int] = None
-    #: The level of the view's requests; None: the model's ``DEFAULT_PRIORITY``.
-    priority: Optional[int] = None
-    #: ``True`` (``X-Priority``) or a header's name: a request may choose its level by it.
-    priority_header: Any = False
-    #: The header a client says its remaining wait in (seconds); default: the project's; None: none.
-    timeout_header: Any = PROJECTS
-    #: Whether Envoy's ``x-envoy-expected-rq-timeout-ms`` is read too; default: the project's.
-    envoy_timeout: Any = PROJECTS
 
     def parse(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         """The model input of ``request`` (with ``many``, the list of its
@@ -367,7 +280,7 @@ class BatchedView(View):
 
     def respond(self, output: Any) -> HttpResponse:
         """The response for the model's ``output`` (default: it as JSON)."""
-        return _default_respond(output)
+        return default_respond(output)
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         assert self.model is not None  # as_view checked it
@@ -398,36 +311,18 @@ class BatchedView(View):
             self.respond,
             draining(),
             self._most(),
-            _traced(request, model),
+            traced(request, model),
             client_socket(request.META),
-            _level_of(request, model, self._priority()),
-            _deadline_of(request, model, self.timeout_header, self.envoy_timeout),
+            level_of(request, model, self._priority()),
+            deadline_of(request, model, self.timeout_header, self.envoy_timeout),
         )
-
-    def _most(self) -> Optional[int]:
-        return (self.max_inputs or conf.max_inputs()) if self.many else None
-
-    def _priority(self) -> EndpointPriority:
-        return EndpointPriority.checked(self.priority, self.priority_header, f"the batched view of {self.model!r}")
 
     @classonlymethod
     def as_view(cls, **initkwargs: Any) -> Callable[..., Any]:
-        model = initkwargs.get("model", cls.model)
-        _check_options(model, None, ("POST",))
-        _check_many(model, initkwargs.get("many", cls.many), initkwargs.get("max_inputs", cls.max_inputs))
-        priority = EndpointPriority.checked(
-            initkwargs.get("priority", cls.priority),
-            initkwargs.get("priority_header", cls.priority_header),
-            f"the batched view of {model!r}",
-        )
-        _check_deadline(
-            model,
-            initkwargs.get("timeout_header", cls.timeout_header),
-            initkwargs.get("envoy_timeout", cls.envoy_timeout),
-        )
+        model, priority = cls.checked_options(initkwargs)
         view = super().as_view(**initkwargs)
         marked: Any = view
-        _mark(marked, model, priority)
+        mark(marked, model, priority)
         marked.csrf_exempt = True  # dispatch() checks CSRF itself unless exempt, answering JSON
         return view
 
@@ -452,7 +347,7 @@ class AsyncBatchedView(BatchedView):
             self.respond,
             draining(),
             self._most(),
-            _traced(request, model),
-            _level_of(request, model, self._priority()),
-            _deadline_of(request, model, self.timeout_header, self.envoy_timeout),
+            traced(request, model),
+            level_of(request, model, self._priority()),
+            deadline_of(request, model, self.timeout_header, self.envoy_timeout),
         )

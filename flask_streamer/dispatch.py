@@ -5,8 +5,8 @@ For every request Flask binds werkzeug's URL map to the request's
 environment and matches its path against every rule, then runs the request
 signals, the ``before_request`` and ``after_request`` functions and the URL
 value preprocessors, most of them empty. Profiled under load (the example,
-its forward pass stubbed), that came to some 16% of the web process's busy
-CPU: as much as the batching itself. A batched route's path is one fixed
+its forward pass stubbed), that came to as much of the web process's busy
+CPU as the batching itself. A batched route's path is one fixed
 string, so werkzeug's answer for it can be asked once and kept, and what an
 app registers for it can be looked at, not called.
 

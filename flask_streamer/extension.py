@@ -7,37 +7,29 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-import werkzeug.exceptions
-from flask import Blueprint, Flask, Request, Response, current_app, jsonify, request
-from flask.json.provider import DefaultJSONProvider
-from werkzeug.exceptions import HTTPException
+from flask import Blueprint, Flask, current_app, request
 
 from streamer_core import shortcuts
-from streamer_core.errors import MethodNotAllowed
 from streamer_core.options.config import OPTIONS
 from streamer_core.streamer import BaseStreamer
-from streamer_core.telemetry.metrics import exposition
-from streamer_core.web.body import check_many, default_input
-from streamer_core.web.deadline import EndpointDeadline, environ_headers
-from streamer_core.web.http import FAST_JSON, error_body, json_answer, to_jsonable
-from streamer_core.web.peer import client_socket
+from streamer_core.web.body import check_many
+from streamer_core.web.deadline import EndpointDeadline
 from streamer_core.web.priority import EndpointPriority
-from streamer_core.web.probes import liveness, readiness
 from streamer_core.web.spec import LazyStreamer, start_all
 
-from .answer import JsonAnswer
+from . import handlers
 from .decorators import ViewDecorator, check_batch_function, checked
 from .dispatch import install as install_dispatch
 from .inputs import json_body, request_inputs, request_item, request_upload
-from .reading import body_of, limit_request_body, loads_of
-from .route import _UNSET, BatchedRoute, ParseHook, RespondHook, check_sharing
+from .route import UNSET, BatchedRoute, ParseHook, RespondHook, check_sharing
+from .serving import serve
 from .settings import (
     ROUTE_OPTIONS,
     app_routes,
     check_ops_routes,
     read_settings,
 )
-from .state import EXTENSION_KEY, SHORTCUTS, AppState, reply, state_of
+from .state import EXTENSION_KEY, SHORTCUTS, AppState, state_of
 
 __all__ = [
     "FlaskStreamer",
@@ -91,7 +83,8 @@ class FlaskStreamer:
     def init_app(self, app: Flask) -> None:
         """Read and check the app's ``STREAMER_*`` settings (raising
         :class:`ConfigurationError` that names every wrong one), register the
-        batched routes declared so far and the ``flask streamer`` commands."""
+        batched routes declared so far, the operations routes, error handlers
+        and ``flask streamer`` commands (:mod:`flask_streamer.handlers`)."""
         if EXTENSION_KEY in app.extensions:
             raise RuntimeError(
                 f"flask_streamer is set up on the app {app.name!r} already: call init_app(app) once per app "
@@ -104,16 +97,7 @@ class FlaskStreamer:
         for route in self._routes:
             self._attach(app, state, route)
         app.extensions[EXTENSION_KEY] = state
-        app.register_error_handler(werkzeug.exceptions.MethodNotAllowed, _method_not_allowed)
-        if state.json_errors:
-            app.register_error_handler(HTTPException, _json_http_error)
-        views = {"metrics_route": _metrics_view, "health_route": _health_view, "ready_route": _ready_view}
-        for field, rule in ops_routes.items():
-            app.add_url_rule(rule, f"streamer_{field[: -len('_route')]}", views[field], methods=["GET"])
-        from .cli import streamer_cli
-
-        if streamer_cli.name not in app.cli.commands:
-            app.cli.add_command(streamer_cli)
+        handlers.register(app, state, ops_routes)
         with self._lock:
             self._apps.append(weakref.ref(app))
         if shortcuts.allowed("flask-dispatch", state.shortcuts):
@@ -196,14 +180,14 @@ class FlaskStreamer:
         respond: Optional[RespondHook] = None,
         init_args: Sequence[Any] = (),
         init_kwargs: Optional[Dict[str, Any]] = None,
-        max_body_bytes: Any = _UNSET,
+        max_body_bytes: Any = UNSET,
         many: bool = False,
-        max_inputs: Any = _UNSET,
+        max_inputs: Any = UNSET,
         priority: Optional[int] = None,
         priority_header: Any = False,
         decorators: Optional[Sequence[ViewDecorator]] = None,
-        timeout_header: Any = _UNSET,
-        envoy_timeout: Any = _UNSET,
+        timeout_header: Any = UNSET,
+        envoy_timeout: Any = UNSET,
         **overrides: Any,
     ) -> BatchedRoute:
         """Serve ``model`` at ``rule``: a batch function, or a
@@ -219,12 +203,12 @@ class FlaskStreamer:
                 "init_args, init_kwargs, max_body_bytes, many, max_inputs, priority, priority_header, decorators, "
                 "timeout_header and envoy_timeout"
             )
-        if max_body_bytes is not _UNSET:
+        if max_body_bytes is not UNSET:
             OPTIONS["max_body_bytes"].checked(max_body_bytes, f"max_body_bytes of the batched route {rule!r}")
-        check_many(many, max_inputs, max_inputs is not _UNSET, f"the batched route {rule!r}")
+        check_many(many, max_inputs, max_inputs is not UNSET, f"the batched route {rule!r}")
         levels = EndpointPriority.checked(priority, priority_header, f"the batched route {rule!r}")
         given = (("timeout_header", timeout_header), ("envoy_timeout", envoy_timeout))
-        deadline = {key: value for key, value in given if value is not _UNSET}
+        deadline = {key: value for key, value in given if value is not UNSET}
         EndpointDeadline.checked(
             deadline.get("timeout_header"), deadline.get("envoy_timeout", False), f"the batched route {rule!r}"
         )
@@ -332,36 +316,11 @@ class FlaskStreamer:
         state_of(app).draining = True
         self.close(app, timeout)
 
-    def _handle(self, route: BatchedRoute) -> Any:
-        app = current_app._get_current_object()  # type: ignore[attr-defined]
-        req = request._get_current_object()  # type: ignore[attr-defined]
-        state = state_of(app)
-        limit = state.max_body_bytes if route.max_body_bytes is _UNSET else route.max_body_bytes
-        most = (state.max_inputs if route.max_inputs is _UNSET else route.max_inputs) if route.many else None
-        handle = state.handle(route)
-        # Traced, the request's span is named by its route as Flask matched it ("POST /embed/<kind>").
-        rule = req.url_rule
-        traced = (req.method, rule.rule if rule is not None else req.path) if handle.spec.config.tracing else None
-        priority, config = route.priority, handle.spec.config
-        level = (
-            (lambda: priority.level(priority.header and req.headers.get(priority.header), config))
-            if priority.given
-            else None
-        )
-        deadline = state.deadline(route)
-        timed = (lambda at: deadline.timeout(environ_headers(req.environ), config, at)) if deadline.reads else None
-        return state.cycle.serve(
-            route.name,
-            handle.get,
-            lambda: _parse(route, req, app, limit),
-            lambda output: route.respond(output) if route.respond is not None else _respond(app, output),
-            state.draining,
-            most,
-            traced,
-            client_socket(req.environ),
-            level,
-            timed,
-        )
+    def serve_request(self, route: BatchedRoute) -> Any:
+        """The answer to the current request to ``route``, one of this
+        extension's batched routes: what the route's view returns (see
+        :func:`flask_streamer.serving.serve`)."""
+        return serve(route)
 
 
 def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> None:
@@ -375,72 +334,6 @@ def start_streamers(app: Flask, wait: bool = True, timeout: float = 120.0) -> No
 
     See :meth:`FlaskStreamer.start`."""
     state_of(app).extension.start(app, wait, timeout)
-
-
-def _metrics_view() -> Any:
-    body, content_type = exposition()
-    return Response(body, content_type=content_type)
-
-
-def _health_view() -> Any:
-    return reply(*liveness())
-
-
-def _ready_view() -> Any:
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    state = state_of(app)
-    handles = {route.name: state.handles[route] for route in state.extension.routes(app)}
-    return reply(*readiness(handles, state.draining))
-
-
-def _respond(app: Flask, output: Any) -> Any:
-    """The model's output as the JSON response: written by orjson where it is
-    installed and the app keeps Flask's own JSON provider (arrays and
-    tensors as they are, see :func:`~streamer_core.web.http.dumps_json`),
-    else by the app's provider. An output with no JSON form is a
-    :class:`~streamer_core.errors.SerializationError` (500)."""
-    if FAST_JSON and type(app.json) is DefaultJSONProvider:
-        # Flask's own response class, sent more cheaply (JsonAnswer) where that shortcut is on; an app's own is kept.
-        kind = app.response_class
-        if kind is Response and app.extensions[EXTENSION_KEY].quick_answer:
-            kind = JsonAnswer
-        return kind(json_answer(output), mimetype="application/json")
-    return json_answer(output, lambda value: app.json.response(to_jsonable(value)))
-
-
-def _parse(route: BatchedRoute, req: Request, app: Flask, max_bytes: Optional[int]) -> Any:
-    """The request's model input, by the route's ``parse`` hook or the
-    default rule; what goes wrong is the cycle's to answer (see :func:`read_error`)."""
-    limit = limit_request_body(req, app, max_bytes)
-    if route.parse is not None:
-        return route.parse(req)
-    return default_input(body_of(req), route.field, limit, loads_of(app), route.many)
-
-
-def _method_not_allowed(exc: werkzeug.exceptions.MethodNotAllowed) -> Any:
-    """A 405 from the URL map: the project's JSON error for a batched
-    route's path, Flask's own answer for any other."""
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-    allowed = sorted(exc.valid_methods or ())
-    try:
-        endpoint, _ = app.create_url_adapter(request).match(method=allowed[0]) if allowed else (None, None)
-    except HTTPException:
-        endpoint = None
-    state = state_of(app)
-    batched = endpoint is not None and endpoint in {route.name for route in state.handles}
-    if not batched and not state.json_errors:
-        return exc
-    return state.cycle.error(endpoint or request.path, MethodNotAllowed(request.method, allowed))
-
-
-def _json_http_error(exc: HTTPException) -> Any:
-    """With ``STREAMER_JSON_ERRORS``: any HTTP error of the app (an unknown
-    path's 404, a 413 werkzeug raised, a 500 of a view's bug, logged by
-    Flask) answered as JSON, in the batched routes' shape."""
-    status = exc.code or 500
-    body = error_body(status, type(exc).__name__, exc.description or exc.name)
-    headers = {name: value for name, value in exc.get_headers() if name.lower() not in ("content-type",)}
-    return jsonify(body), status, headers
 
 
 def json_error(exc: BaseException, name: str = "") -> Any:

@@ -15,9 +15,10 @@ from streamer_core.web.spec import LazyStreamer, ModelSpec
 from .decorators import ViewDecorator, apply
 from .settings import setting_name
 
-__all__ = ["BatchedRoute", "ParseHook", "RespondHook", "check_sharing"]
+__all__ = ["BatchedRoute", "ParseHook", "RespondHook", "UNSET", "check_sharing"]
 
-_UNSET: Any = object()  # a route keyword not given
+#: A route keyword not given: the app's setting holds.
+UNSET: Any = object()
 
 ParseHook = Callable[[Request], Any]
 RespondHook = Callable[[Any], Any]
@@ -26,7 +27,7 @@ RespondHook = Callable[[Any], Any]
 class Serving(Protocol):
     """What serves a route's requests: its :class:`~flask_streamer.FlaskStreamer`."""
 
-    def _handle(self, route: BatchedRoute) -> Any: ...
+    def serve_request(self, route: BatchedRoute) -> Any: ...
 
 
 class BatchedRoute:
@@ -47,9 +48,9 @@ class BatchedRoute:
         init_kwargs: Dict[str, Any],
         overrides: Dict[str, Any],
         methods: List[str],
-        max_body_bytes: Any = _UNSET,
+        max_body_bytes: Any = UNSET,
         many: bool = False,
-        max_inputs: Any = _UNSET,
+        max_inputs: Any = UNSET,
         priority: EndpointPriority = EndpointPriority(None, None),  # noqa: B008  (an immutable tuple)
         decorators: Sequence[ViewDecorator] = (),
         deadline_options: Optional[Dict[str, Any]] = None,
@@ -135,7 +136,7 @@ class BatchedRoute:
         route = self
 
         def view(**_url_values: Any) -> Any:
-            return route.extension._handle(route)
+            return route.extension.serve_request(route)
 
         # Named as the route (its blueprint's too), not as this closure: flask-limiter,
         # say, keys a limit by the name of the view it decorates, one per route.

@@ -108,6 +108,8 @@ class _FlaskCycle(Cycle[Any]):
 
 
 def state_of(app: Flask) -> AppState:
+    """What flask_streamer keeps for ``app`` (its settings, request cycle and
+    routes' streamers); ``RuntimeError`` where it is not set up on it."""
     try:
         state: AppState = app.extensions[EXTENSION_KEY]
     except KeyError:

@@ -520,7 +520,7 @@ def test_an_error_the_view_raises_goes_to_the_apps_handler_for_it(closing_app, m
     def raising(route: Any) -> Any:
         raise Teapot("short and stout")
 
-    monkeypatch.setattr(streamer, "_handle", raising)
+    monkeypatch.setattr(streamer, "serve_request", raising)
     response = client.post("/double", json=1)
     assert (response.status_code, response.get_json()) == (418, {"teapot": "short and stout"})
 
