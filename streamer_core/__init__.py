@@ -7,15 +7,12 @@ and hands every caller its own result. A drop-in successor to
 service_streamer: change ``from service_streamer import ...`` to
 ``from streamer_core import ...``.
 
-    from streamer_core import ThreadedStreamer
+    from . import ThreadedStreamer
 
     streamer = ThreadedStreamer(model.predict, batch_size=64, max_latency=0.1)
     outputs = streamer.predict(inputs)          # blocks; inputs may be batched with others'
     future = streamer.submit(inputs)            # or: a concurrent.futures.Future of the list
 """
-
-from streamer_core.options.config import BatchingConfig
-from streamer_core.telemetry import metrics as _metrics  # noqa: F401  (exports every model's numbers to Prometheus, if installed)
 
 from .backends.process import Streamer
 from .backends.redis import RedisStreamer, RedisWorker, run_redis_workers_forever
@@ -41,7 +38,9 @@ from .errors import (
 )
 from .future import BatchFuture
 from .managed_model import ManagedModel
+from .options.config import BatchingConfig
 from .streamer import BaseStreamer
+from .telemetry import metrics as _metrics  # noqa: F401  (exports every model's numbers to Prometheus, if installed)
 
 __version__ = "0.1.0"
 

@@ -14,13 +14,12 @@ import os
 import sys
 from typing import Any, Callable, List, Optional
 
-from streamer_core import __version__
-from streamer_core.options.config import OPTIONS
-from streamer_core.options.redis_address import ADDRESS_FORMS, DEFAULT_REDIS
-
+from . import __version__
 from .backends.redis import run_redis_workers_forever
 from .importing import import_target
 from .logs import LOG_FORMAT
+from .options.config import OPTIONS
+from .options.redis_address import ADDRESS_FORMS, DEFAULT_REDIS
 
 __all__ = ["main"]
 

@@ -27,10 +27,9 @@ import pickle
 import traceback
 from typing import Any, Dict, List, Sequence, Tuple, Type
 
-from streamer_core import errors as _errors
-from streamer_core.options.config import OPTIONS
-
+from . import errors as _errors
 from .errors import RemoteError, RemoteTraceback, SerializationError
+from .options.config import OPTIONS
 
 __all__ = ["Codec", "get_codec", "CODECS", "encode_error", "decode_error"]
 

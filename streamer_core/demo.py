@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, List
 
-from streamer_core import ThreadedStreamer
+from . import ThreadedStreamer
 
 _device = threading.Lock()
 

@@ -15,10 +15,9 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from streamer_core.telemetry.stats import Level, ModelStats
-
 from .errors import OverloadedError, StreamerTimeoutError
 from .green import green_waiter, in_greenlet, unpatched, wait_green
+from .telemetry.stats import Level, ModelStats
 
 __all__ = ["BatchFuture", "settle"]
 

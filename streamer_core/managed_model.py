@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
-from streamer_core.options.config import DeviceId
+from .options.config import DeviceId
 
 __all__ = [
     "ManagedModel",

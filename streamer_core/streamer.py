@@ -26,14 +26,13 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from streamer_core.batching.calls import Item
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.options.config import BatchingConfig, check_cost, check_seconds, checked
-from streamer_core.telemetry.stats import ModelStats, StreamerStats, stats_for
-from streamer_core.telemetry.tracing import capture
-
+from .batching.calls import Item
+from .batching.scheduler import Scheduler
 from .errors import ItemCostError, StreamerClosedError, StreamerError
 from .future import BatchFuture
+from .options.config import BatchingConfig, check_cost, check_seconds, checked
+from .telemetry.stats import ModelStats, StreamerStats, stats_for
+from .telemetry.tracing import capture
 from .threads import background
 
 __all__ = ["BaseStreamer", "Backend"]

@@ -35,8 +35,10 @@ def imports_of(name: str, path: Path, known: Dict[str, Path]) -> Set[str]:
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            # "from . import x" names the submodule x; "from .m import x" the module m.
-            targets = [f"{base}.{alias.name}" for alias in node.names] + ([base] if node.module else [])
+            # "from . import x" and "from package import x" name the submodule x;
+            # "from .m import x" the module m.
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            targets = names + ([base] if node.module and not all(n in known for n in names) else [])
         else:
             continue
         for target in targets:
@@ -118,3 +120,97 @@ def test_the_engine_starts_its_threads_through_one_helper():
             if "threading.Thread(" in text or "start_new_thread(target" in text:
                 makers[name] = path
     assert makers == {}
+
+
+#: The most lines a class may have, from its ``class`` line to its last.
+MOST_CLASS_LINES = 300
+#: The most modules directly in streamer_core: more and a newcomer cannot
+#: tell from the tree where a batch is formed or a metric kept (rooms instead).
+MOST_TOP_MODULES = 15
+#: The most lines of the two web layers' entry modules together.
+MOST_ENTRY_LINES = 850
+
+
+def package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def test_no_class_is_too_long_to_read_in_one_sitting():
+    long = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MOST_CLASS_LINES:
+                long[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1
+    assert long == {}
+
+
+def test_the_engine_keeps_its_modules_in_rooms():
+    top = sorted(path.name for path in (ROOT / "streamer_core").glob("*.py"))
+    assert "streamer.py" in top, "the tree is read"
+    assert len(top) <= MOST_TOP_MODULES, f"{len(top)} modules directly in streamer_core: {top}"
+    for room in ("batching", "telemetry", "options", "backends", "web"):
+        assert (ROOT / "streamer_core" / room / "__init__.py").is_file(), room
+
+
+def test_the_web_layers_entry_modules_stay_short():
+    lines = sum(
+        len((ROOT / path).read_text().splitlines())
+        for path in ("flask_streamer/extension.py", "django_streamer/views.py")
+    )
+    assert lines <= MOST_ENTRY_LINES
+
+
+def private_reaches(known: Dict[str, Path]) -> List[str]:
+    """Each place a module uses a private name (one leading underscore) of a
+    project module in another package: imported by name, or read as an
+    attribute of a module it imported."""
+    found = []
+    for name, path in known.items():
+        package = package_of(name, path)
+        tree = ast.parse(path.read_text())
+        modules_bound: Dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    if full in known:  # "from package import module"
+                        modules_bound[alias.asname or alias.name] = full
+                    elif base in known and _private(alias.name) and package_of(base, known[base]) != package:
+                        found.append(f"{name} imports {base}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in known and alias.asname:
+                        modules_bound[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules_bound
+                and _private(node.attr)
+            ):
+                target = modules_bound[node.value.id]
+                if package_of(target, known[target]) != package:
+                    found.append(f"{name} reads {target}.{node.attr}")
+    return sorted(set(found))
+
+
+def _private(attribute: str) -> bool:
+    return attribute.startswith("_") and not attribute.startswith("__")
+
+
+def test_no_module_reaches_another_packages_private_names():
+    assert private_reaches(modules()) == []
+
+
+def test_the_private_name_finder_finds_one(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "m.py").write_text("_hidden = 1\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "n.py").write_text("from a.m import _hidden\nfrom a import m\nprint(m._hidden)\n")
+    (tmp_path / "a" / "k.py").write_text("from a.m import _hidden\n")  # the same package may
+    known = {"a.m": tmp_path / "a" / "m.py", "b.n": tmp_path / "b" / "n.py", "a.k": tmp_path / "a" / "k.py"}
+    assert private_reaches(known) == ["b.n imports a.m._hidden", "b.n reads a.m._hidden"]

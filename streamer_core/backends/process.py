@@ -9,9 +9,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
-from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
-
 from ..managed_model import check_model
+from ..options.config import OPTIONS, BatchingConfig, BatchingOptions, DeviceId, default
 from ..streamer import BaseStreamer, callable_name
 from .process_backend import ProcessBackend
 

@@ -45,15 +45,14 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
-from streamer_core.batching.calls import Item, live_items
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.batching.shaping import batch_cost
-from streamer_core.options.config import BatchingConfig, DeviceId, shown_device
-from streamer_core.telemetry.tracing import to_traceparent
-
+from ..batching.calls import Item, live_items
+from ..batching.scheduler import Scheduler
+from ..batching.shaping import batch_cost
 from ..errors import StreamerError, WorkerStartError
 from ..green import Condition
+from ..options.config import BatchingConfig, DeviceId, shown_device
 from ..streamer import Backend, logger
+from ..telemetry.tracing import to_traceparent
 from ..threads import background
 from .process_ending import HangWatch, ask_to_stop, stop_workers
 from .process_launch import Launcher, pickled_spec

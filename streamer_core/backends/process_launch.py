@@ -14,8 +14,7 @@ import pickle
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from streamer_core.options.config import BatchingConfig
-
+from ..options.config import BatchingConfig
 from ..streamer import callable_name
 from .process_slots import Slot
 from .process_worker import worker_main

@@ -14,12 +14,11 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from streamer_core.batching.calls import deliver
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.options.config import BatchingConfig
-
+from ..batching.calls import deliver
+from ..batching.scheduler import Scheduler
 from ..green import Condition
 from ..managed_model import ready_line
+from ..options.config import BatchingConfig
 from ..streamer import logger
 from .process_slots import Slot
 from .process_worker import decode_exception, decode_outcome

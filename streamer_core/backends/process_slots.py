@@ -18,10 +18,9 @@ import signal
 from collections import deque
 from typing import Any, Deque, List, NamedTuple, Optional, Tuple
 
-from streamer_core.batching.calls import Item
-from streamer_core.options.config import MAX_SECONDS, DeviceId
-
+from ..batching.calls import Item
 from ..errors import WorkerStartError
+from ..options.config import MAX_SECONDS, DeviceId
 
 __all__ = ["Slot", "Sent", "describe_exit"]
 

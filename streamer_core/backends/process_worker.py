@@ -151,7 +151,7 @@ def worker_main(
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code == _SIGTERM_EXIT:
             raise  # told to stop while loading: not a model that cannot load
-        from streamer_core.batching.oom import load_failure
+        from ..batching.oom import load_failure
 
         conn.send(("init_error", encode_exception(load_failure(exc, oom_errors, device))))
         return
@@ -161,7 +161,7 @@ def worker_main(
     facts = model_facts(predict, device)
     tracing = None
     if trace_as is not None:
-        from streamer_core.telemetry.tracing import BatchFacts
+        from ..telemetry.tracing import BatchFacts
 
         tracing = BatchFacts(trace_as[0], "process", trace_as[1], facts.device)
     conn.send(("ready", os.getpid(), facts))
@@ -245,7 +245,7 @@ def _run(
     the model ran, and how many times the batch or a part of it was split
     because it ran out of memory, for the parent's stats. ``traced``: the
     batch's facts and trace, when it is run in a span of its own."""
-    from streamer_core.batching.runner import run_batch
+    from ..batching.runner import run_batch
 
     outcomes: List[Optional[WireOutcome]] = [None] * len(payloads)
     inputs, positions = [], []
@@ -263,7 +263,7 @@ def _run(
         run = run_batch(predict, inputs, isolate_errors, oom_errors)
         seconds = time.monotonic() - started
     else:
-        from streamer_core.telemetry.tracing import from_traceparent, traced_run
+        from ..telemetry.tracing import from_traceparent, traced_run
 
         facts, (cost, sent) = traced
         calls = []

@@ -12,16 +12,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from streamer_core.batching.calls import Item, deliver, live_items
-from streamer_core.batching.runner import BatchRun, run_batch
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.batching.shaping import batch_cost
-from streamer_core.options.config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
-from streamer_core.telemetry.tracing import BatchFacts, traced_run
-
+from ..batching.calls import Item, deliver, live_items
+from ..batching.runner import BatchRun, run_batch
+from ..batching.scheduler import Scheduler
+from ..batching.shaping import batch_cost
 from ..errors import WorkerDiedError
 from ..managed_model import ManagedModel, model_facts, ready_line
+from ..options.config import OPTIONS, BatchingConfig, BatchingOptions, default, shown_device
 from ..streamer import Backend, BaseStreamer, callable_name, logger
+from ..telemetry.tracing import BatchFacts, traced_run
 from ..threads import background
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from streamer_core.errors import WorkerDiedError
-from streamer_core.future import BatchFuture, settle
-from streamer_core.telemetry.stats import ModelStats
-from streamer_core.telemetry.tracing import CallTrace
+from ..errors import WorkerDiedError
+from ..future import BatchFuture, settle
+from ..telemetry.stats import ModelStats
+from ..telemetry.tracing import CallTrace
 
 __all__ = ["Task", "Item", "Outcome", "items_of", "crashed", "deliver", "live_items", "unanswered"]
 

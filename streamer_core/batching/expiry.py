@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Optional, Tuple
 
-from streamer_core.batching.calls import Item, Task
-from streamer_core.batching.deadlines import Deadlines
-from streamer_core.batching.hold import HoldPolicy
-from streamer_core.errors import OverloadedError, StreamerTimeoutError
-from streamer_core.options.config import BatchingConfig
-from streamer_core.telemetry.stats import ModelStats
+from ..errors import OverloadedError, StreamerTimeoutError
+from ..options.config import BatchingConfig
+from ..telemetry.stats import ModelStats
+from .calls import Item, Task
+from .deadlines import Deadlines
+from .hold import HoldPolicy
 
 __all__ = ["Expiry"]
 

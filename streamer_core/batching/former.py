@@ -49,12 +49,12 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-from streamer_core.batching.hold import HoldPolicy
-from streamer_core.batching.overload import StandingQueue
-from streamer_core.batching.parking import ParkedCalls
-from streamer_core.batching.queues import FifoQueue, Waiting, WaitingQueue, kept
-from streamer_core.batching.shaping import CostBound, CostShaper, take_shaped
-from streamer_core.options.config import BatchingConfig
+from ..options.config import BatchingConfig
+from .hold import HoldPolicy
+from .overload import StandingQueue
+from .parking import ParkedCalls
+from .queues import FifoQueue, Waiting, WaitingQueue, kept
+from .shaping import CostBound, CostShaper, take_shaped
 
 __all__ = ["BatchFormer", "Waiting", "SHAPING_WINDOW", "SHAPED_TURN", "GATED_RECHECK_S"]
 

@@ -47,12 +47,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Iterator, List, Optional, Protocol, Sequence, TypeVar
 
-from streamer_core.batching.queues import FifoQueue, Waiting, WaitingQueue, kept
-from streamer_core.errors import QueueFullError
-from streamer_core.options.config import BatchingConfig
+from ..errors import QueueFullError
+from ..options.config import BatchingConfig
+from .queues import FifoQueue, Waiting, WaitingQueue, kept
 
 if TYPE_CHECKING:
-    from streamer_core.batching.former import BatchFormer
+    from .former import BatchFormer
 
 __all__ = ["LeveledQueue", "Leveled", "waiting_queue", "make_room"]
 

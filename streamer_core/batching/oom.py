@@ -18,12 +18,13 @@ import logging
 import sys
 from typing import Any, Tuple, Type
 
-from streamer_core.errors import WorkerStartError
-from streamer_core.options.checks import OomErrors
+from ..errors import WorkerStartError
+from ..options.checks import OomErrors
 
 __all__ = ["is_out_of_memory", "free_cached_memory", "load_failure"]
 
 logger = logging.getLogger("streamer_core")
+
 
 def _torch_oom() -> Tuple[Type[BaseException], ...]:
     torch = sys.modules.get("torch")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Deque, Generic, Iterator, List, Optional, Sequence, TypeVar
 
-from streamer_core.batching.queues import Waiting, kept
+from .queues import Waiting, kept
 
 __all__ = ["ParkedCalls"]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, NamedTuple, Sequence, Tuple
 
-from streamer_core.batching.calls import Outcome
-from streamer_core.batching.oom import free_cached_memory, is_out_of_memory
-from streamer_core.errors import BatchLengthError
-from streamer_core.options.checks import OomErrors
+from ..errors import BatchLengthError
+from ..options.checks import OomErrors
+from .calls import Outcome
+from .oom import free_cached_memory, is_out_of_memory
 
 __all__ = ["run_batch", "BatchRun"]
 

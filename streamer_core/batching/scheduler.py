@@ -41,18 +41,18 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from streamer_core.batching.calls import Item, Task, crashed, items_of, unanswered
-from streamer_core.batching.capacity import WorkerCapacity
-from streamer_core.batching.expiry import Expiry
-from streamer_core.batching.former import BatchFormer
-from streamer_core.batching.levels import make_room, waiting_queue
-from streamer_core.batching.queues import WaitingQueue
-from streamer_core.errors import StreamerClosedError
-from streamer_core.future import BatchFuture
-from streamer_core.green import Condition
-from streamer_core.options.config import BatchingConfig
-from streamer_core.telemetry.stats import ModelStats
-from streamer_core.telemetry.tracing import CallTrace
+from ..errors import StreamerClosedError
+from ..future import BatchFuture
+from ..green import Condition
+from ..options.config import BatchingConfig
+from ..telemetry.stats import ModelStats
+from ..telemetry.tracing import CallTrace
+from .calls import Item, Task, crashed, items_of, unanswered
+from .capacity import WorkerCapacity
+from .expiry import Expiry
+from .former import BatchFormer
+from .levels import make_room, waiting_queue
+from .queues import WaitingQueue
 
 __all__ = ["Scheduler"]
 

@@ -21,8 +21,8 @@ import math
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 if TYPE_CHECKING:
-    from streamer_core.batching.queues import Waiting, WaitingQueue
-    from streamer_core.options.config import BatchingConfig
+    from ..options.config import BatchingConfig
+    from .queues import Waiting, WaitingQueue
 
 __all__ = ["CostShaper", "CostCap", "CostBound", "batch_cost", "shape_batch", "take_shaped", "GOOD_RUN", "GROWTH"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, TypedDict
 
-from streamer_core.options.checks import (
+from .checks import (
     MAX_SECONDS,
     Check,
     arguments,
@@ -40,8 +40,8 @@ from streamer_core.options.checks import (
     text,
     whole,
 )
-from streamer_core.options.devices import DeviceId, devices_checked, parse_devices, shown_device
-from streamer_core.options.redis_address import ADDRESS_FORMS, RedisAddress
+from .devices import DeviceId, devices_checked, parse_devices, shown_device
+from .redis_address import ADDRESS_FORMS, RedisAddress
 
 __all__ = [
     "BatchingConfig",
@@ -98,7 +98,7 @@ def _tracing(value: Any) -> bool:
     (checked by finding the package: nothing of it is imported here)."""
     on = flag(value)
     if on:
-        from streamer_core.telemetry.tracing import missing_api
+        from ..telemetry.tracing import missing_api
 
         problem = missing_api()
         if problem is not None:
@@ -138,7 +138,7 @@ def _function(value: Any) -> Optional[Callable[[Any], float]]:
         return None
     cost = value
     if isinstance(value, str):
-        from streamer_core.importing import import_target
+        from ..importing import import_target
 
         try:
             cost = import_target(value)

@@ -82,7 +82,8 @@ import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from streamer_core.telemetry.stats import (
+from ..threads import background
+from .stats import (
     BATCH_SIZE_BUCKETS,
     DROP_REASONS,
     OUTCOMES,
@@ -92,7 +93,6 @@ from streamer_core.telemetry.stats import (
     all_stats,
     export_new_stats,
 )
-from streamer_core.threads import background
 
 __all__ = ["available", "exposition", "multiprocess_mode", "render"]
 #: Seconds between two updates of a process's gauges in multiprocess mode.

@@ -70,7 +70,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from streamer_core.telemetry.span_processors import does_nothing, ender
+from .span_processors import does_nothing, ender
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler

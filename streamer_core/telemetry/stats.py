@@ -56,7 +56,7 @@ import threading
 import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
-from streamer_core.errors import (
+from ..errors import (
     ClientDisconnected,
     ItemCostError,
     QueueFullError,
@@ -65,7 +65,7 @@ from streamer_core.errors import (
     StreamerTimeoutError,
     UnavailableError,
 )
-from streamer_core.telemetry.snapshots import (
+from .snapshots import (
     BATCH_SIZE_BUCKETS,
     DROP_REASONS,
     OUTCOMES,

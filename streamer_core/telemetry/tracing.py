@@ -44,12 +44,12 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
-from streamer_core import shortcuts
+from .. import shortcuts
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from streamer_core.telemetry.span_recorder import Recorder
+    from .span_recorder import Recorder
 
 __all__ = [
     "TRACER_NAME",
@@ -175,11 +175,11 @@ def recorder() -> Optional[Recorder]:
 
         found = None
         if "opentelemetry.sdk.trace" in sys.modules and shortcuts.allowed("otel-spans"):
-            from streamer_core.telemetry.span_recorder import recorder_for
+            from .span_recorder import recorder_for
 
             found = recorder_for(provider, _version())
             if found is not None:
-                from streamer_core.telemetry.span_recorder import SPAN_KEY, SPAN_TYPES
+                from .span_recorder import SPAN_KEY, SPAN_TYPES
 
                 global _span_key, _span_types
                 _span_key, _span_types = SPAN_KEY, SPAN_TYPES

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from streamer_core.options.config import OPTIONS
-
 from ..errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from ..options.config import OPTIONS
 from .http import (
     MISSING,
     check_body_size,

@@ -25,12 +25,11 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
-from streamer_core.telemetry import tracing  # OpenTelemetry itself is imported only when a span is made
-from streamer_core.telemetry.stats import stats_for
-
 from ..errors import ClientDisconnected, InvalidInput, StreamerClosedError
 from ..future import BatchFuture
 from ..streamer import BaseStreamer
+from ..telemetry import tracing  # OpenTelemetry itself is imported only when a span is made
+from ..telemetry.stats import stats_for
 from .body import inputs_of
 from .http import error_id, error_response, log_unavailable, status_for
 from .peer import await_call, peer_closed, wait_call
@@ -271,7 +270,7 @@ class Cycle(Generic[R]):
         details = self.details() if self.details is not None else None
         status, body, headers = error_response(exc, debug=self.debug(), details=details, error_id=made)
         if span is not None:
-            from streamer_core.telemetry.tracing import mark_status
+            from ..telemetry.tracing import mark_status
 
             mark_status(span, status, exc)
         if failed_input is not None:
@@ -315,7 +314,7 @@ class Cycle(Generic[R]):
         refusal = StreamerClosedError("this server is shutting down; retry another")
         status, body, headers = error_response(refusal)
         if span is not None:
-            from streamer_core.telemetry.tracing import mark_status
+            from ..telemetry.tracing import mark_status
 
             mark_status(span, status, refusal)
         return self.reply(status, body, headers)

@@ -33,9 +33,8 @@ import math
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
-from streamer_core.options.config import BatchingConfig
-
 from ..errors import InvalidInput
+from ..options.config import BatchingConfig
 
 __all__ = ["TIMEOUT_HEADER", "ENVOY_TIMEOUT_HEADER", "EndpointDeadline", "environ_headers"]
 

@@ -40,8 +40,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterable, Optional
 
-from streamer_core import shortcuts
-
+from .. import shortcuts
 from .affinity import free_core_index, model_computes_here, pin_to_core, pin_wanted
 from .headers import quick_header_reading, quick_request_reading
 from .settling import GC_THRESHOLD, freeze_after_loading

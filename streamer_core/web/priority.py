@@ -30,9 +30,8 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple, Optional
 
-from streamer_core.options.config import BatchingConfig
-
 from ..errors import InvalidInput
+from ..options.config import BatchingConfig
 
 __all__ = ["PRIORITY_HEADER", "EndpointPriority"]
 

@@ -23,11 +23,10 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, priority_problem
-from streamer_core.options.redis_address import ADDRESS_FORMS, RedisAddress
-
 from ..errors import ConfigurationError, StreamerError, WorkerStartError
 from ..managed_model import ManagedModel, load_predict
+from ..options.config import OPTIONS, BatchingConfig, DeviceId, priority_problem
+from ..options.redis_address import ADDRESS_FORMS, RedisAddress
 from ..streamer import BaseStreamer, callable_name, forks, logger
 from ..threads import background
 

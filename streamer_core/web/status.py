@@ -18,8 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from streamer_core.options.config import shown_device
-
+from ..options.config import shown_device
 from .spec import ModelSpec
 
 __all__ = ["WorkerStatus", "ModelStatus", "model_status", "render_text", "render_json", "render_json_error"]

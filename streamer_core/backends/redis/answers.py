@@ -18,10 +18,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from streamer_core.options.redis_address import RedisAddress
-
 from ...codec import Codec, decode_error, encode_error, get_codec
 from ...errors import SerializationError
+from ...options.redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, connect
 from .intake import Hands, ServerClock
 from .wire import (

@@ -16,13 +16,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from streamer_core.batching.calls import Item, live_items
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.options.config import OPTIONS
-from streamer_core.options.redis_address import RedisAddress
-
+from ...batching.calls import Item, live_items
+from ...batching.scheduler import Scheduler
 from ...codec import Buffers, get_codec
 from ...errors import BrokerUnavailableError, SerializationError
+from ...options.config import OPTIONS
+from ...options.redis_address import RedisAddress
 from ...streamer import Backend, item_cost_of
 from ...threads import background
 from .collector import BLOCK_MS, ResultCollector

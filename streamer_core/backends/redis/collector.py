@@ -17,11 +17,10 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from streamer_core.batching.calls import Item, deliver
-from streamer_core.batching.scheduler import Scheduler
-from streamer_core.options.redis_address import RedisAddress
-
+from ...batching.calls import Item, deliver
+from ...batching.scheduler import Scheduler
 from ...codec import Codec
+from ...options.redis_address import RedisAddress
 from .answers import read_answer
 from .connection import MAX_BACKOFF_S, LoopErrors, ServerIdentity, broker_errors, broker_problem
 from .damage import DeadLetters, is_wrong_type, repair_key

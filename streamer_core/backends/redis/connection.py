@@ -8,10 +8,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Type
 
-from streamer_core import shortcuts
-from streamer_core.options.redis_address import AddressLike, RedisAddress
-
+from ... import shortcuts
 from ...errors import ConfigurationError
+from ...options.redis_address import AddressLike, RedisAddress
 
 __all__ = [
     "on_node_of",

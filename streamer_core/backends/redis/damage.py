@@ -11,8 +11,7 @@ import logging
 import time
 from typing import Any, Dict, Optional
 
-from streamer_core.telemetry.stats import ModelStats
-
+from ...telemetry.stats import ModelStats
 from .wire import Keys
 
 __all__ = ["DEAD_MAXLEN", "DEAD_FIELD_BYTES", "DeadLetters", "is_wrong_type", "repair_key"]

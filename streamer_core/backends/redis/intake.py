@@ -23,11 +23,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from streamer_core.telemetry.stats import ModelStats
-
 from ...codec import Codec
 from ...errors import ItemCostError, SerializationError, WorkerDiedError
 from ...streamer import item_cost_of
+from ...telemetry.stats import ModelStats
 from .connection import server_time_ms
 from .damage import DeadLetters
 from .wire import GROUP, WIRE_VERSION, Keys, MalformedEntry, Request, by_level, parse_request

@@ -14,8 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from streamer_core.batching.calls import Item
-
+from ...batching.calls import Item
 from ...errors import QueueFullError
 from .wire import new_request_id
 

@@ -18,13 +18,12 @@ import threading
 import time
 from typing import Any, List, Optional, Set, Tuple
 
-from streamer_core.batching.runner import BatchRun, run_batch
-from streamer_core.batching.shaping import batch_cost
-from streamer_core.options.config import BatchingConfig
-from streamer_core.telemetry.stats import ModelStats
-from streamer_core.telemetry.tracing import BatchFacts
-
+from ...batching.runner import BatchRun, run_batch
+from ...batching.shaping import batch_cost
 from ...errors import StreamerTimeoutError
+from ...options.config import BatchingConfig
+from ...telemetry.stats import ModelStats
+from ...telemetry.tracing import BatchFacts
 from .answers import AnswerWriter, Outcome
 from .intake import Input, ServerClock
 from .presence import ModelWatch
@@ -146,7 +145,7 @@ class ModelLoop:
         """:func:`run_batch` inside the batch's span, linked to each caller's
         (its ``traceparent`` in the request). A request's queue wait starts
         when Redis took it in, by the server's clock, as the stats count it."""
-        from streamer_core.telemetry.tracing import from_traceparent, traced_run
+        from ...telemetry.tracing import from_traceparent, traced_run
 
         facts = self.trace_facts
         assert facts is not None

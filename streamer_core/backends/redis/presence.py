@@ -19,8 +19,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from streamer_core.options.redis_address import RedisAddress
-
+from ...options.redis_address import RedisAddress
 from ...threads import background
 from .connection import connect, server_time_ms
 from .intake import Hands

@@ -28,13 +28,12 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from streamer_core.batching.former import BatchFormer
-from streamer_core.batching.levels import waiting_queue
-from streamer_core.batching.queues import WaitingQueue
-from streamer_core.options.config import BatchingConfig
-from streamer_core.options.redis_address import RedisAddress
-
+from ...batching.former import BatchFormer
+from ...batching.levels import waiting_queue
+from ...batching.queues import WaitingQueue
 from ...green import Condition
+from ...options.config import BatchingConfig
+from ...options.redis_address import RedisAddress
 from .connection import MAX_BACKOFF_S, LoopErrors, broker_errors, broker_problem
 from .damage import is_wrong_type, repair_key
 from .intake import Input, Intake, ServerClock

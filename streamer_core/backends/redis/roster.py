@@ -36,10 +36,9 @@ import logging
 import time
 from typing import Any, Dict, List, Optional
 
-from streamer_core.options.config import OPTIONS
-from streamer_core.options.devices import shown_device
-
 from ...errors import NoWorkerError
+from ...options.config import OPTIONS
+from ...options.devices import shown_device
 from .connection import broker_errors
 from .wire import (
     GROUP,

@@ -17,11 +17,10 @@ import threading
 import time
 from typing import Any, List, Optional, Sequence, Tuple, cast
 
-from streamer_core.batching.calls import Item
-from streamer_core.options.redis_address import RedisAddress
-from streamer_core.telemetry.tracing import to_traceparent
-
+from ...batching.calls import Item
 from ...codec import Buffers, Codec
+from ...options.redis_address import RedisAddress
+from ...telemetry.tracing import to_traceparent
 from .connection import LoopErrors, OutageLog, broker_errors, broker_problem
 from .damage import is_wrong_type, repair_key
 from .ledger import Ledger

@@ -7,10 +7,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, List, Optional, Sequence, cast
 
-from streamer_core.options.config import OPTIONS, BatchingConfig, default
-from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-
 from ...errors import BrokerUnavailableError
+from ...options.config import OPTIONS, BatchingConfig, default
+from ...options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import BaseStreamer
 from .client import RedisClientBackend
 from .connection import broker_errors, broker_problem

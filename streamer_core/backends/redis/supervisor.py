@@ -15,11 +15,10 @@ import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from streamer_core.options.config import MAX_SECONDS, OPTIONS, DeviceId, default, shown_device
-from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-
 from ...errors import WorkerStartError
 from ...logs import LOG_FORMAT
+from ...options.config import MAX_SECONDS, OPTIONS, DeviceId, default, shown_device
+from ...options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import callable_name
 from ...threads import background
 from ..spawning import spawn_context, thread_locks_for_progress_bars
@@ -114,7 +113,7 @@ class _MetricsServer:
     ``PROMETHEUS_MULTIPROC_DIR`` is set already."""
 
     def __init__(self, port: int) -> None:
-        from streamer_core.telemetry.metrics import available, multiprocess_mode
+        from ...telemetry.metrics import available, multiprocess_mode
 
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"metrics_port must be a TCP port number (0 to 65535), got {port!r}")

@@ -55,8 +55,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from streamer_core.options.config import MAX_SECONDS
-
+from ...options.config import MAX_SECONDS
 from .connection import server_time_ms
 
 __all__ = [

@@ -37,16 +37,15 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from streamer_core.batching.oom import load_failure
-from streamer_core.options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
-from streamer_core.options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
-from streamer_core.telemetry.stats import StreamerStats, stats_for
-from streamer_core.telemetry.tracing import BatchFacts
-
+from ...batching.oom import load_failure
 from ...codec import Codec, get_codec
 from ...errors import WorkerStartError
 from ...managed_model import check_model, freeze_loaded, load_predict, model_facts, ready_line
+from ...options.config import OPTIONS, BatchingConfig, DeviceId, ModelOptions, default, shown_device
+from ...options.redis_address import DEFAULT_REDIS, AddressLike, RedisAddress
 from ...streamer import callable_name
+from ...telemetry.stats import StreamerStats, stats_for
+from ...telemetry.tracing import BatchFacts
 from ...threads import background
 from .answers import AnswerWriter
 from .connection import (
