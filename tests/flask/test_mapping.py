@@ -275,12 +275,15 @@ def test_a_call_that_times_out_is_a_504_and_its_input_never_runs(make_app, gated
 
 
 def test_a_full_queue_is_a_503_with_retry_after_at_once(make_app, gated, pool):
-    app, streamer = make_app({"STREAMER_MAX_QUEUE": 1, "STREAMER_BATCH_SIZE": 8})
+    """Refused while the model still holds the batch before it: a call that
+    waited for room would wait its whole timeout (20 s). The bound leaves a
+    loaded machine's scheduler its seconds (CI at a load of 8 took over 0.5)."""
+    app, streamer = make_app({"STREAMER_MAX_QUEUE": 1, "STREAMER_BATCH_SIZE": 8, "STREAMER_TIMEOUT": 20})
     streamer.add_batched_route("/gated", "gated", gated)
     held, [waiting] = queue_behind_hold(pool, app, "/gated", "gated", gated, ["waiting"])
     started = time.monotonic()
     refused = app.test_client().post("/gated", json="one too many")
-    assert time.monotonic() - started < 0.5, "a full queue must refuse at once"
+    assert time.monotonic() - started < 5, "a full queue must refuse at once, not wait for room"
     error = error_of(refused, 503)
     assert error["type"] == "QueueFullError" and "max_queue is 1" in error["message"]
     assert refused.headers["Retry-After"] == "1"
