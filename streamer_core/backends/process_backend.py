@@ -43,7 +43,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..batching.calls import Item, live_items
 from ..batching.scheduler import Scheduler
@@ -94,6 +94,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, called only while its object lives. The helpers a backend
+    hands its methods to hold no cycle back to it, so a backend dropped is
+    freed at once, and the pipes of its workers' processes closed with it,
+    not at the cyclic collector's next pass."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
 class ProcessBackend(Backend):
     name = "process"
     copies_inputs = True
@@ -125,7 +140,7 @@ class ProcessBackend(Backend):
         self._changed = Condition(self._lock)  # a slot changed state
         # What the workers send, read by the collector thread.
         self._messages = WorkerMessages(
-            name, config, self._lock, self._changed, self._peer, self._died, self._check_broken
+            name, config, self._lock, self._changed, self._peer, _weakly(self._died), _weakly(self._check_broken)
         )
         self._wake_r, self._wake_w = _ctx.Pipe(duplex=False)
         self._batch_ids = itertools.count()

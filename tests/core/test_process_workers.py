@@ -634,6 +634,64 @@ def test_close_right_after_a_worker_dies_leaves_no_worker_behind(tmp_path):
         marker.unlink()
 
 
+def test_a_batch_lost_with_its_dead_worker_is_not_waited_for_at_close(closing, tmp_path, caplog):
+    """The batch a dead worker held is no longer out: once its call has
+    failed, close() has nothing to wait for, and says nothing unfinished
+    (counted as still out, it would wait its whole timeout, then warn)."""
+    marker = tmp_path / "in-model"
+    streamer = closing(Streamer(models.big_arrays, batch_size=1, max_item_crashes=1))
+    assert streamer.wait_ready(60)
+    [pid] = streamer.worker_pids()
+    future = streamer.submit([f"hold:{marker}"])  # sleeps in the model
+    assert wait_for(marker.exists, 30)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError):
+        future.result(30)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="streamer_core"):
+        streamer.close(timeout=20)
+    assert [r.getMessage() for r in caplog.records if "unfinished" in r.getMessage()] == []
+    assert time.monotonic() - started < 15, "close waited out its timeout for a batch no worker holds"
+
+
+def test_a_closed_streamer_dropped_lets_go_of_its_workers_descriptors_at_once(tmp_path):
+    """A closed streamer, once dropped, is freed by its reference count, not
+    left to the cyclic collector: what its workers held open in this process
+    (each spawned process's pipes) is closed then, with the collector off."""
+    script = tmp_path / "drop.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import gc, os
+            from streamer_core import Streamer
+            from tests.core import models
+
+            def open_fds():
+                return len(os.listdir("/proc/self/fd"))
+
+            def serve_once():
+                streamer = Streamer(models.big_arrays, batch_size=1)
+                assert streamer.wait_ready(60)
+                streamer.predict([1])
+                streamer.close(timeout=10)
+
+            if __name__ == "__main__":
+                serve_once()  # what stays for the process's life (the resource tracker) opens here
+                gc.collect()
+                gc.disable()
+                before = open_fds()
+                for _ in range(3):
+                    serve_once()
+                print(before, open_fds())
+            """
+        )
+    )
+    done = run_program(script, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before, after = map(int, done.stdout.split())
+    assert after == before, f"{after - before} descriptors stay open after three streamers were closed and dropped"
+
+
 def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(closing):
     """gc.freeze() once the model is loaded: the collector's full passes no
     longer walk the model and its libraries' objects with a batch in hand."""
