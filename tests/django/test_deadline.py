@@ -56,7 +56,10 @@ def test_a_malformed_deadline_is_a_400(url: str) -> None:
         ("/slow", {"x-envoy-expected-rq-timeout-ms": "200"}, 0.6),  # not allowed here
         ("/envoy", {"x-envoy-expected-rq-timeout-ms": "200"}, 0.2),
         ("/deaf", {"X-Request-Timeout": "0.2"}, 0.6),
-    ],
+        ("/rest-slow", {"x-envoy-expected-rq-timeout-ms": "200"}, 0.6),
+    ]
+    + [(url, {"x-envoy-expected-rq-timeout-ms": "200"}, 0.2) for url in ("/envoy-cbv", "/aenvoy-cbv", "/rest-envoy")]
+    + [(url, {"X-Request-Timeout": "0.2"}, 0.6) for url in ("/deaf-cbv", "/adeaf-cbv", "/rest-deaf")],
 )
 def test_which_headers_a_view_reads(url: str, headers: Dict[str, str], seconds: float) -> None:
     response = _post(url, headers)

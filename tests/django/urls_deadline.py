@@ -1,7 +1,7 @@
 """Views of the model ``slow`` in each form, for the deadline tests
 (``ROOT_URLCONF`` of those tests only): a function view, an async one, a
 class view, the DRF view; ``/envoy`` reads Envoy's header too, ``/deaf``
-reads none."""
+reads none, and so do their class-view and DRF forms."""
 
 from __future__ import annotations
 
@@ -42,4 +42,11 @@ urlpatterns = [
     path("rest-slow", BatchedAPIView.as_view(model="slow", field="x")),
     path("envoy", envoy),
     path("deaf", deaf),
+    # The same two choices as each class view's own options (as_view), over the project's.
+    path("envoy-cbv", BatchedView.as_view(model="slow", field="x", envoy_timeout=True)),
+    path("aenvoy-cbv", AsyncBatchedView.as_view(model="slow", field="x", envoy_timeout=True)),
+    path("rest-envoy", BatchedAPIView.as_view(model="slow", field="x", envoy_timeout=True)),
+    path("deaf-cbv", BatchedView.as_view(model="slow", field="x", timeout_header=None)),
+    path("adeaf-cbv", AsyncBatchedView.as_view(model="slow", field="x", timeout_header=None)),
+    path("rest-deaf", BatchedAPIView.as_view(model="slow", field="x", timeout_header=None)),
 ]
