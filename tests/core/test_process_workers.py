@@ -692,6 +692,16 @@ def test_a_closed_streamer_dropped_lets_go_of_its_workers_descriptors_at_once(tm
     assert after == before, f"{after - before} descriptors stay open after three streamers were closed and dropped"
 
 
+def test_wait_ready_returns_once_the_workers_say_they_are_ready(closing):
+    """The ready message wakes wait_ready(): it returns as the worker has
+    loaded, not when its timeout runs out (40 s here; a spawned worker of
+    this small model is ready in seconds, even on a loaded machine)."""
+    started = time.monotonic()
+    streamer = closing(Streamer(models.double, batch_size=2, worker_num=1))
+    assert streamer.wait_ready(40)
+    assert time.monotonic() - started < 30, "wait_ready waited out its timeout: the ready message never woke it"
+
+
 def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(closing):
     """gc.freeze() once the model is loaded: the collector's full passes no
     longer walk the model and its libraries' objects with a batch in hand."""
