@@ -614,6 +614,18 @@ def test_streamer_error_is_the_root_of_every_error():
         assert issubclass(error, StreamerError)
 
 
+def _kill_the_worker_in_a_call(streamer: Streamer, marker: Path) -> None:
+    """Kill ``streamer``'s one worker while a call sleeps in its model
+    (``marker`` says it is there), and see the call fail for it."""
+    assert streamer.wait_ready(60)
+    [pid] = streamer.worker_pids()
+    future = streamer.submit([f"hold:{marker}"])  # sleeps in the model
+    assert wait_for(marker.exists, 30)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError):
+        future.result(30)
+
+
 def test_close_right_after_a_worker_dies_leaves_no_worker_behind(tmp_path):
     """The collector restarts a dead worker at once; a close() that overtakes
     the restart must still stop (and wait for) the new process."""
@@ -621,13 +633,7 @@ def test_close_right_after_a_worker_dies_leaves_no_worker_behind(tmp_path):
     for attempt in range(5):
         streamer = Streamer(models.big_arrays, batch_size=1, max_item_crashes=1)
         try:
-            assert streamer.wait_ready(60)
-            [pid] = streamer.worker_pids()
-            future = streamer.submit([f"hold:{marker}"])  # sleeps in the model
-            assert wait_for(marker.exists, 30)
-            os.kill(pid, signal.SIGKILL)
-            with pytest.raises(WorkerDiedError):
-                future.result(30)
+            _kill_the_worker_in_a_call(streamer, marker)
         finally:
             streamer.close(timeout=10)
         assert worker_children(os.getpid()) == [], f"a worker outlived close() (attempt {attempt})"
@@ -638,15 +644,8 @@ def test_a_batch_lost_with_its_dead_worker_is_not_waited_for_at_close(closing, t
     """The batch a dead worker held is no longer out: once its call has
     failed, close() has nothing to wait for, and says nothing unfinished
     (counted as still out, it would wait its whole timeout, then warn)."""
-    marker = tmp_path / "in-model"
     streamer = closing(Streamer(models.big_arrays, batch_size=1, max_item_crashes=1))
-    assert streamer.wait_ready(60)
-    [pid] = streamer.worker_pids()
-    future = streamer.submit([f"hold:{marker}"])  # sleeps in the model
-    assert wait_for(marker.exists, 30)
-    os.kill(pid, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError):
-        future.result(30)
+    _kill_the_worker_in_a_call(streamer, tmp_path / "in-model")
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="streamer_core"):
         streamer.close(timeout=20)
