@@ -94,6 +94,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: How long a start that failed part-way gives the workers it did start to stop, seconds.
+_FAILED_START_STOP_S = 5.0
+
+
 def _weakly(method: Callable[..., None]) -> Callable[..., None]:
     """``method``, called only while its object lives. The helpers a backend
     hands its methods to hold no cycle back to it, so a backend dropped is
@@ -158,8 +162,15 @@ class ProcessBackend(Backend):
             )
         self._scheduler = self._messages.scheduler = scheduler
         _started.add(self)
-        for slot in self._slots:
-            self._spawn(slot)
+        try:
+            for slot in self._slots:
+                self._spawn(slot)
+        except BaseException:
+            # No streamer will be made to close this: stop the workers that
+            # did start and close the pipes now, then say why.
+            self._collector.start()
+            self.stop(time.monotonic() + _FAILED_START_STOP_S)
+            raise
         self._collector.start()
 
     def _spawn(self, slot: Slot) -> None:

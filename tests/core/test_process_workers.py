@@ -701,6 +701,47 @@ def test_wait_ready_returns_once_the_workers_say_they_are_ready(closing):
     assert time.monotonic() - started < 30, "wait_ready waited out its timeout: the ready message never woke it"
 
 
+def test_a_start_that_fails_leaves_no_descriptor_open(tmp_path):
+    """A worker process that cannot be started (here: an ``oom_errors``
+    class defined in a function, which cannot be pickled for it) fails the
+    streamer's construction with the reason, and what was opened for it
+    (its pipe, the backend's wake-up pipe) is closed before it raises, not
+    left to the cyclic collector."""
+    script = tmp_path / "fail_start.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import gc, os
+            from streamer_core import Streamer
+            from tests.core import models
+
+            def local_error():
+                class Local(Exception):
+                    pass
+                return Local
+
+            if __name__ == "__main__":
+                Streamer(models.double, batch_size=1).close(timeout=10)  # what stays for the process's life
+                gc.collect()
+                gc.disable()
+                before = len(os.listdir("/proc/self/fd"))
+                for _ in range(3):
+                    try:
+                        Streamer(models.double, batch_size=1, oom_errors=(local_error(),))
+                    except AttributeError as exc:
+                        assert "pickle" in str(exc), exc
+                    else:
+                        raise SystemExit("the streamer started")
+                print(before, len(os.listdir("/proc/self/fd")))
+            """
+        )
+    )
+    done = run_program(script, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before, after = map(int, done.stdout.split())
+    assert after == before, f"{after - before} descriptors stay open after three starts failed"
+
+
 def test_a_worker_keeps_what_loading_made_out_of_the_collectors_sight(closing):
     """gc.freeze() once the model is loaded: the collector's full passes no
     longer walk the model and its libraries' objects with a batch in hand."""
