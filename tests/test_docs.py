@@ -15,11 +15,13 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator, List, Tuple
 
 import pytest
+from flask.testing import FlaskClient
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -68,6 +70,17 @@ def load(name: str) -> ModuleType:
     return module
 
 
+@contextmanager
+def flask_snippet(name: str) -> Iterator[FlaskClient]:
+    """A test client of the app the Flask snippet ``name`` makes; its
+    streamers closed afterwards, whatever the test found."""
+    snippet = load(name)
+    try:
+        yield snippet.app.test_client()
+    finally:
+        snippet.streamer.close(snippet.app)
+
+
 # -- every snippet is run, or says why not -----------------------------------------
 
 
@@ -99,50 +112,35 @@ def test_the_readme_shows_a_flask_and_a_django_snippet_that_are_run():
 
 
 def test_the_flask_quickstart_answers_each_request():
-    snippet = load("flask_app")
-    try:
-        client = snippet.app.test_client()
+    with flask_snippet("flask_app") as client:
         response = client.post("/stream", data={"s": "Happy birthday to you."})
         assert response.status_code == 200, response.get_data(as_text=True)
         assert response.get_json() == len("Happy birthday to you.")
         assert client.post("/stream", json={"s": "abc"}).get_json() == 3
-    finally:
-        snippet.streamer.close(snippet.app)
 
 
 def test_many_inputs_in_one_request_are_answered_in_order():
-    snippet = load("flask_many")
-    try:
-        response = snippet.app.test_client().post("/embed", json={"texts": ["a", "bbb", "cc"]})
+    with flask_snippet("flask_many") as client:
+        response = client.post("/embed", json={"texts": ["a", "bbb", "cc"]})
         assert response.status_code == 200, response.get_data(as_text=True)
         assert response.get_json() == [1, 3, 2]
-    finally:
-        snippet.streamer.close(snippet.app)
 
 
 def test_the_routes_decorators_refuse_a_request_without_its_token():
-    snippet = load("flask_decorators")
-    try:
-        client = snippet.app.test_client()
+    with flask_snippet("flask_decorators") as client:
         assert client.post("/stream", json="abcd").status_code == 401
         response = client.post("/stream", json="abcd", headers={"Authorization": "Bearer secret"})
         assert response.status_code == 200, response.get_data(as_text=True)
         assert response.get_json() == 4
-    finally:
-        snippet.streamer.close(snippet.app)
 
 
 def test_priority_routes_share_one_model():
-    snippet = load("priorities_flask")
-    try:
-        client = snippet.app.test_client()
+    with flask_snippet("priorities_flask") as client:
         assert client.post("/search", json="abc").get_json() == 3
         response = client.post("/reindex", json=["a", "bb"], headers={"X-Priority": "1"})
         assert response.status_code == 200, response.get_data(as_text=True)
         assert response.get_json() == [1, 2]
         assert client.post("/reindex", json=["a"], headers={"X-Priority": "3"}).status_code == 400
-    finally:
-        snippet.streamer.close(snippet.app)
 
 
 def test_the_engine_without_a_web_framework():
